@@ -1,0 +1,120 @@
+"""API v1 for runs and agents. Thin: parse, authorise (the base viewset), call one service, render."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions, mixins, serializers, status
+from rest_framework.decorators import action
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from agents import services
+from agents.models import Agent, Run, RunEvent, Session
+from agents.serializers import AgentSerializer, RunCreateSerializer, RunEventSerializer, RunSerializer
+from tenants.api import TenantScopedViewSet
+
+EVENTS_PAGE_MAX = 500
+
+
+class NewestFirst(CursorPagination):
+    ordering = "-created_at"
+    page_size = 50
+    max_page_size = 200
+    page_size_query_param = "limit"
+
+
+class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    queryset = Run.objects.select_related("agent", "version")
+    serializer_class = RunSerializer
+    pagination_class = NewestFirst
+    scope_actions = {**TenantScopedViewSet.scope_actions, "cancel": "operate", "events": "view"}
+
+    @extend_schema(request=RunCreateSerializer, responses={202: RunSerializer})
+    def create(self, request: Request) -> Response:
+        body = RunCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        tenant = self.acting_tenant("operate")
+        agent = Agent.objects.for_actor(self.actor, "operate").for_tenant(tenant).filter(slug=data["agent"]).first()
+        if agent is None:
+            known = ", ".join(Agent.objects.for_tenant(tenant).values_list("slug", flat=True)[:20]) or "none"
+            message = f"No agent {data['agent']!r} in tenant {tenant.slug!r}. Known agents: {known}."
+            raise serializers.ValidationError({"agent": [message]})
+        session = None
+        if data.get("session"):
+            session = Session.objects.for_actor(self.actor).for_tenant(tenant).filter(pk=data["session"]).first()
+            if session is None:
+                raise serializers.ValidationError({"session": [f"No session {data['session']} in this tenant. Omit the field to start a new one."]})
+        try:
+            run = services.start_run(actor=self.actor, agent=agent, text=data["input"], session=session, facts=data.get("facts"))
+        except services.RunRefused as exc:
+            raise serializers.ValidationError({exc.field or "non_field_errors": [str(exc)]}) from None
+        return Response(RunSerializer(run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("after", int, description="Return events with seq greater than this (default 0)."),
+            OpenApiParameter("limit", int, description=f"Page size, at most {EVENTS_PAGE_MAX} (default 100)."),
+        ],
+        responses={200: RunEventSerializer(many=True)},
+    )
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: Any = None) -> Response:
+        run = self.get_object()
+        after = _non_negative_int(request.query_params.get("after"), "after", 0)
+        limit = min(_non_negative_int(request.query_params.get("limit"), "limit", 100) or 100, EVENTS_PAGE_MAX)
+        rows = list(RunEvent.objects.filter(run=run, seq__gt=after).order_by("seq")[: limit + 1])
+        has_more = len(rows) > limit
+        rows = rows[:limit]
+        next_after = rows[-1].seq if rows else after
+        next_url = None
+        if has_more:
+            next_url = request.build_absolute_uri(f"/api/v1/runs/{run.pk}/events?after={next_after}&limit={limit}")
+        return Response({
+            "run": str(run.pk), "status": run.status, "events": RunEventSerializer(rows, many=True).data,
+            "next_after": next_after, "has_more": has_more, "next": next_url,
+        })
+
+    @extend_schema(request=None, responses={202: RunSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: Any = None) -> Response:
+        run = self.get_object()
+        try:
+            run = services.cancel_run(actor=self.actor, run=run)
+        except services.RunRefused as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response(RunSerializer(run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
+
+
+def _non_negative_int(raw: str | None, name: str, default: int) -> int:
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise exceptions.ValidationError({name: [f"Must be a non-negative integer; got {raw!r}."]})
+    return value
+
+
+class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    queryset = Agent.objects.select_related("current_version").order_by("tenant_id", "slug")
+    serializer_class = AgentSerializer
+    lookup_field = "slug"
+
+    def get_object(self) -> Agent:
+        candidates = self.get_queryset().filter(slug=self.kwargs["slug"])
+        tenant = self.request.headers.get("X-Tenant")
+        if tenant:
+            candidates = candidates.filter(tenant__slug=tenant)
+        found = list(candidates[:2])
+        if not found:
+            raise exceptions.NotFound(f"No agent {self.kwargs['slug']!r} here.")
+        if len(found) > 1:
+            raise exceptions.ValidationError({"X-Tenant": ["Several of your tenants have this agent; name one with the X-Tenant header."]})
+        self.check_object_permissions(self.request, found[0])
+        return found[0]

@@ -1,0 +1,155 @@
+"""Run state changes. Views, consumers and tasks call these; they hold no logic themselves."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Case, F, PositiveSmallIntegerField, Q, When
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from agents.models import ACTIVE_STATUSES, Agent, AgentVersion, Run, RunStatus, Session
+from agents.runtime.types import Event, TerminalReason
+from agents.store import event_rows, publish_after_commit, run_summary
+from tenants.scoping import Actor
+
+log = logging.getLogger(__name__)
+
+#: A run whose worker died this many times ends as ``error`` (``crash_loop``) instead of being retried.
+MAX_CRASHES = 3
+
+
+class RunRefused(Exception):
+    """A request about a run that cannot be honoured; the message says why and what to do."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def version_for_new_run(agent: Agent) -> AgentVersion:
+    version = agent.current_version or agent.versions.order_by("-number").first()
+    if version is None:
+        raise RunRefused(f"The agent {agent.slug!r} has no version yet; an operator must create one.", field="agent")
+    return version
+
+
+@transaction.atomic
+def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None = None,
+              facts: dict[str, Any] | None = None) -> Run:
+    """Create the run and its session (if new) in this transaction; enqueue its task on commit."""
+    if session is not None and session.agent_id != agent.pk:
+        raise RunRefused(f"Session {session.pk} belongs to another agent; start a new session for {agent.slug!r}.",
+                         field="session")
+    if session is not None and Run.objects.filter(session=session, status__in=ACTIVE_STATUSES).exists():
+        raise RunRefused("This session already has a run in progress; wait for it to finish or cancel it.", field="session")
+    version = version_for_new_run(agent)
+    if session is None:
+        session = Session.objects.create(tenant_id=agent.tenant_id, agent=agent, created_by=actor.user, api_key=actor.api_key)
+    run = Run.objects.create(
+        tenant_id=agent.tenant_id, agent=agent, version=version, session=session,
+        created_by=actor.user, api_key=actor.api_key, input=text, facts=facts or {},
+    )
+    enqueue_run(run.pk)
+    return run
+
+
+def enqueue_run(run_id: Any) -> None:
+    from agents.tasks import execute_run_task
+
+    transaction.on_commit(lambda: execute_run_task.delay(str(run_id)))
+
+
+def finish_without_worker(run: Run, reason: TerminalReason, text: str) -> None:
+    """End a run that no worker holds (queued, waiting, crash-looping), with its closing events. Call inside atomic()."""
+    events = [
+        Event("state.transition", {"from": run.phase, "to": "finished", "reason": text}),
+        Event("run.finished", {"terminal_reason": reason.value, "output": None, "reason": text}),
+    ]
+    rows = event_rows(run, run.last_seq + 1, run.step, events)
+    from agents.models import RunEvent
+
+    RunEvent.objects.bulk_create(rows)
+    now = timezone.now()
+    changes = {
+        "status": RunStatus.FINISHED, "terminal_reason": reason.value, "phase": "finished", "error": text,
+        "finished_at": now, "last_seq": run.last_seq + len(rows), "lease_token": "", "lease_expires_at": None,
+        "pending_calls": [],
+    }
+    Run.objects.filter(pk=run.pk).update(**changes)
+    for field, value in changes.items():
+        setattr(run, field, value)
+    publish_after_commit(run, rows, run_summary(run))
+
+
+@transaction.atomic
+def cancel_run(*, actor: Actor, run: Run) -> Run:
+    """Cancel now if no worker holds the run; otherwise at the worker's next step boundary."""
+    locked = Run.objects.select_for_update().get(pk=run.pk)
+    if locked.status == RunStatus.FINISHED:
+        raise RunRefused(f"The run already finished ({locked.terminal_reason}); there is nothing to cancel.")
+    who = actor.user.get_username() if actor.user is not None else "an API client"
+    if locked.status in (RunStatus.QUEUED, RunStatus.WAITING) and not locked.lease_token:
+        finish_without_worker(locked, TerminalReason.CANCELLED, f"cancelled by {who}")
+    else:
+        Run.objects.filter(pk=run.pk).update(cancel_requested=True)
+        locked.cancel_requested = True
+    return locked
+
+
+def acquire_lease(run_id: str, token: str) -> Run | None:
+    """Take the run for this worker, unless another holds a live lease or it is not runnable.
+
+    A lease left behind by a worker that died counts as a crash.
+    """
+    now = timezone.now()
+    taken = (
+        Run.objects.filter(pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+        .filter(Q(lease_token="") | Q(lease_expires_at__lt=now))
+        .update(
+            lease_token=token,
+            lease_expires_at=now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS),
+            status=RunStatus.RUNNING,
+            started_at=Coalesce(F("started_at"), now),
+            crash_count=Case(When(~Q(lease_token=""), then=F("crash_count") + 1), default=F("crash_count"),
+                             output_field=PositiveSmallIntegerField()),
+        )
+    )
+    if not taken:
+        return None
+    return Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
+
+
+def release_lease(run_id: Any, token: str) -> None:
+    Run.objects.filter(pk=run_id, lease_token=token).update(lease_token="", lease_expires_at=None)
+
+
+def execute_run(run_id: str) -> None:
+    """Run (or resume) a run until it finishes, pauses or is cancelled. Safe to call twice."""
+    from agents.engine import build_loop
+
+    token = uuid.uuid4().hex
+    run = acquire_lease(run_id, token)
+    if run is None:
+        log.info("run %s is not runnable here (finished, waiting, or leased by another worker)", run_id)
+        return
+    try:
+        if run.crash_count >= MAX_CRASHES:
+            with transaction.atomic():
+                finish_without_worker(run, TerminalReason.ERROR, f"crash_loop: the run's worker died {run.crash_count} times")
+            return
+        loop = build_loop(run, token)
+        loop.run(str(run.pk))
+    except Exception as exc:
+        log.exception("run %s failed", run_id)
+        with transaction.atomic():
+            current = Run.objects.select_for_update().get(pk=run_id)
+            if current.status != RunStatus.FINISHED and current.lease_token == token:
+                finish_without_worker(current, TerminalReason.ERROR, f"internal error: {type(exc).__name__}")
+    finally:
+        release_lease(run_id, token)

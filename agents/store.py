@@ -1,0 +1,159 @@
+"""The runtime's RunStore on the database: one transaction per step, constant queries per step.
+
+A step commits: the run row (checkpoint, counters, status) under a row lock, its events
+(seq allocated from ``Run.last_seq``), its appended messages and the audit rows of its tool
+calls. Nothing grows with the conversation: messages are appended, never re-saved. The
+step's events reach websocket clients after commit, in one batch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agents import live
+from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
+from agents.runtime.protocols import Checkpoint, StepAck, StepRecord
+from agents.runtime.types import Event, Message, Phase, Usage
+
+
+def _when(at: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(at, tz=dt.UTC)
+
+
+def status_for(phase: Phase) -> str:
+    if phase == Phase.FINISHED:
+        return RunStatus.FINISHED
+    if phase == Phase.WAITING:
+        return RunStatus.WAITING
+    return RunStatus.RUNNING
+
+
+def run_summary(run: Run | dict[str, Any]) -> dict[str, Any]:
+    get = run.get if isinstance(run, dict) else lambda k, d=None: getattr(run, k, d)
+    return {
+        "id": str(get("id")),
+        "status": get("status"),
+        "terminal_reason": get("terminal_reason") or None,
+        "step": get("step"),
+        "usage": get("usage") or {},
+    }
+
+
+def event_rows(run: Run, first_seq: int, step: int, events: Iterable[Event]) -> list[RunEvent]:
+    return [
+        RunEvent(
+            tenant_id=run.tenant_id,
+            run_id=run.pk,
+            seq=first_seq + offset,
+            step=step,
+            type=event.type,
+            span_id=event.span_id,
+            parent_span_id=event.parent_span_id or "",
+            payload=event.payload,
+            at=_when(event.at),
+        )
+        for offset, event in enumerate(events)
+    ]
+
+
+def publish_after_commit(run: Run, rows: list[RunEvent], summary: dict[str, Any]) -> None:
+    frames = [row.as_frame() for row in rows]
+    run_id, tenant_id = run.pk, run.tenant_id
+    transaction.on_commit(lambda: live.publish_run_events(run_id=run_id, tenant_id=tenant_id, frames=frames, summary=summary))
+
+
+class DjangoRunStore:
+    """Implements ``agents.runtime.protocols.RunStore`` for one run held under a lease."""
+
+    def __init__(self, run: Run, lease_token: str, *, initial_messages: list[Message], audit_buffer: list[Any]) -> None:
+        self.run = run
+        self.lease_token = lease_token
+        self.initial_messages = initial_messages
+        self.audit_buffer = audit_buffer
+
+    def load(self, run_id: str) -> Checkpoint:
+        run = self.run
+        if run.message_count == 0:
+            messages = list(self.initial_messages)
+        else:
+            messages = list(RunMessage.objects.filter(run_id=run.pk).order_by("index").values_list("message", flat=True))
+        return Checkpoint(
+            step=run.step,
+            phase=Phase(run.phase),
+            messages=messages,
+            state=dict(run.state),
+            usage=Usage.from_dict(run.usage),
+            pending_calls=list(run.pending_calls),
+        )
+
+    def commit_step(self, run_id: str, record: StepRecord) -> StepAck:
+        run = self.run
+        now = timezone.now()
+        with transaction.atomic():
+            locked = (
+                Run.objects.select_for_update()
+                .filter(pk=run.pk)
+                .values("last_seq", "message_count", "step", "lease_token", "cancel_requested")
+                .first()
+            )
+            if locked is None or locked["lease_token"] != self.lease_token or locked["step"] != record.step - 1:
+                self.audit_buffer.clear()
+                return StepAck(lease_lost=True)
+            rows = event_rows(run, locked["last_seq"] + 1, record.step, record.events)
+            RunEvent.objects.bulk_create(rows)
+            if record.appended_messages:
+                RunMessage.objects.bulk_create(
+                    RunMessage(tenant_id=run.tenant_id, run_id=run.pk, index=locked["message_count"] + i, step=record.step, message=m)
+                    for i, m in enumerate(record.appended_messages)
+                )
+            if self.audit_buffer:
+                type(self.audit_buffer[0]).objects.bulk_create(self.audit_buffer)
+                self.audit_buffer.clear()
+            finished = record.phase == Phase.FINISHED
+            model_calls = sum(1 for e in record.events if e.type == "model.call")
+            changes: dict[str, Any] = {
+                "step": record.step,
+                "phase": record.phase.value,
+                "state": record.state,
+                "pending_calls": record.pending_calls,
+                "usage": record.usage.to_dict(),
+                "last_seq": locked["last_seq"] + len(rows),
+                "message_count": locked["message_count"] + len(record.appended_messages),
+                "status": status_for(record.phase),
+                "lease_expires_at": now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS),
+                "updated_at": now,
+            }
+            if finished:
+                changes.update(
+                    terminal_reason=record.terminal_reason.value if record.terminal_reason else "error",
+                    output=record.output or "",
+                    finished_at=now,
+                    lease_token="",
+                    lease_expires_at=None,
+                )
+            Run.objects.filter(pk=run.pk).update(**changes)
+            for field, value in changes.items():
+                setattr(run, field, value)
+            if model_calls or finished:
+                self._update_session(run, model_calls, record, finished)
+            publish_after_commit(run, rows, run_summary(run))
+        return StepAck(cancel_requested=bool(locked["cancel_requested"]))
+
+    def _update_session(self, run: Run, model_calls: int, record: StepRecord, finished: bool) -> None:
+        updates: dict[str, Any] = {"model_calls": F("model_calls") + model_calls}
+        if finished:
+            updates["turns"] = F("turns") + 1
+        Session.objects.filter(pk=run.session_id).update(**updates)
+        if finished:
+            turn_seq = Session.objects.filter(pk=run.session_id).values_list("turns", flat=True).get()
+            Turn.objects.create(
+                tenant_id=run.tenant_id, session_id=run.session_id, turn_seq=turn_seq, run=run,
+                user_message=run.input, assistant_message=record.output or "",
+            )

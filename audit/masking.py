@@ -1,0 +1,421 @@
+"""Masking of sensitive values for audit rows, previews and logs, and a prompt-injection detector.
+
+- :func:`mask_value` masks the values of sensitive fields (declared per tool, plus a fixed list
+  such as ``password``/``token``/``api_key``) anywhere in a nested structure, and masks
+  sensitive patterns inside the remaining strings.
+- :func:`mask_text` masks patterns in free text: phone numbers, CN ID card numbers, payment card
+  numbers (Luhn-checked), API keys and tokens, ``key=value`` secrets and e-mail addresses. Some
+  shape is kept for operators (``138****5678``, last 4 digits of a card).
+- :func:`summarize_arguments` is the compact, masked argument summary of an audit row.
+- :func:`detect_injection` flags known prompt-injection phrasings (English and Chinese).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "ALWAYS_SENSITIVE",
+    "MASK",
+    "InjectionMatch",
+    "detect_injection",
+    "is_sensitive_key",
+    "luhn_valid",
+    "mask_text",
+    "mask_value",
+    "normalize_key",
+    "summarize_arguments",
+]
+
+MASK = "******"
+
+#: Field names (normalised) whose values are always masked, whatever the tool declares.
+ALWAYS_SENSITIVE = frozenset(
+    {
+        "password",
+        "passwd",
+        "pwd",
+        "passphrase",
+        "secret",
+        "clientsecret",
+        "token",
+        "accesstoken",
+        "refreshtoken",
+        "idtoken",
+        "authtoken",
+        "sessiontoken",
+        "apikey",
+        "xapikey",
+        "apitoken",
+        "authorization",
+        "proxyauthorization",
+        "auth",
+        "cookie",
+        "setcookie",
+        "sessionid",
+        "csrftoken",
+        "privatekey",
+        "secretkey",
+        "accesskey",
+        "signingkey",
+        "cardnumber",
+        "cardno",
+        "creditcard",
+        "creditcardnumber",
+        "pan",
+        "cvv",
+        "cvc",
+        "cvv2",
+        "pin",
+        "otp",
+        "securitycode",
+    }
+)
+_CARD_KEYS = frozenset({"cardnumber", "cardno", "creditcard", "creditcardnumber", "pan"})
+#: Substrings that make a field sensitive wherever they appear in its (normalised) name.
+_SENSITIVE_PARTS = ("password", "passwd", "secret", "apikey", "privatekey", "creditcard", "cardnumber")
+#: Suffixes that make a field sensitive (``github_token``, ``session_cookie``; not ``max_tokens``).
+_SENSITIVE_SUFFIXES = ("token", "cookie", "authorization", "accesskey", "secretkey")
+
+
+def normalize_key(key: object) -> str:
+    return re.sub(r"[\s_\-.]+", "", str(key)).lower()
+
+
+def is_sensitive_key(key: object, sensitive_fields: Iterable[str] = ()) -> bool:
+    norm = normalize_key(key)
+    if norm in ALWAYS_SENSITIVE or norm in {normalize_key(f) for f in sensitive_fields}:
+        return True
+    return any(part in norm for part in _SENSITIVE_PARTS) or norm.endswith(_SENSITIVE_SUFFIXES)
+
+
+# --------------------------------------------------------------------------- free text
+
+
+def luhn_valid(digits: str) -> bool:
+    if not digits.isdigit():
+        return False
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2 == 1:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+def _keep_last(text: str, keep: int = 4) -> str:
+    """Replace every digit except the last ``keep`` with ``*``, keeping separators."""
+    total = sum(ch.isdigit() for ch in text)
+    out, seen = [], 0
+    for ch in text:
+        if ch.isdigit():
+            seen += 1
+            out.append(ch if seen > total - keep else "*")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _mask_token(token: str, prefix_len: int) -> str:
+    prefix = token[:prefix_len]
+    tail = token[-4:] if len(token) - prefix_len >= 16 else ""
+    return f"{prefix}****{tail}"
+
+
+_TOKEN_PATTERNS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = [
+    # Authorization schemes in text: "Bearer eyJ...", "Basic dXNlcjpwYXNz", "Token abc"
+    (
+        re.compile(r"\b(Bearer|Basic|Token|Digest)(\s+)([A-Za-z0-9\-._~+/]{6,}=*)", re.I),
+        lambda m: f"{m.group(1)}{m.group(2)}{MASK}",
+    ),
+    # JSON Web Tokens
+    (
+        re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+        lambda m: "eyJ****",
+    ),
+    # Vendor keys: OpenAI/Anthropic-style sk-..., our aok_..., GitHub, Slack, AWS, Google
+    (
+        re.compile(
+            r"(?<![A-Za-z0-9])(sk-(?:proj-|ant-|live-|test-)?|aok_|rk_live_|sk_live_|sk_test_|pk_live_)"
+            r"[A-Za-z0-9_\-]{12,}"
+        ),
+        lambda m: _mask_token(m.group(0), len(m.group(1))),
+    ),
+    (
+        re.compile(r"(?<![A-Za-z0-9])(ghp_|gho_|ghu_|ghs_|ghr_|github_pat_)[A-Za-z0-9_]{20,}"),
+        lambda m: _mask_token(m.group(0), len(m.group(1))),
+    ),
+    (re.compile(r"(?<![A-Za-z0-9])(xox[abposr]-)[A-Za-z0-9\-]{10,}"), lambda m: _mask_token(m.group(0), 5)),
+    (re.compile(r"(?<![A-Z0-9])(AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"), lambda m: _mask_token(m.group(0), 4)),
+    (re.compile(r"(?<![A-Za-z0-9])AIza[A-Za-z0-9_\-]{35}"), lambda m: _mask_token(m.group(0), 4)),
+    # key=value / "key": "value" secrets (any length after a secret-looking key)
+    (
+        re.compile(
+            r"""(?ix)
+            (?P<key>["']?\b[\w\-]*?(?:api[_\-]?key|apikey|access[_\-]?key|secret[_\-]?key|client[_\-]?secret|
+                 secret|passw(?:or)?d|pwd|access[_\-]?token|refresh[_\-]?token|auth[_\-]?token|token|
+                 signature|sig|private[_\-]?key|session[_\-]?id)\b["']?\s*[:=]\s*["']?)
+            (?P<value>(?!\*{4})[^\s"'&,;}\])]{3,})
+            """
+        ),
+        lambda m: f"{m.group('key')}{MASK}",
+    ),
+]
+
+_EMAIL = re.compile(r"(?<![\w.+-])([A-Za-z0-9._%+-]+)@([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,})")
+_CN_ID = re.compile(
+    r"(?<![0-9A-Za-z])([1-9]\d{5})((?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]))(\d{3})([0-9Xx])(?![0-9A-Za-z])"
+)
+_E164 = re.compile(r"(?<![\w+])\+[1-9](?:[ \-]?\d){7,14}(?![\d])")
+_CARD = re.compile(r"(?<![\d*])\d(?:[ \-]?\d){12,18}(?![\d*])")
+_CN_MOBILE = re.compile(r"(?<![\d*])(?:(?:\+|00)?86[ \-]?)?(1[3-9]\d)[ \-]?(\d{4})[ \-]?(\d{4})(?![\d*])")
+
+
+def _mask_email(m: re.Match[str]) -> str:
+    local = m.group(1)
+    return f"{local[:1]}***@{m.group(2)}"
+
+
+def _mask_cn_id(m: re.Match[str]) -> str:
+    return f"{m.group(1)}{'*' * 8}{m.group(3)}{m.group(4)}"
+
+
+def _mask_e164(m: re.Match[str]) -> str:
+    digits = re.sub(r"\D", "", m.group(0))
+    n = len(digits)
+    head = digits[: max(1, n - 8)]
+    stars = n - len(head) - 4
+    return f"+{head}{'*' * stars}{digits[-4:]}"
+
+
+def _mask_card(m: re.Match[str]) -> str:
+    text = m.group(0)
+    digits = re.sub(r"\D", "", text)
+    if not 13 <= len(digits) <= 19 or not luhn_valid(digits):
+        return text
+    return _keep_last(text, 4)
+
+
+def mask_text(text: str) -> str:
+    """Mask secrets and personal data inside free text (idempotent)."""
+    if not text or not isinstance(text, str):
+        return text
+    for pattern, replace in _TOKEN_PATTERNS:
+        text = pattern.sub(replace, text)
+    text = _EMAIL.sub(_mask_email, text)
+    text = _CN_ID.sub(_mask_cn_id, text)
+    text = _E164.sub(_mask_e164, text)
+    text = _CARD.sub(_mask_card, text)
+    text = _CN_MOBILE.sub(lambda m: f"{m.group(1)}****{m.group(3)}", text)
+    return text
+
+
+# --------------------------------------------------------------------------- structures
+
+
+def _shape_mask(value: Any) -> str:
+    """Mask a declared-sensitive value; phone, card, ID and e-mail values keep an operator-friendly shape."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return MASK
+    text = str(value).strip()
+    for pattern, replace in (
+        (_CN_ID, _mask_cn_id),
+        (_CN_MOBILE, lambda m: f"{m.group(1)}****{m.group(3)}"),
+        (_E164, _mask_e164),
+        (_EMAIL, _mask_email),
+    ):
+        if pattern.fullmatch(text):
+            return pattern.sub(replace, text)
+    if _CARD.fullmatch(text):
+        masked = _mask_card(_CARD.fullmatch(text))  # type: ignore[arg-type]
+        if masked != text:
+            return masked
+    return MASK
+
+
+def mask_value(
+    obj: Any,
+    sensitive_fields: Iterable[str] = (),
+    *,
+    mask_strings: bool = True,
+) -> Any:
+    """A masked deep copy of ``obj``.
+
+    Values under sensitive keys (declared ``sensitive_fields`` compared case/underscore-
+    insensitively, plus :data:`ALWAYS_SENSITIVE`) are replaced; other strings go through
+    :func:`mask_text` when ``mask_strings`` is true.
+    """
+    declared = frozenset(normalize_key(f) for f in sensitive_fields)
+    return _mask(obj, declared, mask_strings)
+
+
+def _mask(obj: Any, declared: frozenset[str], mask_strings: bool) -> Any:
+    if isinstance(obj, Mapping):
+        out: dict[Any, Any] = {}
+        for key, value in obj.items():
+            if value is None or value == "":
+                out[key] = value
+            elif normalize_key(key) in _CARD_KEYS:
+                out[key] = _shape_mask(value)
+            elif is_sensitive_key(key):
+                out[key] = MASK
+            elif normalize_key(key) in declared:
+                out[key] = _shape_mask(value)
+            else:
+                out[key] = _mask(value, declared, mask_strings)
+        return out
+    if isinstance(obj, list | tuple):
+        items = [_mask(v, declared, mask_strings) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    if isinstance(obj, str) and mask_strings:
+        return mask_text(obj)
+    return obj
+
+
+def summarize_arguments(
+    args: Any,
+    sensitive_fields: Iterable[str] = (),
+    max_len: int = 500,
+    *,
+    max_string: int = 120,
+) -> str:
+    """Masked, compact one-line JSON of ``args`` for an audit row (long strings shortened)."""
+    masked = mask_value(args, sensitive_fields)
+
+    def shorten(value: Any) -> Any:
+        if isinstance(value, str) and len(value) > max_string:
+            return value[:max_string] + f"…(+{len(value) - max_string} chars)"
+        if isinstance(value, dict):
+            return {k: shorten(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [shorten(v) for v in value]
+        return value
+
+    text = json.dumps(shorten(masked), ensure_ascii=False, separators=(",", ":"), default=str)
+    if len(text) > max_len:
+        suffix = f"…(+{len(text) - max_len} chars)"
+        text = text[: max(0, max_len - len(suffix))] + suffix
+    return text
+
+
+# --------------------------------------------------------------------------- prompt injection
+
+
+@dataclass(frozen=True)
+class InjectionMatch:
+    label: str
+    text: str
+    start: int
+    end: int
+
+
+_ZH = r"[\u4e00-\u9fff]"
+_INJECTION_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    (
+        "ignore_instructions",
+        re.compile(
+            r"\b(?:ignore|disregard|forget|override|bypass|skip)\b[\s\w,'-]{0,40}?"
+            r"\b(?:previous|prior|above|earlier|preceding|all|any|your|the|system|developer|original)\b"
+            r"[\s\w,'-]{0,30}?\b(?:instructions?|prompts?|rules|directions|guidelines|directives|context|constraints)\b",
+            re.I,
+        ),
+    ),
+    (
+        "ignore_instructions",
+        re.compile(
+            r"(?:忽略|无视|忘记|忘掉|不要理会|不用理会|跳过|抛开|放弃)(?:掉)?(?:你)?(?:之前|以前|先前|上面|上述|前面|以上|此前|所有|全部|一切)?"
+            r"(?:的)?(?:所有|全部|一切)?(?:的)?(?:指令|指示|提示词?|规则|命令|要求|设定|约束|限制)"
+        ),
+    ),
+    (
+        "reveal_system_prompt",
+        re.compile(
+            r"\b(?:reveal|show|print|display|output|repeat|tell|give|leak|dump|share|disclose)\b[\s\w,'-]{0,30}?"
+            r"\b(?:system|hidden|initial|original|secret|developer)\s+(?:prompt|instructions?|message)s?\b",
+            re.I,
+        ),
+    ),
+    (
+        "reveal_system_prompt",
+        re.compile(
+            r"(?:泄露|显示|输出|打印|告诉我|给我|透露|重复|展示|说出)" + _ZH + r"{0,10}?"
+            r"(?:系统提示词?|系统指令|系统消息|初始指令|隐藏指令|原始指令|system prompt)",
+            re.I,
+        ),
+    ),
+    (
+        "role_jailbreak",
+        re.compile(
+            r"\byou\s+are\s+now\s+(?:DAN|an?\s+(?:unrestricted|unfiltered|uncensored|jailbroken)|"
+            r"in\s+(?:developer|god|jailbreak)\s+mode|free\s+of)\b|\bDAN\s+mode\b|\bdo\s+anything\s+now\b|"
+            r"\b(?:developer|god|jailbreak)\s+mode\s+(?:enabled|on|activated)\b|\bjailbreak(?:ing)?\s+(?:the|this)\b",
+            re.I,
+        ),
+    ),
+    (
+        "role_jailbreak",
+        re.compile(
+            r"你现在是(?:一个)?(?:没有|不受|不再受)(?:任何)?(?:限制|约束|审查)|(?:进入|开启|启用|切换到)(?:开发者|越狱|上帝|DAN)模式"
+        ),
+    ),
+    (
+        "role_override_marker",
+        re.compile(
+            r"(?im)^\s*#{2,}\s*(?:system|assistant|instructions?|developer)\b|<\|\s*(?:im_start|im_end|system|"
+            r"endoftext)\s*\|>|\[/?(?:INST|SYS)\]|<</?SYS>>|^\s*(?:system|developer)\s*:\s*\S|</?system>"
+        ),
+    ),
+    (
+        "new_instructions",
+        re.compile(
+            r"\b(?:new|updated|real|actual|additional)\s+(?:system\s+)?instructions?\s*:|\bfrom\s+now\s+on\b,?\s+"
+            r"you\s+(?:will|must|are|shall|should)\b",
+            re.I,
+        ),
+    ),
+    ("new_instructions", re.compile(r"(?:从现在开始|从现在起|接下来)[,，]?\s*你(?:必须|要|将|只能|是)|新的指令[:：]")),
+    (
+        "exfiltration",
+        re.compile(
+            r"\b(?:send|post|upload|forward|email|exfiltrate|transmit)\b[\s\w,'-]{0,40}?"
+            r"\b(?:api\s*keys?|passwords?|credentials|secrets?|tokens?|conversation\s+history)\b[\s\w,'-]{0,30}?"
+            r"\b(?:to|at)\b\s+\S+",
+            re.I,
+        ),
+    ),
+    (
+        "exfiltration",
+        re.compile(r"(?:发送|上传|转发|发给|发到)" + _ZH + r"{0,10}?(?:密码|密钥|令牌|凭证|token|api\s*key)", re.I),
+    ),
+    (
+        "exfiltration",
+        re.compile(
+            r"(?:把|将)"
+            + _ZH
+            + r"{0,10}?(?:密码|密钥|令牌|凭证|token|api\s*key)"
+            + _ZH
+            + r"{0,6}?(?:发送|上传|转发|发给|发到)",
+            re.I,
+        ),
+    ),
+]
+
+
+def detect_injection(text: str) -> list[InjectionMatch]:
+    """Known prompt-injection phrasings in ``text``, ordered by position (overlaps of one label merged)."""
+    if not text:
+        return []
+    found: list[InjectionMatch] = []
+    for label, pattern in _INJECTION_PATTERNS:
+        for m in pattern.finditer(text):
+            if any(f.label == label and f.start < m.end() and m.start() < f.end for f in found):
+                continue
+            found.append(InjectionMatch(label=label, text=m.group(0)[:200], start=m.start(), end=m.end()))
+    return sorted(found, key=lambda f: (f.start, f.label))

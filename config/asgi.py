@@ -1,0 +1,22 @@
+"""ASGI entry point: HTTP through Django, websockets through Channels."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+
+from agents.routing import websocket_urlpatterns  # noqa: E402
+from tenants.ws_auth import WebsocketAuthMiddleware  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": WebsocketAuthMiddleware(URLRouter(websocket_urlpatterns)),
+    }
+)

@@ -1,0 +1,98 @@
+"""Typed, strict readers for the environment. A bad value stops start-up with a message naming the variable."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _raw(name: str) -> str | None:
+    value = os.environ.get(name)
+    return None if value is None else value.strip()
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = _raw(name)
+    if value is None:
+        return default
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false (also 1/0, yes/no, on/off), got {value!r}.")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    value = _raw(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}.") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {number}.")
+    return number
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = _raw(name)
+    if value is None:
+        return default
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_str(name: str, default: str = "") -> str:
+    value = _raw(name)
+    return default if value is None else value
+
+
+def env_database(name: str, default: str) -> dict[str, Any]:
+    url = _raw(name) or default
+    if not url.startswith(("sqlite://", "postgres://", "postgresql://", "pgsql://")):
+        raise ImproperlyConfigured(
+            f"{name} must be a sqlite:/// or postgres:// URL "
+            f"(e.g. postgres://user:pass@127.0.0.1:5432/agentops), got {url.split('@')[-1]!r}."
+        )
+    try:
+        return environ.Env.db_url_config(url)
+    except Exception as exc:  # environ raises a variety of errors on malformed URLs
+        raise ImproperlyConfigured(f"{name} could not be parsed: {exc}") from None
+
+
+def env_redis(name: str) -> str | None:
+    url = _raw(name)
+    if not url:
+        return None
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured(f"{name} must be a redis:// or rediss:// URL (e.g. redis://127.0.0.1:6379/0), got {url!r}.")
+    return url
+
+
+def secret_key(name: str, *, debug: bool, local_file: Path) -> str:
+    """The SECRET_KEY: from the environment; in development, generated once and kept in a local file."""
+    value = _raw(name)
+    if value:
+        if len(value) < 32 and not debug:
+            raise ImproperlyConfigured(f"{name} must be at least 32 characters long when DEBUG is off.")
+        return value
+    if not debug:
+        raise ImproperlyConfigured(
+            f"{name} is required when DEBUG is off. Set it to a long random string, "
+            f'e.g. python -c "import secrets; print(secrets.token_urlsafe(50))".'
+        )
+    if local_file.exists():
+        return local_file.read_text().strip()
+    local_file.parent.mkdir(parents=True, exist_ok=True)
+    generated = secrets.token_urlsafe(50)
+    local_file.write_text(generated)
+    local_file.chmod(0o600)
+    return generated

@@ -1,0 +1,67 @@
+"""Websocket authentication: an API key in the Authorization header, or the session cookie.
+
+A session (cookie) connection must come from an allowed Origin: a page on another site could
+otherwise open a socket with the user's cookie. API-key connections carry no ambient
+credentials, so their Origin is not checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlparse
+
+from channels.auth import AuthMiddlewareStack
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.http.request import validate_host
+
+from tenants.auth import bearer_token, find_api_key
+from tenants.scoping import ANONYMOUS, Actor, actor_for_api_key, actor_for_user
+
+
+def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value
+    return None
+
+
+def origin_allowed(origin: bytes | None) -> bool:
+    if origin is None:
+        return True  # not a browser
+    parsed = urlparse(origin.decode("latin-1"))
+    if not parsed.hostname:
+        return False
+    trusted = {urlparse(o).netloc for o in settings.CSRF_TRUSTED_ORIGINS}
+    if parsed.netloc in trusted:
+        return True
+    hosts = list(settings.ALLOWED_HOSTS)
+    if settings.DEBUG and not hosts:
+        hosts = [".localhost", "127.0.0.1", "[::1]"]
+    return validate_host(parsed.hostname if ":" not in parsed.hostname else f"[{parsed.hostname}]", hosts)
+
+
+@database_sync_to_async
+def _actor(scope: dict[str, Any]) -> Actor:
+    token = bearer_token(_header(scope, b"authorization"))
+    if token is not None:
+        key = find_api_key(token)
+        return actor_for_api_key(key) if key is not None else ANONYMOUS
+    user = scope.get("user")
+    if user is not None and user.is_authenticated and origin_allowed(_header(scope, b"origin")):
+        return actor_for_user(user)
+    return ANONYMOUS
+
+
+class _ActorMiddleware:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        scope = dict(scope)
+        scope["actor"] = await _actor(scope)
+        return await self.inner(scope, receive, send)
+
+
+def WebsocketAuthMiddleware(inner: Any) -> Any:
+    return AuthMiddlewareStack(_ActorMiddleware(inner))

@@ -1,0 +1,39 @@
+"""Shared test setup. Under CI the suite must run its integration tests against real services: never skip."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/integration/" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # A skip in CI hides a missing service; treat it as a failure there.
+    if IN_CI and report.skipped and "integration" in report.keywords:
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, which is not allowed for integration tests: {report.longrepr}"
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> Iterator[None]:
+    """The test database, always created: the live-stack tests need it without using the ``db`` fixture."""
+    from django.test.utils import setup_databases, teardown_databases
+
+    with django_db_blocker.unblock():
+        config = setup_databases(verbosity=0, interactive=False, aliases={"default"}, serialized_aliases=set())
+    yield
+    with django_db_blocker.unblock():
+        teardown_databases(config, verbosity=0)

@@ -1,0 +1,50 @@
+"""Small builders for tests: an owner tenant, a teammate and an outsider, each with what a test needs."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth import get_user_model
+
+from agents.models import Agent, AgentVersion
+from tenants import services as tenant_services
+from tenants.models import ApiKey, Role, Tenant
+from tools.services import install_python_tool
+
+ORDER_TOOLS = ["order_desk.query_order", "order_desk.query_logistics", "order_desk.sum_order_totals"]
+
+
+@dataclass
+class World:
+    tenant: Tenant
+    operator: Any
+    viewer: Any
+    agent: Agent
+    version: AgentVersion
+    key: ApiKey
+    raw_key: str
+
+
+def make_user(username: str | None = None, **extra: Any) -> Any:
+    User = get_user_model()
+    return User.objects.create_user(username=username or f"u-{uuid.uuid4().hex[:8]}", password="correct-horse-battery", **extra)
+
+
+def make_world(slug: str | None = None, *, model: str = "demo/planner", max_recursion: int = 6) -> World:
+    slug = slug or f"t-{uuid.uuid4().hex[:8]}"
+    tenant = Tenant.objects.create(slug=slug, name=slug)
+    operator = make_user(f"{slug}-operator", is_staff=True)
+    viewer = make_user(f"{slug}-viewer", is_staff=True)
+    tenant_services.set_membership(tenant=tenant, user=operator, role=Role.OPERATOR, actor=None)
+    tenant_services.set_membership(tenant=tenant, user=viewer, role=Role.VIEWER, actor=None)
+    tools = [install_python_tool(tenant=tenant, key=k, actor=None) for k in ORDER_TOOLS]
+    agent = Agent.objects.create(tenant=tenant, slug="order-assistant", name="Order assistant")
+    version = AgentVersion.objects.create(tenant=tenant, agent=agent, number=1, model=model,
+                                          system_prompt="You answer questions about orders.",
+                                          tools=[t.name for t in tools], policy={"max_recursion": max_recursion})
+    agent.current_version = version
+    agent.save(update_fields=["current_version"])
+    key, raw = tenant_services.create_api_key(tenant=tenant, name="test", owner=operator, role=Role.OPERATOR, actor=None)
+    return World(tenant, operator, viewer, agent, version, key, raw)

@@ -1,0 +1,516 @@
+"""SSRF guard for outbound HTTP made by tools.
+
+Policy: only ``http``/``https``; the host is resolved once and the call is refused if ANY
+resolved address is loopback, link-local (incl. cloud metadata), private, CGNAT, unspecified,
+multicast, reserved or otherwise not globally routable -- including IPv6 forms that embed such
+an IPv4 address (IPv4-mapped/compatible, 6to4, Teredo, NAT64). Numeric host spellings that
+``getaddrinfo``/``inet_aton`` accept (``2130706433``, ``0x7f000001``, ``0177.0.0.1``, ``127.1``)
+are normalised first. An operator allow-list of host names and CIDRs overrides the block.
+
+Enforcement happens at connect time: :class:`GuardedTransport` resolves, validates, and then
+connects to the *validated IP* (Host header and TLS SNI keep the original name), so there is no
+DNS-rebinding window between the check and the connection. :func:`guarded_client` builds an
+``httpx.Client`` on that transport that follows redirects itself, checking every hop.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+__all__ = [
+    "EgressDenied",
+    "EgressPolicy",
+    "GuardedClient",
+    "GuardedTransport",
+    "ResolvedTarget",
+    "Resolver",
+    "check_url",
+    "classify_ip",
+    "guarded_client",
+    "normalize_numeric_host",
+    "system_resolver",
+]
+
+#: ``resolver(host, port) -> list of IP address strings``.
+Resolver = Callable[[str, int], list[str]]
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+ALLOWED_SCHEMES = ("http", "https")
+REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+DEFAULT_MAX_REDIRECTS = 5
+#: Headers dropped when a redirect changes origin (scheme, host or port).
+CROSS_ORIGIN_STRIP = frozenset({"authorization", "proxy-authorization", "cookie"})
+
+_ADVICE = "outbound calls from tools may not reach it. Ask an operator to allow-list it if this is intended."
+
+_CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_METADATA = {
+    ipaddress.ip_address("169.254.169.254"),  # AWS, GCP, Azure, OpenStack...
+    ipaddress.ip_address("169.254.170.2"),  # AWS ECS task metadata
+    ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
+    ipaddress.ip_address("fd00:ec2::254"),  # AWS IPv6 metadata
+}
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+
+
+class EgressDenied(Exception):
+    """An outbound call was refused by the egress policy. ``reason`` is readable by model and operator."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"egress denied for {url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+class ResolutionError(httpx.ConnectError):
+    """The host name could not be resolved (a network error, not a policy decision)."""
+
+
+# --------------------------------------------------------------------------- classification
+
+
+def normalize_numeric_host(host: str) -> IPAddress | None:
+    """Return the IP a numeric host spelling denotes, or None for a real name.
+
+    Handles dotted/undotted decimal, octal (leading 0) and hex (0x) parts the way ``inet_aton``
+    does (``2130706433``, ``0x7f000001``, ``0177.0.0.1``, ``127.1``, ``0x7f.1``) and IPv6
+    literals (with or without brackets / zone id).
+    """
+    h = host.strip().rstrip(".")
+    if h.startswith("[") and h.endswith("]"):
+        h = h[1:-1]
+    if ":" in h:
+        try:
+            return ipaddress.IPv6Address(h.split("%", 1)[0])
+        except ValueError:
+            return None
+    parts = h.split(".")
+    if not 1 <= len(parts) <= 4:
+        return None
+    values: list[int] = []
+    for part in parts:
+        if not part:
+            return None
+        try:
+            if re.fullmatch(r"0[xX][0-9a-fA-F]*", part):
+                values.append(int(part[2:] or "0", 16))
+            elif re.fullmatch(r"0[0-7]+", part):
+                values.append(int(part, 8))
+            elif re.fullmatch(r"[0-9]+", part):
+                if len(part) > 1 and part.startswith("0"):
+                    return None  # e.g. "09": invalid octal, inet_aton refuses it too
+                values.append(int(part, 10))
+            else:
+                return None
+        except ValueError:
+            return None
+    # inet_aton: a.b.c.d / a.b.c(16 bit) / a.b(24 bit) / a(32 bit)
+    *head, last = values
+    if any(v > 255 for v in head) or last >= 1 << (8 * (4 - len(head))):
+        return None
+    number = 0
+    for v in head:
+        number = (number << 8) | v
+    number = (number << (8 * (4 - len(head)))) | last
+    return ipaddress.IPv4Address(number)
+
+
+def _a(phrase: str) -> str:
+    return "an" if phrase[:1].lower() in "aeiou" or phrase.startswith("IPv4") else "a"
+
+
+def _classify_v4(ip: ipaddress.IPv4Address) -> str | None:
+    if ip in _METADATA:
+        return "link-local address (cloud metadata)" if ip.is_link_local else "cloud metadata address"
+    if ip.is_unspecified or ip in ipaddress.ip_network("0.0.0.0/8"):
+        return "unspecified address"
+    if ip.is_loopback:
+        return "loopback address (this machine)"
+    if ip.is_link_local:
+        return "link-local address"
+    if ip in _CGNAT:
+        return "carrier-grade NAT (shared, 100.64.0.0/10) address"
+    if ip.is_multicast:
+        return "multicast address"
+    if ip == ipaddress.IPv4Address("255.255.255.255"):
+        return "broadcast address"
+    if ip.is_reserved:
+        return "reserved address"
+    if ip.is_private:
+        return "private address"
+    if not ip.is_global:
+        return "non-public (special-purpose) address"
+    return None
+
+
+def classify_ip(ip: IPAddress) -> str | None:
+    """Why ``ip`` must not be reached (e.g. ``"private address"``), or None if it is public."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        return _classify_v4(ip)
+    if ip.scope_id:
+        ip = ipaddress.IPv6Address(str(ip).split("%", 1)[0])
+    embedded: list[tuple[str, ipaddress.IPv4Address]] = []
+    if ip.ipv4_mapped is not None:
+        embedded.append(("IPv4-mapped", ip.ipv4_mapped))
+    packed = int(ip)
+    if packed >> 32 == 0 and packed > 1:  # deprecated IPv4-compatible ::a.b.c.d
+        embedded.append(("IPv4-compatible", ipaddress.IPv4Address(packed & 0xFFFFFFFF)))
+    if ip.sixtofour is not None:
+        embedded.append(("6to4", ip.sixtofour))
+    if ip.teredo is not None:
+        server, client = ip.teredo
+        embedded.extend([("Teredo", server), ("Teredo", client)])
+    if ip in _NAT64 or ip in _NAT64_LOCAL:
+        embedded.append(("NAT64", ipaddress.IPv4Address(packed & 0xFFFFFFFF)))
+    for label, v4 in embedded:
+        why = _classify_v4(v4)
+        if why:
+            return f"{label} form of {v4}, {_a(why)} {why}"
+    if embedded:
+        return None  # an IPv6 spelling of public IPv4 addresses
+    if ip in _METADATA:
+        return "cloud metadata address"
+    if ip.is_unspecified:
+        return "unspecified address"
+    if ip.is_loopback:
+        return "loopback address (this machine)"
+    if ip.is_link_local:
+        return "link-local address"
+    if ip.is_site_local:
+        return "site-local address"
+    if ip.is_multicast:
+        return "multicast address"
+    if ip in ipaddress.ip_network("fc00::/7"):
+        return "private (unique local) address"
+    if ip.is_reserved:
+        return "reserved address"
+    if ip.is_private:
+        return "private address"
+    if not ip.is_global:
+        return "non-public (special-purpose) address"
+    return None
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    """Resolve with ``getaddrinfo``; returns the distinct addresses in resolver order."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ResolutionError(f"could not resolve host {host!r}: {exc}") from None
+    seen: list[str] = []
+    for info in infos:
+        address = str(info[4][0]).split("%", 1)[0]
+        if address not in seen:
+            seen.append(address)
+    return seen
+
+
+@dataclass(frozen=True)
+class ResolvedTarget:
+    """A validated destination: connect to ``ip``; ``host`` is what goes in Host/SNI."""
+
+    scheme: str
+    host: str
+    port: int
+    ip: str
+    addresses: tuple[str, ...]
+
+
+@dataclass
+class EgressPolicy:
+    """Allow-list + resolver. ``allow`` holds host names (``api.internal``, ``*.corp.example``)
+    and IPs/CIDRs (``127.0.0.1/32``, ``10.20.0.0/16``) that override the block."""
+
+    allow: Iterable[str] = ()
+    resolver: Resolver = system_resolver
+    hosts: set[str] = field(init=False, default_factory=set)
+    wildcard_suffixes: list[str] = field(init=False, default_factory=list)
+    networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        for entry in self.allow or ():
+            item = entry.strip().lower()
+            if not item:
+                continue
+            try:
+                self.networks.append(ipaddress.ip_network(item.strip("[]"), strict=False))
+                continue
+            except ValueError:
+                pass
+            if item.startswith("*."):
+                self.wildcard_suffixes.append(item[1:].rstrip("."))
+            else:
+                self.hosts.add(item.rstrip("."))
+
+    @classmethod
+    def coerce(cls, allow: EgressPolicy | Iterable[str] | None, resolver: Resolver | None = None) -> EgressPolicy:
+        if isinstance(allow, EgressPolicy):
+            if resolver is not None:
+                return EgressPolicy(allow=allow.allow, resolver=resolver)
+            return allow
+        return cls(allow=tuple(allow or ()), resolver=resolver or system_resolver)
+
+    def host_allowed(self, host: str) -> bool:
+        h = host.lower().rstrip(".")
+        return h in self.hosts or any(h.endswith(suffix) for suffix in self.wildcard_suffixes)
+
+    def ip_allowed(self, ip: IPAddress) -> bool:
+        candidates: list[IPAddress] = [ip]
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            candidates.append(ip.ipv4_mapped)
+        return any(c.version == net.version and c in net for c in candidates for net in self.networks)
+
+    # -- the check -----------------------------------------------------------------------
+
+    def check(self, url: str | httpx.URL) -> ResolvedTarget:
+        """Validate ``url`` and resolve its host once. Raises :class:`EgressDenied`."""
+        text = str(url)
+        scheme, host, port = _split(url)
+        if scheme not in ALLOWED_SCHEMES:
+            raise EgressDenied(text, f"scheme {scheme!r} is not allowed; tools may only call http or https URLs.")
+        if not host:
+            raise EgressDenied(text, "the URL has no host.")
+        host_ok = self.host_allowed(host)
+        literal = normalize_numeric_host(host)
+        if literal is not None:
+            addresses = [str(literal)]
+            shown = host if literal.version == 6 or host == str(literal) else f"{host} (= {literal})"
+        else:
+            lowered = host.lower().rstrip(".")
+            if not host_ok and (lowered == "localhost" or lowered.endswith(".localhost")):
+                raise EgressDenied(text, f"{host} is a loopback address (this machine); {_ADVICE}")
+            addresses = list(self.resolver(host, port))
+            if not addresses:
+                raise ResolutionError(f"could not resolve host {host!r}: no addresses")
+            shown = host
+        parsed: list[IPAddress] = []
+        for address in addresses:
+            ip = normalize_numeric_host(address)
+            if ip is None:
+                raise EgressDenied(text, f"{host} resolved to {address!r}, which is not an IP address.")
+            parsed.append(ip)
+        if not host_ok:
+            for ip in parsed:
+                if self.ip_allowed(ip):
+                    continue
+                why = classify_ip(ip)
+                if why is None:
+                    continue
+                if literal is not None:
+                    raise EgressDenied(text, f"{shown} is {_a(why)} {why}; {_ADVICE}")
+                raise EgressDenied(text, f"{shown} resolves to {ip}, {_a(why)} {why}; {_ADVICE}")
+        return ResolvedTarget(
+            scheme=scheme, host=host, port=port, ip=str(parsed[0]), addresses=tuple(str(p) for p in parsed)
+        )
+
+
+def _split(url: str | httpx.URL) -> tuple[str, str, int]:
+    """(scheme, host, port) without trusting httpx to accept odd numeric hosts."""
+    if isinstance(url, httpx.URL):
+        scheme = url.scheme.lower()
+        host = url.raw_host.decode("ascii") if url.raw_host else ""
+        port = url.port or (443 if scheme == "https" else 80)
+        return scheme, host, port
+    match = re.match(r"^\s*([A-Za-z][A-Za-z0-9+.\-]*):", url)
+    scheme = match.group(1).lower() if match else ""
+    if scheme not in ALLOWED_SCHEMES:
+        return scheme, "", 0
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        # httpx refuses some spellings (e.g. 0177.0.0.1); inspect the raw authority ourselves.
+        authority = re.sub(r"^[^:]+://", "", url.strip()).split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+        authority = authority.rsplit("@", 1)[-1]
+        host, _, port_text = authority.rpartition(":") if not authority.endswith("]") else (authority, "", "")
+        if not host:
+            host, port_text = authority, ""
+        default_port = 443 if scheme == "https" else 80
+        return scheme, host, int(port_text) if port_text.isdigit() else default_port
+    return _split(parsed)
+
+
+def check_url(
+    url: str | httpx.URL, *, allow: EgressPolicy | Iterable[str] | None = None, resolver: Resolver | None = None
+) -> ResolvedTarget:
+    """Pre-flight check of a URL (the transport re-checks at connect time)."""
+    return EgressPolicy.coerce(allow, resolver).check(url)
+
+
+# --------------------------------------------------------------------------- transport
+
+
+class GuardedTransport(httpx.HTTPTransport):
+    """An ``HTTPTransport`` that resolves each request's host once, validates every address,
+    and connects to the validated IP. The ``Host`` header and TLS SNI keep the original name.
+
+    Connections are pooled per (scheme, host name, port) so a TLS connection verified for one
+    name is never reused for another name that happens to share an IP.
+    """
+
+    def __init__(
+        self,
+        *,
+        allow: EgressPolicy | Iterable[str] | None = None,
+        resolver: Resolver | None = None,
+        **transport_kwargs: Any,
+    ) -> None:
+        transport_kwargs.pop("proxy", None)  # a proxy would make the pinned IP meaningless
+        transport_kwargs.pop("uds", None)
+        super().__init__(**transport_kwargs)
+        self.policy = EgressPolicy.coerce(allow, resolver)
+        self._transport_kwargs = transport_kwargs
+        self._pools: dict[tuple[str, str, int], httpx.HTTPTransport] = {}
+        #: Every (host, ip, port) this transport connected to, in order (for tests and audit).
+        self.connections: list[tuple[str, str, int]] = []
+
+    def _pool_for(self, key: tuple[str, str, int]) -> httpx.HTTPTransport:
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = httpx.HTTPTransport(**self._transport_kwargs)
+            self._pools[key] = pool
+        return pool
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        target = self.policy.check(request.url)
+        pinned_url = request.url.copy_with(host=target.ip)
+        extensions = dict(request.extensions)
+        if target.scheme == "https":
+            extensions.setdefault("sni_hostname", target.host)
+        headers = httpx.Headers(request.headers)
+        if "host" not in headers:
+            headers["Host"] = request.url.netloc.decode("ascii")
+        pinned = httpx.Request(
+            request.method, pinned_url, headers=headers, stream=request.stream, extensions=extensions
+        )
+        self.connections.append((target.host, target.ip, target.port))
+        return self._pool_for((target.scheme, target.host.lower(), target.port)).handle_request(pinned)
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+        super().close()
+
+
+class GuardedClient(httpx.Client):
+    """``httpx.Client`` over :class:`GuardedTransport` that follows redirects itself.
+
+    Each hop goes through the transport (which validates and pins the address); hops are
+    limited to ``max_redirects``; ``Authorization``/``Cookie`` and any ``sensitive_headers`` are
+    dropped when the origin changes; 301/302 (for POST) and 303 become GET without a body.
+    """
+
+    def __init__(
+        self,
+        *,
+        allow: EgressPolicy | Iterable[str] | None = None,
+        resolver: Resolver | None = None,
+        max_redirects: int = DEFAULT_MAX_REDIRECTS,
+        follow_redirects: bool = True,
+        sensitive_headers: Iterable[str] = (),
+        transport_kwargs: dict[str, Any] | None = None,
+        **client_kwargs: Any,
+    ) -> None:
+        for forbidden in ("transport", "mounts", "proxy", "trust_env", "follow_redirects"):
+            client_kwargs.pop(forbidden, None)
+        self.guard = GuardedTransport(allow=allow, resolver=resolver, **(transport_kwargs or {}))
+        super().__init__(transport=self.guard, trust_env=False, follow_redirects=False, **client_kwargs)
+        self.guard_follow_redirects = follow_redirects
+        self.guard_max_redirects = max_redirects
+        self.strip_on_cross_origin = CROSS_ORIGIN_STRIP | {h.lower() for h in sensitive_headers}
+
+    def send(  # type: ignore[override]
+        self,
+        request: httpx.Request,
+        *,
+        stream: bool = False,
+        auth: Any = httpx.USE_CLIENT_DEFAULT,
+        follow_redirects: Any = httpx.USE_CLIENT_DEFAULT,
+    ) -> httpx.Response:
+        follow = self.guard_follow_redirects if follow_redirects is httpx.USE_CLIENT_DEFAULT else bool(follow_redirects)
+        history: list[httpx.Response] = []
+        while True:
+            scheme = request.url.scheme.lower()
+            if scheme not in ALLOWED_SCHEMES:
+                raise EgressDenied(
+                    str(request.url), f"scheme {scheme!r} is not allowed; tools may only call http or https URLs."
+                )
+            response = super().send(request, stream=stream, auth=auth, follow_redirects=False)
+            if not follow or response.status_code not in REDIRECT_STATUSES or "location" not in response.headers:
+                response.history = list(history)
+                return response
+            if len(history) >= self.guard_max_redirects:
+                response.close()
+                start = history[0].request.url if history else request.url
+                raise httpx.TooManyRedirects(
+                    f"more than {self.guard_max_redirects} redirects starting at {start}", request=request
+                )
+            next_request = self._next_request(request, response)
+            response.close()
+            history.append(response)
+            request = next_request
+
+    def _next_request(self, request: httpx.Request, response: httpx.Response) -> httpx.Request:
+        location = response.headers["location"]
+        try:
+            url = request.url.join(location)
+        except httpx.InvalidURL as exc:
+            raise httpx.RemoteProtocolError(f"invalid redirect location {location!r}", request=request) from exc
+        if url.fragment == "" and request.url.fragment:
+            url = url.copy_with(fragment=request.url.fragment)
+        method = request.method
+        status = response.status_code
+        if (status == 303 and method != "HEAD") or (status in (301, 302) and method == "POST"):
+            method = "GET"
+        headers = httpx.Headers(request.headers)
+        headers.pop("host", None)
+        same_origin = (url.scheme, url.raw_host, url.port) == (
+            request.url.scheme,
+            request.url.raw_host,
+            request.url.port,
+        )
+        if not same_origin:
+            for name in list(headers.keys()):
+                if name.lower() in self.strip_on_cross_origin:
+                    headers.pop(name, None)
+        content: bytes | None = None
+        if method != request.method and method == "GET":
+            for name in ("content-length", "content-type", "transfer-encoding"):
+                headers.pop(name, None)
+        else:
+            content = request.read()
+        return httpx.Request(method, url, headers=headers, content=content, extensions=request.extensions)
+
+
+def guarded_client(
+    *,
+    allow: EgressPolicy | Iterable[str] | None = None,
+    timeout: float | httpx.Timeout = 10.0,
+    resolver: Resolver | None = None,
+    max_redirects: int = DEFAULT_MAX_REDIRECTS,
+    follow_redirects: bool = True,
+    sensitive_headers: Iterable[str] = (),
+    **client_kwargs: Any,
+) -> GuardedClient:
+    """An egress-guarded ``httpx.Client``; use it as a context manager."""
+    return GuardedClient(
+        allow=allow,
+        resolver=resolver,
+        max_redirects=max_redirects,
+        follow_redirects=follow_redirects,
+        sensitive_headers=sensitive_headers,
+        timeout=timeout,
+        **client_kwargs,
+    )
