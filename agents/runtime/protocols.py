@@ -42,6 +42,9 @@ class Checkpoint:
     usage: Usage = field(default_factory=Usage)
     pending_calls: list[dict[str, Any]] = field(default_factory=list)
     started_at: float | None = None
+    #: Set by the store when an operator cancelled the run (e.g. while it was WAITING); the next
+    #: step then ends the run as ``cancelled`` without calling the model or a tool.
+    cancel_requested: bool = False
 
 
 @dataclass

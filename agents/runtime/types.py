@@ -97,6 +97,8 @@ class ModelRequest:
     tools: list[ToolSpec]
     task: str = "act"
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: Upper bound on the reply's tokens; budgets assume the reply may use all of it.
+    max_output_tokens: int | None = None
 
 
 @dataclass
