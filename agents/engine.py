@@ -5,43 +5,69 @@ from __future__ import annotations
 from typing import Any
 
 from agents.models import Run, Turn
+from agents.runtime.config import build_runtime, parse_policy
+from agents.runtime.context import ContextInput, assemble_context
+from agents.runtime.context import Turn as ContextTurn
 from agents.runtime.loop import AgentConfig, AgentLoop
-from agents.runtime.types import Message, ToolSpec
+from agents.runtime.protocols import Checkpoint
+from agents.runtime.types import ToolSpec
 from agents.store import DjangoRunStore
 from tools.gateway import ToolGateway
 from tools.models import Tool
 
-HISTORY_TURNS = 20
+HISTORY_TURNS = 50
 
 
-def initial_messages(run: Run) -> list[Message]:
-    messages: list[Message] = []
-    if run.version.system_prompt:
-        messages.append({"role": "system", "content": run.version.system_prompt})
+def initial_checkpoint(run: Run, model_info: Any) -> Checkpoint:
+    """The context contributors' input, gathered from the database in a fixed number of queries."""
     turns = list(Turn.objects.filter(session_id=run.session_id).order_by("-turn_seq")[:HISTORY_TURNS])
-    for turn in reversed(turns):
-        messages.append({"role": "user", "content": turn.user_message})
-        messages.append({"role": "assistant", "content": turn.assistant_message})
-    messages.append({"role": "user", "content": run.input})
-    return messages
+    history = [
+        ContextTurn(t.turn_seq, [{"role": "user", "content": t.user_message}, {"role": "assistant", "content": t.assistant_message}])
+        for t in reversed(turns)
+    ]
+    facts = {**(run.session.facts or {}), **(run.facts or {})}
+    tenant_settings = run.tenant.settings or {}
+    return assemble_context(
+        ContextInput(
+            model=run.version.model,
+            system_prompt=run.version.system_prompt,
+            user_message=run.input,
+            history=history,
+            tenant_facts=tenant_settings.get("facts", {}),
+            business=facts,
+            user_tier=facts.get("user_tier"),
+            session_model_calls=run.session.model_calls,
+            session_usage=run.session.usage or {},
+            history_token_budget=model_info.context_window // 4 if model_info else None,
+        )
+    )
 
 
 def visible_tools(run: Run) -> list[Tool]:
     names = [n for n in run.version.tools if isinstance(n, str)]
-    return list(Tool.objects.for_tenant(run.tenant_id).filter(name__in=names, enabled=True).order_by("name"))
+    return list(Tool.objects.for_tenant(run.tenant_id).filter(name__in=names).order_by("name"))
 
 
 def build_loop(run: Run, lease_token: str) -> AgentLoop:
-    from agents.model_clients import model_client_for
+    from agents.model_clients import model_client_for, model_info_for
 
     tools = visible_tools(run)
-    audit_buffer: list[Any] = []
+    enabled = [t for t in tools if t.enabled]
+    info = model_info_for(run)
+    policy = parse_policy(run.version.policy or {})
+    tier_table = (run.tenant.settings or {}).get("tiers")
+    if tier_table and not policy.document["limits"]["tiers"]["table"]:
+        policy.document["limits"]["tiers"]["table"] = tier_table
     config = AgentConfig(
         model=run.version.model,
         system_prompt=run.version.system_prompt,
-        tools=[ToolSpec(t.name, t.description, t.parameters or {"type": "object", "properties": {}}) for t in tools],
-        max_recursion=int((run.version.policy or {}).get("max_recursion", 10)),
+        tools=[ToolSpec(t.name, t.description, t.parameters or {"type": "object", "properties": {}}) for t in enabled],
+        input_price_per_million=info.price_in_per_1m if info else 0.0,
+        output_price_per_million=info.price_out_per_1m if info else 0.0,
+        context_window=info.context_window if info else 128_000,
     )
-    store = DjangoRunStore(run, lease_token, initial_messages=initial_messages(run), audit_buffer=audit_buffer)
+    runtime = build_runtime(policy, config)
+    audit_buffer: list[Any] = []
+    store = DjangoRunStore(run, lease_token, initial=lambda: initial_checkpoint(run, info), audit_buffer=audit_buffer)
     gateway = ToolGateway(run=run, tools=tools, audit_buffer=audit_buffer)
-    return AgentLoop(config, model_client_for(run), gateway, store)
+    return runtime.loop(model_client_for(run), gateway, store)

@@ -9,18 +9,17 @@ step's events reach websocket clients after commit, in one batch.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from agents import live
 from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
 from agents.runtime.protocols import Checkpoint, StepAck, StepRecord
-from agents.runtime.types import Event, Message, Phase, Usage
+from agents.runtime.types import Event, Phase, Usage
 
 
 def _when(at: float) -> dt.datetime:
@@ -72,18 +71,18 @@ def publish_after_commit(run: Run, rows: list[RunEvent], summary: dict[str, Any]
 class DjangoRunStore:
     """Implements ``agents.runtime.protocols.RunStore`` for one run held under a lease."""
 
-    def __init__(self, run: Run, lease_token: str, *, initial_messages: list[Message], audit_buffer: list[Any]) -> None:
+    def __init__(self, run: Run, lease_token: str, *, initial: Callable[[], Checkpoint], audit_buffer: list[Any]) -> None:
         self.run = run
         self.lease_token = lease_token
-        self.initial_messages = initial_messages
+        self.initial = initial
         self.audit_buffer = audit_buffer
 
     def load(self, run_id: str) -> Checkpoint:
+        """A fresh run gets its assembled context; a resumed one its committed log and checkpoint."""
         run = self.run
-        if run.message_count == 0:
-            messages = list(self.initial_messages)
-        else:
-            messages = list(RunMessage.objects.filter(run_id=run.pk).order_by("index").values_list("message", flat=True))
+        if run.step == 0:
+            return self.initial()
+        messages = list(RunMessage.objects.filter(run_id=run.pk).order_by("index").values_list("message", flat=True))
         return Checkpoint(
             step=run.step,
             phase=Phase(run.phase),
@@ -91,6 +90,7 @@ class DjangoRunStore:
             state=dict(run.state),
             usage=Usage.from_dict(run.usage),
             pending_calls=list(run.pending_calls),
+            cancel_requested=run.cancel_requested,
         )
 
     def commit_step(self, run_id: str, record: StepRecord) -> StepAck:
@@ -117,7 +117,6 @@ class DjangoRunStore:
                 type(self.audit_buffer[0]).objects.bulk_create(self.audit_buffer)
                 self.audit_buffer.clear()
             finished = record.phase == Phase.FINISHED
-            model_calls = sum(1 for e in record.events if e.type == "model.call")
             changes: dict[str, Any] = {
                 "step": record.step,
                 "phase": record.phase.value,
@@ -141,19 +140,25 @@ class DjangoRunStore:
             Run.objects.filter(pk=run.pk).update(**changes)
             for field, value in changes.items():
                 setattr(run, field, value)
-            if model_calls or finished:
-                self._update_session(run, model_calls, record, finished)
+            if finished:
+                self._close_session_turn(run, record)
             publish_after_commit(run, rows, run_summary(run))
         return StepAck(cancel_requested=bool(locked["cancel_requested"]))
 
-    def _update_session(self, run: Run, model_calls: int, record: StepRecord, finished: bool) -> None:
-        updates: dict[str, Any] = {"model_calls": F("model_calls") + model_calls}
-        if finished:
-            updates["turns"] = F("turns") + 1
-        Session.objects.filter(pk=run.session_id).update(**updates)
-        if finished:
-            turn_seq = Session.objects.filter(pk=run.session_id).values_list("turns", flat=True).get()
-            Turn.objects.create(
-                tenant_id=run.tenant_id, session_id=run.session_id, turn_seq=turn_seq, run=run,
-                user_message=run.input, assistant_message=record.output or "",
-            )
+    def _close_session_turn(self, run: Run, record: StepRecord) -> None:
+        """Append the exchange to the session's conversation and carry the run's counters over."""
+        session = Session.objects.select_for_update().get(pk=run.session_id)
+        usage = dict(session.usage or {})
+        run_usage = record.usage.to_dict()
+        for key in ("input_tokens", "output_tokens"):
+            usage[key] = int(usage.get(key, 0)) + int(run_usage.get(key, 0))
+        usage["cost"] = round(float(usage.get("cost", 0.0)) + float(run_usage.get("cost", 0.0)), 10)
+        usage["wall_seconds"] = round(float(usage.get("wall_seconds", 0.0)) + float(record.state.get("_active_seconds", 0.0)), 3)
+        session.usage = usage
+        session.model_calls += int(record.state.get("llm_call_count", 0))
+        session.turns += 1
+        session.save(update_fields=["usage", "model_calls", "turns", "updated_at"])
+        Turn.objects.create(
+            tenant_id=run.tenant_id, session_id=run.session_id, turn_seq=session.turns, run=run,
+            user_message=run.input, assistant_message=record.output or "",
+        )

@@ -43,7 +43,7 @@ def make_world(slug: str | None = None, *, model: str = "demo/planner", max_recu
     agent = Agent.objects.create(tenant=tenant, slug="order-assistant", name="Order assistant")
     version = AgentVersion.objects.create(tenant=tenant, agent=agent, number=1, model=model,
                                           system_prompt="You answer questions about orders.",
-                                          tools=[t.name for t in tools], policy={"max_recursion": max_recursion})
+                                          tools=[t.name for t in tools], policy={"limits": {"max_recursion": max_recursion}})
     agent.current_version = version
     agent.save(update_fields=["current_version"])
     key, raw = tenant_services.create_api_key(tenant=tenant, name="test", owner=operator, role=Role.OPERATOR, actor=None)

@@ -90,7 +90,7 @@ class Command(BaseCommand):
         if agent.current_version is None:
             version = AgentVersion.objects.create(
                 tenant=tenant, agent=agent, number=1, model="demo/planner", system_prompt=SYSTEM_PROMPT,
-                tools=[t.name for t in tools], policy={"max_recursion": 6}, created_by=admin, note="seeded",
+                tools=[t.name for t in tools], policy={"limits": {"max_recursion": 6}}, created_by=admin, note="seeded",
             )
             agent.current_version = version
             agent.save(update_fields=["current_version"])
