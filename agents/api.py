@@ -47,7 +47,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         if data.get("session"):
             session = Session.objects.for_actor(self.actor).for_tenant(tenant).filter(pk=data["session"]).first()
             if session is None:
-                raise serializers.ValidationError({"session": [f"No session {data['session']} in this tenant. Omit the field to start a new one."]})
+                message = f"No session {data['session']} in this tenant. Omit the field to start a new one."
+                raise serializers.ValidationError({"session": [message]})
         try:
             run = services.start_run(actor=self.actor, agent=agent, text=data["input"], session=session, facts=data.get("facts"))
         except services.RunRefused as exc:
@@ -101,9 +102,17 @@ def _non_negative_int(raw: str | None, name: str, default: int) -> int:
     return value
 
 
+class ByName(CursorPagination):
+    ordering = ("tenant_id", "slug")
+    page_size = 100
+    max_page_size = 500
+    page_size_query_param = "limit"
+
+
 class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     queryset = Agent.objects.select_related("current_version").order_by("tenant_id", "slug")
     serializer_class = AgentSerializer
+    pagination_class = ByName
     lookup_field = "slug"
 
     def get_object(self) -> Agent:

@@ -120,3 +120,22 @@ def test_health_reports_each_dependency(live_stack: Any) -> None:
     assert body["mode"] == live_stack.mode
     assert set(body["checks"]) == {"database", "broker", "channel_layer"}
     assert all(check["ok"] for check in body["checks"].values())
+
+
+def test_a_browser_session_websocket_needs_an_allowed_origin(live_stack: Any, worlds: Any) -> None:
+    world, _ = worlds
+    body = _start(live_stack, world.raw_key, "where is order O202411280001?")
+    live_stack.wait_for_run(world.raw_key, body["id"])
+    with live_stack.client() as http:
+        page = http.get("/admin/login/")
+        token = page.cookies["csrftoken"]
+        login = http.post("/admin/login/", data={"username": world.operator.username, "password": "correct-horse-battery",
+                                                  "csrfmiddlewaretoken": token, "next": "/admin/"},
+                          headers={"Referer": f"{live_stack.base_url}/admin/login/"})
+        assert login.status_code == 302, login.text[:500]
+        cookie = f"sessionid={http.cookies['sessionid']}"
+    url = f"{live_stack.ws_url}/ws/runs/{body['id']}/"
+    frames = read_run_frames(url, headers={"Cookie": cookie, "Origin": live_stack.base_url})
+    assert frames[-1]["type"] == "run.finished"
+    with pytest.raises(InvalidStatus):
+        read_run_frames(url, headers={"Cookie": cookie, "Origin": "http://evil.example"}, timeout=5)
