@@ -48,6 +48,16 @@ def visible_tools(run: Run) -> list[Tool]:
     return list(Tool.objects.for_tenant(run.tenant_id).filter(name__in=names).order_by("name"))
 
 
+def session_grants(run: Run) -> set[str]:
+    """Scopes this conversation holds: the tenant's defaults plus what the client granted the session or run."""
+    granted = set((run.tenant.settings or {}).get("default_scopes", []))
+    for source in (run.session.facts or {}, run.facts or {}):
+        grants = source.get("grants", [])
+        if isinstance(grants, list):
+            granted.update(str(g) for g in grants)
+    return granted
+
+
 def build_loop(run: Run, lease_token: str) -> AgentLoop:
     from agents.model_clients import model_client_for, model_info_for
 
@@ -69,5 +79,5 @@ def build_loop(run: Run, lease_token: str) -> AgentLoop:
     runtime = build_runtime(policy, config)
     audit_buffer: list[Any] = []
     store = DjangoRunStore(run, lease_token, initial=lambda: initial_checkpoint(run, info), audit_buffer=audit_buffer)
-    gateway = ToolGateway(run=run, tools=tools, audit_buffer=audit_buffer)
+    gateway = ToolGateway(run=run, tools=tools, audit_buffer=audit_buffer, grants=session_grants(run))
     return runtime.loop(model_client_for(run), gateway, store)

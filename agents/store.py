@@ -20,6 +20,8 @@ from agents import live
 from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
 from agents.runtime.protocols import Checkpoint, StepAck, StepRecord
 from agents.runtime.types import Event, Phase, Usage
+from audit.chain import write_sealed
+from audit.masking import mask_value
 
 
 def _when(at: float) -> dt.datetime:
@@ -55,7 +57,7 @@ def event_rows(run: Run, first_seq: int, step: int, events: Iterable[Event]) -> 
             type=event.type,
             span_id=event.span_id,
             parent_span_id=event.parent_span_id or "",
-            payload=event.payload,
+            payload=mask_value(event.payload),
             at=_when(event.at),
         )
         for offset, event in enumerate(events)
@@ -114,7 +116,7 @@ class DjangoRunStore:
                     for i, m in enumerate(record.appended_messages)
                 )
             if self.audit_buffer:
-                type(self.audit_buffer[0]).objects.bulk_create(self.audit_buffer)
+                write_sealed(self.audit_buffer, run.tenant_id)
                 self.audit_buffer.clear()
             finished = record.phase == Phase.FINISHED
             changes: dict[str, Any] = {

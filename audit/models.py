@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from tenants.scoping import TenantOwned, TenantScopedQuerySet
 
@@ -55,13 +56,18 @@ class ToolCallAudit(AppendOnly, TenantOwned):
     latency_ms = models.PositiveIntegerField(default=0)
     result_size = models.PositiveIntegerField(default=0)
     idempotency_key = models.CharField(max_length=200, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # The tamper-evident chain, per tenant, in the order rows reached their final status.
+    chain_seq = models.PositiveBigIntegerField(null=True, blank=True, editable=False)
+    prev_hash = models.CharField(max_length=64, blank=True, editable=False)
+    row_hash = models.CharField(max_length=64, blank=True, editable=False)
 
     objects = TenantScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["tenant", "-created_at"]), models.Index(fields=["run", "step"])]
+        constraints = [models.UniqueConstraint(fields=["tenant", "chain_seq"], name="audit_chain_seq_unique_per_tenant")]
 
     def __str__(self) -> str:
         return f"{self.tool_name} {self.status} (run {self.run_id}, step {self.step})"
@@ -86,3 +92,11 @@ class ConfigChange(AppendOnly):
 
     def __str__(self) -> str:
         return f"{self.action} {self.target_repr}"
+
+
+class AuditChainHead(models.Model):
+    """The last sealed audit row of a tenant: locked while a step appends to the chain."""
+
+    tenant = models.OneToOneField("tenants.Tenant", on_delete=models.CASCADE, primary_key=True, related_name="+")
+    seq = models.PositiveBigIntegerField(default=0)
+    hash = models.CharField(max_length=64, default="")

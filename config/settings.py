@@ -107,6 +107,7 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns about a missing root even when it serves from finders
 WHITENOISE_USE_FINDERS = True  # serve straight from the apps' static folders: no build or collect step needed
 
 SESSION_COOKIE_HTTPONLY = True
@@ -178,6 +179,12 @@ CELERY_TASK_DEFAULT_QUEUE = "agentops"
 RUN_LEASE_SECONDS = env_int("RUN_LEASE_SECONDS", 120, minimum=5)
 #: Runs longer than this in input are refused at the API.
 RUN_INPUT_MAX_CHARS = env_int("RUN_INPUT_MAX_CHARS", 20_000, minimum=100)
+
+# --- Tools ------------------------------------------------------------------------------
+#: Hosts and CIDRs tools may reach although they are private (e.g. "10.0.4.0/24,billing.internal").
+TOOL_EGRESS_ALLOW = env_list("TOOL_EGRESS_ALLOW", [])
+#: A write tool called again with the same arguments in the same session within this window is blocked.
+TOOL_DUPLICATE_WINDOW_SECONDS = env_int("TOOL_DUPLICATE_WINDOW_SECONDS", 600, minimum=0)
 
 # --- Logging ------------------------------------------------------------------------------
 LOGGING = {

@@ -1,37 +1,58 @@
 """The tool gateway: every tool call of every run goes through this one pipeline.
 
 resolve → authorize → validate → duplicate guard → approval gate → execute → shape → audit.
-Each stage leaves an entry in the trace; each call leaves exactly one audit row. Whatever
-goes wrong becomes a ToolOutcome the model can read, never an exception into the loop.
+
+Each stage leaves an entry in the trace and each call exactly one audit row. Whatever goes
+wrong becomes a ToolOutcome the model can read, never an exception into the loop.
+
+Side-effecting (``write``) calls are exactly-once: before one runs, its audit row is committed
+as ``started`` with an idempotency key (run, step, call). If the worker dies before the step
+commits, the resumed step finds that row: an idempotent tool runs again with the same key (an
+HTTP target dedupes on ``Idempotency-Key``); a non-idempotent one is not re-run and is reported
+as ``outcome_unknown`` to the model and the operator.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
 from agents.runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
-from audit.masking import summarize_arguments
-from audit.models import ToolCallAudit
+from audit.masking import mask_value, summarize_arguments
+from audit.models import ToolCallAudit, ToolCallStatus
 from tools.arguments import arguments_hash, parse_arguments
-from tools.models import Tool, ToolCategory, ToolKind
+from tools.executors import ExecContext, ToolFailure, executor_for
+from tools.models import Tool, ToolCategory
 from tools.shaping import shape_result
 
 #: At most this many calls of one tool run at once in a process (a bulkhead per tool).
 BULKHEAD_SIZE = 4
+#: After this many invalid calls in a row to one tool, the model is told to stop trying.
+MAX_REPAIRS = 2
 _bulkheads: dict[str, threading.BoundedSemaphore] = {}
 _bulkheads_lock = threading.Lock()
-_executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="tool")
+_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="tool")
 
 
 def _bulkhead(key: str) -> threading.BoundedSemaphore:
     with _bulkheads_lock:
         return _bulkheads.setdefault(key, threading.BoundedSemaphore(BULKHEAD_SIZE))
+
+
+@dataclass
+class AuditWrite:
+    """An audit row the step will commit: a new row, or the completion of a ``started`` one."""
+
+    row: ToolCallAudit
+    started_pk: int | None = None
 
 
 @dataclass
@@ -42,6 +63,9 @@ class _Call:
     trace: list[dict[str, Any]] = field(default_factory=list)
     tool: Tool | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
+    args_hash: str = ""
+    started_row: ToolCallAudit | None = None
+    idempotency_key: str = ""
 
     def stage(self, name: str, ok: bool, **details: Any) -> None:
         self.trace.append({"type": "tool.stage", "stage": name, "ok": ok, **details})
@@ -50,115 +74,203 @@ class _Call:
 class ToolGateway:
     """Implements ``agents.runtime.protocols.ToolExecutor`` for one run."""
 
-    def __init__(self, *, run: Any, tools: list[Tool], audit_buffer: list[Any]) -> None:
+    def __init__(self, *, run: Any, tools: list[Tool], audit_buffer: list[AuditWrite],
+                 grants: set[str] | None = None, approvals: Any = None, tool_policy: Any = None) -> None:
         self.run = run
         self.tools = {t.name: t for t in tools}
         self.audit_buffer = audit_buffer
         self.whitelist = {n for n in run.version.tools if isinstance(n, str)}
+        self.grants = set(grants or ())
+        self.approvals = approvals
+        self.tool_policy = tool_policy
+        self.invalid_streak: dict[str, int] = {}
 
     # -- the pipeline ---------------------------------------------------------------------
 
     def execute(self, call: ToolCall, ctx: ToolContext) -> ToolOutcome:
-        state = _Call(call, ctx)
-        for stage in (self._resolve, self._authorize, self._validate, self._execute):
-            outcome = stage(state)
+        s = _Call(call, ctx)
+        for stage in (self._resolve, self._authorize, self._validate, self._guard_duplicates, self._approval_gate):
+            outcome = stage(s)
             if outcome is not None:
-                return self._audit(state, outcome)
-        raise AssertionError("the execute stage always returns an outcome")
+                return self._audit(s, outcome)
+        return self._audit(s, self._execute(s))
 
     def _resolve(self, s: _Call) -> ToolOutcome | None:
         tool = self.tools.get(s.call.name)
         if tool is None:
             s.stage("resolve", False, reason="unknown tool")
-            names = ", ".join(sorted(self.tools)) or "none"
+            names = ", ".join(sorted(t.name for t in self.tools.values() if t.enabled)) or "none"
             return self._fail(s, ToolStatus.DENIED, f"There is no tool named {s.call.name!r}. The tools you can call are: {names}.")
-        if not tool.enabled:
-            s.stage("resolve", False, reason="disabled by an operator")
-            message = f"The tool {tool.name} is switched off by an operator. Do not retry it; tell the user it is unavailable."
-            return self._fail(s, ToolStatus.DENIED, message)
         s.tool = tool
-        s.stage("resolve", True, kind=tool.kind)
+        if not tool.enabled:
+            s.stage("resolve", False, reason="switched off by an operator")
+            return self._fail(s, ToolStatus.DENIED,
+                              f"The tool {tool.name} is switched off by an operator. Do not retry it; tell the user it is unavailable.")
+        if self.tool_policy is not None:
+            allowed, why = self.tool_policy(tool, self.run.tenant_id, str(self.run.session_id))
+            if not allowed:
+                s.stage("resolve", False, reason=why)
+                return self._fail(s, ToolStatus.DENIED, f"The tool {tool.name} is not available in this conversation ({why}).")
+        s.stage("resolve", True, kind=tool.kind, category=tool.category)
         return None
 
     def _authorize(self, s: _Call) -> ToolOutcome | None:
-        if s.call.name not in self.whitelist:
+        tool = s.tool
+        assert tool is not None
+        if tool.name not in self.whitelist:
             s.stage("authorize", False, reason="not in this agent version's tool list")
-            return self._fail(s, ToolStatus.DENIED, f"This agent may not use the tool {s.call.name}. Do not retry it.")
+            return self._fail(s, ToolStatus.DENIED, f"This agent may not use the tool {tool.name}. Do not retry it.")
+        missing = sorted(set(tool.required_scopes or []) - self.grants)
+        if missing:
+            s.stage("authorize", False, reason="missing scopes", missing_scopes=missing)
+            return self._fail(s, ToolStatus.DENIED,
+                              f"The tool {tool.name} needs permission this conversation was not granted ({', '.join(missing)}). "
+                              "Tell the user you cannot do this here.")
         s.stage("authorize", True)
         return None
 
     def _validate(self, s: _Call) -> ToolOutcome | None:
-        assert s.tool is not None
-        parsed = parse_arguments(s.call.arguments, s.tool.parameters or {"type": "object", "properties": {}})
+        tool = s.tool
+        assert tool is not None
+        parsed = parse_arguments(s.call.arguments, tool.parameters or {"type": "object", "properties": {}}, tool_name=tool.name)
         if not parsed.ok:
-            s.stage("validate", False, errors=[p.message for p in parsed.errors])
-            return self._fail(s, ToolStatus.INVALID, parsed.model_message)
+            streak = self.invalid_streak.get(tool.name, 0) + 1
+            self.invalid_streak[tool.name] = streak
+            s.stage("validate", False, errors=[p.message for p in parsed.errors], attempt=streak)
+            message = parsed.model_message
+            if streak >= MAX_REPAIRS:
+                message += (f" This was attempt {streak} with invalid arguments: stop calling {tool.name} for now and "
+                            "ask the user for the missing or correct information.")
+            return self._fail(s, ToolStatus.INVALID, message)
+        self.invalid_streak.pop(tool.name, None)
         s.arguments = parsed.arguments
+        s.args_hash = arguments_hash(parsed.arguments)
         s.stage("validate", True, repaired=bool(parsed.repaired), mapped=[list(m) for m in parsed.mapped])
         return None
+
+    def _guard_duplicates(self, s: _Call) -> ToolOutcome | None:
+        tool = s.tool
+        assert tool is not None
+        if tool.category != ToolCategory.WRITE:
+            return None
+        window = float((tool.config or {}).get("duplicate_window_seconds", settings.TOOL_DUPLICATE_WINDOW_SECONDS))
+        earlier = (
+            ToolCallAudit.objects.filter(
+                tenant_id=self.run.tenant_id, session_id=self.run.session_id, tool_name=tool.name, arguments_hash=s.args_hash,
+                status__in=[ToolCallStatus.OK, ToolCallStatus.OUTCOME_UNKNOWN],
+                created_at__gte=timezone.now() - timezone.timedelta(seconds=window),
+            )
+            .exclude(run_id=self.run.pk, step=s.ctx.step)
+            .order_by("-created_at")
+            .first()
+        )
+        if earlier is None:
+            s.stage("duplicate_guard", True)
+            return None
+        s.stage("duplicate_guard", False, earlier_run=str(earlier.run_id), earlier_status=earlier.status)
+        return self._fail(s, ToolStatus.DUPLICATE_BLOCKED,
+                          f"You already did this: {tool.name} with the same arguments ran at "
+                          f"{earlier.created_at:%H:%M:%S} UTC (status {earlier.status}). Do not repeat it; tell the user it was already done.")
+
+    def _approval_gate(self, s: _Call) -> ToolOutcome | None:
+        if self.approvals is None:
+            return None
+        assert s.tool is not None
+        decision = self.approvals.gate(tool=s.tool, call=s.call, ctx=s.ctx, arguments=s.arguments, args_hash=s.args_hash)
+        if decision is None:
+            return None
+        s.stage("approval", decision.proceed, **decision.trace)
+        if decision.proceed:
+            return None
+        return self._fail(s, decision.status, decision.message)
 
     def _execute(self, s: _Call) -> ToolOutcome:
         tool = s.tool
         assert tool is not None
-        runner = self._runner(tool)
+        if tool.category == ToolCategory.WRITE:
+            unknown = self._begin_write(s)
+            if unknown is not None:
+                return unknown
+        context = ExecContext(tenant_id=self.run.tenant_id, run=self.run, step=s.ctx.step, call_id=s.call.id,
+                              span_id=s.ctx.span_id, idempotency_key=s.idempotency_key or None)
         with _bulkhead(f"{tool.tenant_id}:{tool.name}"):
-            future = _executor.submit(runner, s.arguments)
+            future = _pool.submit(executor_for(tool.kind), tool, s.arguments, context)
             try:
                 result = future.result(timeout=tool.timeout_seconds)
             except FutureTimeout:
                 future.cancel()
                 s.stage("execute", False, reason="timeout", timeout_seconds=tool.timeout_seconds)
-                return self._fail(
-                    s, ToolStatus.TIMEOUT,
-                    f"No result was obtained from {tool.name} within {tool.timeout_seconds:g} s. "
-                    "Do not tell the user it succeeded.",
-                )
+                return self._fail(s, ToolStatus.TIMEOUT,
+                                  f"No result was obtained from {tool.name} within {tool.timeout_seconds:g} s. "
+                                  "Do not tell the user it succeeded.")
+            except ToolFailure as exc:
+                s.stage("execute", False, reason=exc.status)
+                return self._fail(s, ToolStatus(exc.status), str(exc))
             except Exception as exc:
                 s.stage("execute", False, reason=type(exc).__name__)
                 return self._fail(s, ToolStatus.ERROR, f"The tool {tool.name} failed: {exc}")
-        s.stage("execute", True)
-        shaped = shape_result(
-            result,
-            field_whitelist=tool.result_fields or None,
-            size_cap=tool.result_size_cap,
-            summary_template=tool.summary_template or None,
-        )
-        s.stage("shape", True, truncated=shaped.truncated, original_size=shaped.original_size,
-                missing_fields=shaped.missing_fields)
+        s.stage("execute", True, idempotency_key=s.idempotency_key or None)
+        shaped = shape_result(result, field_whitelist=tool.result_fields or None, size_cap=tool.result_size_cap,
+                              summary_template=tool.summary_template or None)
+        s.stage("shape", True, truncated=shaped.truncated, original_size=shaped.original_size, missing_fields=shaped.missing_fields)
         return ToolOutcome(s.call.id, ToolStatus.OK, shaped.content, trace=s.trace)
 
+    def _begin_write(self, s: _Call) -> ToolOutcome | None:
+        """Commit the intent before a side effect; on a replayed step, reuse or refuse it."""
+        tool = s.tool
+        assert tool is not None
+        previous = (
+            ToolCallAudit.objects.filter(run_id=self.run.pk, step=s.ctx.step, status=ToolCallStatus.STARTED)
+            .filter(Q(call_id=s.call.id) | Q(tool_name=tool.name, arguments_hash=s.args_hash))
+            .first()
+        )
+        if previous is not None:
+            s.started_row = previous
+            s.idempotency_key = previous.idempotency_key
+            if not tool.idempotent:
+                s.stage("execute", False, reason="outcome unknown after a crash", idempotency_key=previous.idempotency_key)
+                return self._fail(s, ToolStatus.OUTCOME_UNKNOWN,
+                                  f"An earlier attempt of {tool.name} was interrupted and may or may not have taken effect. "
+                                  "It was not repeated. Tell the user an operator will check, and do not call it again.")
+            s.stage("execute", True, replay=True, idempotency_key=previous.idempotency_key)
+            return None
+        s.idempotency_key = f"{self.run.pk}:{s.ctx.step}:{s.call.id}"
+        s.started_row = self._row(s, ToolCallStatus.STARTED, error="", latency_ms=0, result_size=0)
+        s.started_row.idempotency_key = s.idempotency_key
+        s.started_row.save()  # autocommit: durable before the side effect
+        return None
+
     # -- helpers --------------------------------------------------------------------------
-
-    def _runner(self, tool: Tool) -> Callable[[dict[str, Any]], Any]:
-        if tool.kind == ToolKind.PYTHON:
-            from tools.pyfunc import registry
-
-            key = str(tool.config.get("function", ""))
-            return lambda arguments: registry.call(key, arguments)
-        raise NotImplementedError(f"tool kind {tool.kind} is not executable yet")
 
     def _fail(self, s: _Call, status: ToolStatus, message: str) -> ToolOutcome:
         return ToolOutcome(s.call.id, status, message, trace=s.trace)
 
-    def _audit(self, s: _Call, outcome: ToolOutcome) -> ToolOutcome:
+    def _row(self, s: _Call, status: str, *, error: str, latency_ms: int, result_size: int) -> ToolCallAudit:
         tool = s.tool
         sensitive = set(tool.sensitive_fields or []) if tool is not None else set()
         run = self.run
-        latency_ms = int((time.perf_counter() - s.started) * 1000)
         arguments = s.arguments if s.arguments else {"_raw": s.call.arguments[:500]}
-        self.audit_buffer.append(
-            ToolCallAudit(
-                tenant_id=run.tenant_id, run_id=run.pk, agent_id=run.agent_id, version_id=run.version_id,
-                session_id=run.session_id, user_id=run.created_by_id, api_key_id=run.api_key_id,
-                step=s.ctx.step, call_id=s.call.id, span_id=s.ctx.span_id, tool_name=s.call.name[:200],
-                arguments_summary=summarize_arguments(arguments, sensitive),
-                arguments_hash=arguments_hash(arguments),
-                status=outcome.status.value,
-                error="" if outcome.status == ToolStatus.OK else outcome.content[:2000],
-                latency_ms=latency_ms,
-                result_size=len(outcome.content.encode()),
-            )
+        return ToolCallAudit(
+            tenant_id=run.tenant_id, run_id=run.pk, agent_id=run.agent_id, version_id=run.version_id,
+            session_id=run.session_id, user_id=run.created_by_id, api_key_id=run.api_key_id,
+            step=s.ctx.step, call_id=s.call.id[:100], span_id=s.ctx.span_id, tool_name=s.call.name[:200],
+            arguments_summary=summarize_arguments(arguments, sensitive),
+            arguments_hash=s.args_hash or arguments_hash(arguments),
+            status=status, error=error, latency_ms=latency_ms, result_size=result_size,
+            idempotency_key=s.idempotency_key,
         )
-        outcome.trace.append({"type": "tool.audit", "status": outcome.status.value, "latency_ms": latency_ms,
-                              "category": tool.category if tool is not None else ToolCategory.READ})
+
+    def _audit(self, s: _Call, outcome: ToolOutcome) -> ToolOutcome:
+        latency_ms = int((time.perf_counter() - s.started) * 1000)
+        error = "" if outcome.status == ToolStatus.OK else str(mask_value(outcome.content[:2000]))
+        row = self._row(s, outcome.status.value, error=error, latency_ms=latency_ms, result_size=len(outcome.content.encode()))
+        if s.started_row is not None:
+            row.created_at = s.started_row.created_at  # completing the started row keeps its time
+        self.audit_buffer.append(AuditWrite(row, started_pk=s.started_row.pk if s.started_row is not None else None))
+        tool = s.tool
+        outcome.trace.append({
+            "type": "tool.audit", "status": outcome.status.value, "latency_ms": latency_ms,
+            "category": tool.category if tool is not None else ToolCategory.READ,
+            "arguments": row.arguments_summary,
+        })
         return outcome

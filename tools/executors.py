@@ -1,0 +1,110 @@
+"""How each kind of tool is executed: an explicit table, frozen in use.
+
+An executor gets the Tool row, the validated arguments and an ExecContext, and returns the raw
+result (any JSON-able value) or raises. The gateway around it owns timeouts, bulkheads, shaping
+and audit; executors only do the call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+
+from tools.models import Tool
+
+
+@dataclass(frozen=True)
+class ExecContext:
+    tenant_id: int
+    run: Any
+    step: int
+    call_id: str
+    span_id: str
+    idempotency_key: str | None = None
+    #: Outbound hosts/CIDRs this call may reach besides the public internet (operator allow-list).
+    egress_allow: tuple[str, ...] = field(default_factory=tuple)
+
+
+class ToolFailure(Exception):
+    """A failure the model should read, with the audit status to record (e.g. ``egress_denied``)."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+Executor = Callable[[Tool, dict[str, Any], ExecContext], Any]
+
+
+def run_python(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
+    from tools.pyfunc import registry
+
+    return registry.call(str(tool.config.get("function", "")), arguments)
+
+
+def resolve_secret(name: str) -> str:
+    """``secret:NAME`` header values come from the environment variable ``TOOL_SECRET_<NAME>``."""
+    value = os.environ.get(f"TOOL_SECRET_{name}")
+    if value is None:
+        from tools.http_exec import SecretUnavailable
+
+        raise SecretUnavailable(f"the secret {name} is not configured (set TOOL_SECRET_{name})")
+    return value
+
+
+def http_spec(tool: Tool) -> Any:
+    from tools.http_exec import HttpToolSpec
+
+    config = tool.config or {}
+    return HttpToolSpec(
+        method=str(config.get("method", "GET")),
+        url_template=str(config.get("url", "")),
+        query_params=list(config.get("query_params", [])),
+        body=config.get("body", "json"),
+        headers=dict(config.get("headers", {})),
+        timeout=float(config.get("timeout", tool.timeout_seconds)),
+    )
+
+
+def run_http(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
+    from tools.egress import EgressDenied, check_url
+    from tools.http_exec import HttpToolError, SecretUnavailable, ToolTimeout, execute_http_tool, render_request
+
+    spec, allow = http_spec(tool), egress_allow_list(tool, ctx)
+    try:
+        # Check the destination before any secret is resolved for it; the transport checks again at connect time.
+        check_url(render_request(spec, arguments).url, allow=allow)
+        result = execute_http_tool(spec, arguments, idempotency_key=ctx.idempotency_key, resolve_secret=resolve_secret,
+                                   allow=allow, sensitive_fields=tool.sensitive_fields or ())
+    except EgressDenied as exc:
+        raise ToolFailure("egress_denied", f"The call was blocked before it left: {exc.reason}") from None
+    except ToolTimeout as exc:
+        raise ToolFailure("timeout", f"No result was obtained ({exc}). Do not tell the user it succeeded.") from None
+    except (SecretUnavailable, HttpToolError) as exc:
+        raise ToolFailure("error", f"The tool {tool.name} could not be called: {exc}") from None
+    if not result.ok:
+        raise ToolFailure("error", f"The service answered with an error: {result.error}")
+    return result.body
+
+
+def egress_allow_list(tool: Tool, ctx: ExecContext) -> list[str]:
+    """The operator allow-list (settings) plus the tool's own declared hosts."""
+    allowed: Iterable[str] = (*settings.TOOL_EGRESS_ALLOW, *ctx.egress_allow, *(tool.config or {}).get("allow_hosts", []))
+    return [a for a in allowed if a]
+
+
+EXECUTORS: dict[str, Executor] = {
+    "python": run_python,
+    "http": run_http,
+}
+
+
+def executor_for(kind: str) -> Executor:
+    try:
+        return EXECUTORS[kind]
+    except KeyError:
+        raise ToolFailure("error", f"Tools of kind {kind!r} cannot be executed here.") from None
