@@ -87,6 +87,11 @@ class CallRunner:
             if stops:
                 raise stops[0] from None
             log.warning("model call failed for run %s: %s", run_id, exc)
+            # A gateway error carries the attempts it made (provider, outcome, status): they explain the failure.
+            attempts = getattr(exc, "trace", None)
+            for extra in attempts if isinstance(attempts, list) else []:
+                if isinstance(extra, dict):
+                    step.emit(str(extra.get("type", "model.attempt")), extra, parent=span)
             step.emit("model.error", {"model": request.model, "task": request.task, "error": str(exc)}, span_id=span)
             raise StopRun(Stop(TerminalReason.ERROR, None, f"{request.task} model call failed: {exc}")) from exc
         if stops:

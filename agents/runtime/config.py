@@ -28,7 +28,9 @@ Shape (every section and field is optional; missing ones take :data:`DEFAULT_POL
                         "extract_identifiers": true, "identifier_patterns": [...],
                         "model": null, "max_summary_tokens": 512}
       },
-      "approvals": {"stop_on_rejection": false},
+      "approvals": {"stop_on_rejection": false, "tools": {}},
+      "model": {"fallbacks": ["backup/gpt-4o-mini", "demo/planner"],     # tried in order after the
+                "task_models": {"summarize": "openai/gpt-4o-mini"}},      # version's model; per task class
       "hooks": [{"name": "flag", "kind": "set_state", "position": "before_agent", "values": {"vip_path": true}},
                 {"name": "escalated", "kind": "stop_when", "key": "escalated", "equals": true, "message": "..."}]
     }
@@ -102,8 +104,9 @@ DEFAULT_POLICY: dict[str, Any] = {
             "max_summary_tokens": 512,
         },
     },
-    "approvals": {"stop_on_rejection": False},
+    "approvals": {"stop_on_rejection": False, "tools": {}},
     "hooks": [],
+    "model": {"fallbacks": [], "task_models": {}},
 }
 
 

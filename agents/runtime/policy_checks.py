@@ -100,7 +100,38 @@ def check_document(c: Checker, doc: dict[str, Any], d: dict[str, Any]) -> None:
     _check_context(c, doc["context"], d["context"])
     if c.fields(doc["approvals"], "approvals", d["approvals"]):
         c.boolean(doc["approvals"], "stop_on_rejection", "approvals")
+        overrides = doc["approvals"]["tools"]
+        # Per-tool approval policy overrides; their content is checked by the tool gateway's approval policy.
+        if not isinstance(overrides, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in overrides.items()):
+            c.fail("approvals.tools", 'must map tool names to approval policies, e.g. {"refund_order": {"mode": "always"}}', overrides)
     c.errors += validate_hook_entries(doc["hooks"], path="hooks", reserved=BUILTIN_HOOK_NAMES)
+    _check_model(c, doc["model"], d["model"])
+
+
+MODEL_TASKS = ("act", "summarize")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.:@/-]+$")
+
+
+def _check_model(c: Checker, node: Any, defaults: dict[str, Any]) -> None:
+    """Routing for the model gateway: fallbacks after the version's model, and a model per task class."""
+    if not c.fields(node, "model", defaults):
+        return
+    fallbacks = node.get("fallbacks")
+    if not isinstance(fallbacks, list):
+        c.fail("model.fallbacks", 'must be a list of "provider/model" names', fallbacks)
+    else:
+        for index, name in enumerate(fallbacks):
+            if not isinstance(name, str) or not _MODEL_NAME.match(name):
+                c.fail(f"model.fallbacks[{index}]", 'must be "provider/model", e.g. "openai/gpt-4o-mini"', name)
+    tasks = node.get("task_models")
+    if not isinstance(tasks, dict):
+        c.fail("model.task_models", f'must be an object of task -> "provider/model" (tasks: {list(MODEL_TASKS)})', tasks)
+        return
+    for task, name in tasks.items():
+        if task not in MODEL_TASKS:
+            c.fail(f"model.task_models.{task}", f"unknown task class; expected one of {list(MODEL_TASKS)}")
+        elif not isinstance(name, str) or not _MODEL_NAME.match(name):
+            c.fail(f"model.task_models.{task}", 'must be "provider/model", e.g. "openai/gpt-4o-mini"', name)
 
 
 def _check_tiers(c: Checker, tiers: Any, defaults: dict[str, Any]) -> None:
