@@ -68,7 +68,9 @@ class LiveStack:
                 time.sleep(0.1)
 
     def start_worker(self) -> subprocess.Popen[bytes]:
-        proc = self._spawn("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=threads",
+        workers = sum(1 for name in self.processes if name.startswith("worker"))
+        name = f"worker-{workers + 1}" if workers else "worker"  # one log file and one entry per process
+        proc = self._spawn(name, [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=threads",
                                       "--concurrency=4", "-Q", "agentops", "--without-gossip", "--without-mingle",
                                       "--loglevel=INFO", "-n", f"test-{time.monotonic_ns()}@%h"])
         return proc
@@ -109,8 +111,8 @@ def _wait_healthy(stack: LiveStack, timeout: float = 45) -> None:
     raise RuntimeError(f"the live stack did not become healthy in {timeout}s: {last}")
 
 
-@pytest.fixture(scope="session")
-def live_stack(django_db_setup: Any, django_db_blocker: Any) -> Iterator[LiveStack]:
+def make_live_stack(extra_env: dict[str, str] | None = None) -> LiveStack:
+    """Start a server (and in production mode a worker) whose processes get ``extra_env`` too; the caller stops it."""
     production = bool(os.environ.get("REDIS_URL"))
     if os.environ.get("CI", "").lower() == "true" and production and "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
         raise RuntimeError("CI runs the live stack on PostgreSQL: set DATABASE_URL to a postgres:// URL.")
@@ -120,7 +122,10 @@ def live_stack(django_db_setup: Any, django_db_blocker: Any) -> Iterator[LiveSta
     env.update(
         DATABASE_URL=_database_url(), DEBUG="false", SECRET_KEY=settings.SECRET_KEY, AGENTOPS_VAR_DIR=str(logdir),
         PYTHONUNBUFFERED="1", RUN_LEASE_SECONDS=os.environ.get("TEST_RUN_LEASE_SECONDS", "8"),
+        # Test-only tools (slow ones, for durability tests), loaded like an operator's site-specific tools.
+        AGENTOPS_EXTRA_TOOL_MODULES="tests.support.slow_tools",
     )
+    env.update(extra_env or {})
     if not production:
         env.pop("REDIS_URL", None)
     stack = LiveStack(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", "production" if production else "embedded", env, logdir)
@@ -131,6 +136,16 @@ def live_stack(django_db_setup: Any, django_db_blocker: Any) -> Iterator[LiveSta
     stack._spawn("server", argv)
     try:
         _wait_healthy(stack)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+@pytest.fixture(scope="session")
+def live_stack(django_db_setup: Any, django_db_blocker: Any) -> Iterator[LiveStack]:
+    stack = make_live_stack()
+    try:
         yield stack
     finally:
         stack.stop()

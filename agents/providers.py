@@ -1,0 +1,312 @@
+"""Model providers as configured by operators: secrets at rest, validation, and rows -> ``ProviderConfig``.
+
+Secrets. A provider's API key is either stored encrypted (Fernet, with a key derived from
+``PROVIDER_KEY_SECRET`` when set, else from ``SECRET_KEY``) or given as a reference to an
+environment variable of the worker (``env:OPENAI_API_KEY``). Default headers are stored
+encrypted as a whole (their values often carry tokens; a value may also be ``env:NAME``).
+Neither is ever shown back: displays say "set"/"not set" and list header names only.
+Rotating ``PROVIDER_KEY_SECRET``/``SECRET_KEY`` makes stored keys unreadable; a run then fails
+with a message that says to enter the key again.
+
+Egress. A tenant's own OpenAI-compatible provider is called through the tools' SSRF guard
+(``tools/egress.py``): no loopback, private, link-local or metadata address unless listed in
+``PROVIDER_EGRESS_ALLOW`` (comma-separated hosts/CIDRs). Shared providers and the environment
+default are set up by the platform's operators and are not restricted.
+
+Names. ``demo`` is the built-in deterministic provider (no network) and cannot be redefined.
+When ``OPENAI_BASE_URL`` is set, every tenant also gets an implicit provider named ``openai``
+built from the environment at gateway-build time: ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``,
+``OPENAI_MODEL`` (the demo agent's model, default ``gpt-4o-mini``) and, optionally,
+``OPENAI_MODELS`` (a JSON price table of the same shape as a provider's ``models``). A provider
+row named ``openai`` (the tenant's own or a shared one) replaces it; a tenant's own row
+replaces a shared row of the same name.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from cryptography.fernet import Fernet, InvalidToken
+from django.conf import settings
+
+from agents.llm import ModelInfo, OpenAICompatibleClient, ProviderConfig, RateLimit
+from agents.models import Provider, ProviderKind
+
+BUILTIN_PROVIDER = "demo"
+ENV_PROVIDER = "openai"
+DEFAULT_ENV_MODEL = "gpt-4o-mini"
+RESERVED_NAMES = frozenset({BUILTIN_PROVIDER})
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_MODEL_KEYS = {
+    "context_window": "the model's context window in tokens",
+    "price_in_per_1m": "the price per 1M input tokens",
+    "price_out_per_1m": "the price per 1M output tokens",
+}
+MODELS_EXAMPLE = '{"gpt-4o-mini": {"context_window": 128000, "price_in_per_1m": 0.15, "price_out_per_1m": 0.6}}'
+
+
+class SecretError(ValueError):
+    """A stored secret cannot be read; the message says what to do and never contains the secret."""
+
+
+# -- secrets at rest ----------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4)
+def _fernet_for(material: str) -> Fernet:
+    digest = hashlib.sha256(b"agentops-provider-secrets:" + material.encode()).digest()
+    return Fernet(base64.urlsafe_b64encode(digest))
+
+
+def _fernet() -> Fernet:
+    return _fernet_for(os.environ.get("PROVIDER_KEY_SECRET") or settings.SECRET_KEY)
+
+
+def encrypt_secret(value: str) -> str:
+    return _fernet().encrypt(value.encode()).decode()
+
+
+def decrypt_secret(token: str, what: str) -> str:
+    try:
+        return _fernet().decrypt(token.encode()).decode()
+    except (InvalidToken, ValueError):
+        raise SecretError(
+            f"{what} cannot be decrypted: it was stored under another PROVIDER_KEY_SECRET/SECRET_KEY; enter it again"
+        ) from None
+
+
+def env_reference(raw: str) -> str | None:
+    """``"env:OPENAI_API_KEY"`` -> ``"OPENAI_API_KEY"``; anything else -> None."""
+    if raw.startswith("env:"):
+        return raw[4:].strip()
+    return None
+
+
+def _resolve(value: str, what: str) -> str:
+    name = env_reference(value)
+    if name is None:
+        return value
+    resolved = os.environ.get(name, "")
+    if not resolved:
+        raise SecretError(f"{what} is read from the environment variable {name}, which is not set for the worker")
+    return resolved
+
+
+def key_status(provider: Provider) -> str:
+    """What the admin and the API show instead of the key."""
+    if provider.api_key_env:
+        return f"set (from env:{provider.api_key_env})"
+    return "set (encrypted)" if provider.api_key_encrypted else "not set"
+
+
+def masked_headers(provider: Provider) -> dict[str, str]:
+    return {name: "***" for name in provider.default_header_names or []}
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_models(value: Any) -> list[str]:
+    """Problems of a ``models`` table, each naming the entry and field (``models.gpt-4o-mini.price_in_per_1m``)."""
+    if not isinstance(value, dict):
+        return [f"models: must be an object of model name -> settings, e.g. {MODELS_EXAMPLE}"]
+    errors: list[str] = []
+    for model, info in value.items():
+        path = f"models.{model}"
+        if not isinstance(model, str) or not model.strip() or any(ch.isspace() for ch in model):
+            errors.append(f"{path}: a model name must be non-empty and contain no spaces")
+            continue
+        if not isinstance(info, dict):
+            errors.append(f"{path}: must be an object with {', '.join(_MODEL_KEYS)}, e.g. {MODELS_EXAMPLE}")
+            continue
+        for key in info:
+            if key not in _MODEL_KEYS:
+                errors.append(f"{path}.{key}: unknown field; expected one of {', '.join(_MODEL_KEYS)}")
+        window = info.get("context_window", 128_000)
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            errors.append(f"{path}.context_window: must be a positive integer ({_MODEL_KEYS['context_window']}), got {window!r}")
+        for key in ("price_in_per_1m", "price_out_per_1m"):
+            price = info.get(key, 0)
+            if not _number(price) or price < 0:
+                errors.append(f"{path}.{key}: must be a number >= 0 ({_MODEL_KEYS[key]}), got {price!r}")
+    return errors
+
+
+def check_headers(value: Any) -> list[str]:
+    if not isinstance(value, dict):
+        return ['default_headers: must be an object of header name -> value, e.g. {"OpenAI-Organization": "org-123"}']
+    errors: list[str] = []
+    for name, header in value.items():
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            errors.append(f"default_headers: {name!r} is not a valid header name")
+        elif name.lower() == "authorization":
+            errors.append("default_headers.Authorization: set the API key field instead of an Authorization header")
+        elif not isinstance(header, str) or not header or "\r" in header or "\n" in header:
+            errors.append(f"default_headers.{name}: must be a non-empty string on one line")
+        elif env_reference(header) is not None and not _ENV_NAME.match(env_reference(header) or ""):
+            errors.append(f"default_headers.{name}: 'env:' must be followed by an environment variable name")
+    return errors
+
+
+def check_api_key(value: str) -> list[str]:
+    name = env_reference(value)
+    if name is not None:
+        if not _ENV_NAME.match(name):
+            return [f"api_key: 'env:' must be followed by an environment variable name such as OPENAI_API_KEY, got {name!r}"]
+        return []
+    if any(ch.isspace() for ch in value):
+        return ["api_key: must contain no spaces or line breaks (paste the key alone)"]
+    return []
+
+
+def check_base_url(value: str, kind: str) -> list[str]:
+    if not value:
+        if kind == ProviderKind.OPENAI_COMPATIBLE:
+            return ["base_url: an OpenAI-compatible provider needs one, e.g. https://api.openai.com/v1"]
+        return []
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc or any(ch.isspace() for ch in value):
+        return [f"base_url: must be an http(s) URL such as https://api.openai.com/v1, got {value!r}"]
+    return []
+
+
+def check_fields(values: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Every problem of a provider's settings, by field (only the fields present are checked)."""
+    errors: dict[str, list[str]] = {}
+
+    def add(field: str, problems: list[str]) -> None:
+        if problems:
+            errors.setdefault(field, []).extend(problems)
+
+    if "name" in values:
+        name = values["name"]
+        if not isinstance(name, str) or not _NAME.match(name):
+            add("name", [f"name: use letters, digits, '.', '_' or '-' (no '/'), got {name!r}"])
+        elif name in RESERVED_NAMES:
+            add("name", [f"name: {name!r} is the built-in deterministic provider; choose another name"])
+    if "kind" in values and values["kind"] not in ProviderKind.values:
+        add("kind", [f"kind: must be one of {', '.join(ProviderKind.values)}, got {values['kind']!r}"])
+    if "base_url" in values:
+        add("base_url", check_base_url(values["base_url"] or "", values.get("kind", ProviderKind.OPENAI_COMPATIBLE)))
+    if "timeout" in values and (not _number(values["timeout"]) or not 0 < values["timeout"] <= 600):
+        add("timeout", [f"timeout: must be seconds above 0 and at most 600, got {values['timeout']!r}"])
+    if "max_retries" in values:
+        retries = values["max_retries"]
+        if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 5:
+            add("max_retries", [f"max_retries: must be an integer from 0 to 5, got {retries!r}"])
+    if "offered_models" in values:
+        add("models", check_models(values["offered_models"]))
+    for field in ("requests_per_minute", "tokens_per_minute"):
+        if values.get(field) is not None:
+            limit = values[field]
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+                add(field, [f"{field}: must be a positive integer, or empty for unlimited, got {limit!r}"])
+    return errors
+
+
+# -- rows -> gateway configuration --------------------------------------------------------------
+
+
+def model_table(raw: Mapping[str, Any]) -> dict[str, ModelInfo]:
+    return {
+        name: ModelInfo(
+            context_window=int(info.get("context_window", 128_000)),
+            price_in_per_1m=float(info.get("price_in_per_1m", 0.0)),
+            price_out_per_1m=float(info.get("price_out_per_1m", 0.0)),
+        )
+        for name, info in raw.items()
+    }
+
+
+def stored_headers(provider: Provider) -> dict[str, str]:
+    if not provider.default_headers_encrypted:
+        return {}
+    text = decrypt_secret(provider.default_headers_encrypted, f"the default headers of provider {provider.name!r}")
+    headers = json.loads(text)
+    return {str(k): str(v) for k, v in headers.items()}
+
+
+def provider_config(provider: Provider) -> ProviderConfig:
+    """The gateway's view of a row, secrets resolved. Raises ``SecretError``/``ValueError`` with a readable reason."""
+    what = f"the API key of provider {provider.name!r}"
+    if provider.api_key_env:
+        api_key = _resolve(f"env:{provider.api_key_env}", what)
+    elif provider.api_key_encrypted:
+        api_key = decrypt_secret(provider.api_key_encrypted, what)
+    else:
+        api_key = ""
+    headers = {name: _resolve(value, f"header {name} of provider {provider.name!r}") for name, value in stored_headers(provider).items()}
+    limit = None
+    if provider.requests_per_minute or provider.tokens_per_minute:
+        limit = RateLimit(requests_per_minute=provider.requests_per_minute, tokens_per_minute=provider.tokens_per_minute)
+    return ProviderConfig(
+        name=provider.name,
+        kind=provider.kind,  # type: ignore[arg-type]
+        base_url=provider.base_url,
+        api_key=api_key,
+        default_headers=headers,
+        timeout=float(provider.timeout),
+        max_retries=int(provider.max_retries),
+        models=model_table(provider.offered_models or {}),
+        rate_limit=limit,
+    )
+
+
+def env_model() -> str:
+    return os.environ.get("OPENAI_MODEL", "").strip() or DEFAULT_ENV_MODEL
+
+
+def env_settings() -> tuple[str, str, str, str]:
+    """``(base_url, api_key, model, models_json)`` from the environment (part of the gateway cache key)."""
+    return (
+        os.environ.get("OPENAI_BASE_URL", "").strip(),
+        os.environ.get("OPENAI_API_KEY", ""),
+        env_model(),
+        os.environ.get("OPENAI_MODELS", "").strip(),
+    )
+
+
+def env_default_provider() -> ProviderConfig | None:
+    """The implicit ``openai`` provider from ``OPENAI_BASE_URL``/``OPENAI_API_KEY``; None when unset."""
+    base_url, api_key, _model, models_json = env_settings()
+    if not base_url:
+        return None
+    models: dict[str, ModelInfo] = {}
+    if models_json:
+        try:
+            raw = json.loads(models_json)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"OPENAI_MODELS is not valid JSON ({exc.msg}); expected e.g. {MODELS_EXAMPLE}") from None
+        problems = check_models(raw)
+        if problems:
+            raise ValueError("OPENAI_MODELS: " + "; ".join(problems))
+        models = model_table(raw)
+    return ProviderConfig(name=ENV_PROVIDER, base_url=base_url, api_key=api_key, models=models)
+
+
+def egress_allow() -> list[str]:
+    return [item.strip() for item in os.environ.get("PROVIDER_EGRESS_ALLOW", "").split(",") if item.strip()]
+
+
+def guarded_client_for(provider: Provider, config: ProviderConfig) -> OpenAICompatibleClient | None:
+    """The SDK client of a tenant's own OpenAI-compatible provider, on an egress-guarded HTTP client; else None."""
+    if provider.tenant_id is None or config.kind != "openai_compatible":
+        return None
+    from tools.egress import guarded_client
+
+    return OpenAICompatibleClient(config, http_client=guarded_client(allow=egress_allow(), timeout=config.timeout))
