@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 export DEBUG ?= true
 
-.PHONY: run test lint unit worker migrate seed clean
+.PHONY: run test lint unit worker migrate seed clean chromium
 
 $(VENV)/.installed: requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit("Python >= 3.11 is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -30,6 +30,11 @@ run: seed
 worker: $(VENV)/.installed
 	$(VENV)/bin/celery -A config worker --loglevel=INFO --pool=threads --concurrency=4 -Q agentops
 
+# Production: one beat per deployment; it enqueues agents.sweep_runs every SWEEP_INTERVAL_SECONDS (agents/sweeper.py).
+.PHONY: beat
+beat: $(VENV)/.installed
+	$(VENV)/bin/celery -A config beat --loglevel=INFO -s var/celerybeat-schedule
+
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy agents/runtime
@@ -37,13 +42,28 @@ lint: $(VENV)/.dev-installed
 # The whole suite in the configured mode (DATABASE_URL/REDIS_URL set: PostgreSQL + Redis + a separate
 # Celery worker process; unset: the embedded default). When it ran on PostgreSQL/Redis, the live-stack
 # tests run a second time on the embedded default, so both run modes are exercised.
-test: $(VENV)/.dev-installed lint
+test: $(VENV)/.dev-installed lint chromium
 	DEBUG=false SECRET_KEY=test-only-secret-key-0123456789abcdefghij $(VENV)/bin/pytest $(PYTEST_ARGS)
 	@if [ -n "$$REDIS_URL" ]; then \
 		echo "== live-stack tests again on the embedded default (SQLite, in-process worker) =="; \
 		env -u DATABASE_URL -u REDIS_URL DEBUG=false SECRET_KEY=test-only-secret-key-0123456789abcdefghij \
 			$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS); \
 	fi
+
+# The browser tests (tests/e2e) drive Debian's Chromium through Playwright; never `playwright install`.
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }; \
+		else \
+			echo "Chromium is missing: run 'sudo apt-get install -y chromium' (browser tests skip locally, fail in CI)."; \
+		fi; \
+	fi
+
+# Step overhead of the durable side on PostgreSQL (bench/README.md). Creates and drops its own database.
+.PHONY: bench
+bench: $(VENV)/.dev-installed
+	$(PY) bench/step_overhead.py $(BENCH_ARGS)
 
 clean:
 	rm -rf var/test-db.sqlite3* .pytest_cache

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from django.core.exceptions import ValidationError as ModelValidationError
+from django.db.models import Exists, OuterRef
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
@@ -12,8 +16,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from agents import services
-from agents.models import Agent, Run, RunEvent, Session
-from agents.serializers import AgentSerializer, RunCreateSerializer, RunEventSerializer, RunSerializer
+from agents.models import Agent, AgentVersion, Run, RunEvent, Session
+from agents.serializers import (
+    AgentCreateSerializer,
+    AgentSerializer,
+    AgentVersionSerializer,
+    AgentVersionWriteSerializer,
+    RunCreateSerializer,
+    RunEventSerializer,
+    RunSerializer,
+)
 from tenants.api import TenantScopedViewSet
 
 EVENTS_PAGE_MAX = 500
@@ -116,14 +128,104 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
     lookup_field = "slug"
 
     def get_object(self) -> Agent:
-        candidates = self.get_queryset().filter(slug=self.kwargs["slug"])
-        tenant = self.request.headers.get("X-Tenant")
-        if tenant:
-            candidates = candidates.filter(tenant__slug=tenant)
-        found = list(candidates[:2])
-        if not found:
-            raise exceptions.NotFound(f"No agent {self.kwargs['slug']!r} here.")
-        if len(found) > 1:
-            raise exceptions.ValidationError({"X-Tenant": ["Several of your tenants have this agent; name one with the X-Tenant header."]})
-        self.check_object_permissions(self.request, found[0])
-        return found[0]
+        return visible_agent(self, self.kwargs["slug"])
+
+    @extend_schema(request=AgentCreateSerializer, responses={201: AgentSerializer})
+    def create(self, request: Request) -> Response:
+        body = AgentCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            agent = services.create_agent(actor=self.actor, tenant=self.acting_tenant("operate"), **body.validated_data)
+        except services.RunRefused as exc:
+            raise serializers.ValidationError({exc.field or "non_field_errors": [str(exc)]}) from None
+        return Response(AgentSerializer(agent, context={"request": request}).data, status=status.HTTP_201_CREATED)
+
+
+def visible_agent(view: TenantScopedViewSet, slug: str) -> Agent:
+    """The agent ``slug`` among the actor's tenants (``X-Tenant`` picks one when several have it)."""
+    candidates = Agent.objects.select_related("current_version").for_actor(view.actor, "view").filter(slug=slug)
+    tenant = view.request.headers.get("X-Tenant")
+    if tenant:
+        candidates = candidates.filter(tenant__slug=tenant)
+    found = list(candidates[:2])
+    if not found:
+        raise exceptions.NotFound(f"No agent {slug!r} here.")
+    if len(found) > 1:
+        raise exceptions.ValidationError({"X-Tenant": ["Several of your tenants have this agent; name one with the X-Tenant header."]})
+    view.check_object_permissions(view.request, found[0])
+    return found[0]
+
+
+class AgentVersionViewSet(TenantScopedViewSet):
+    """``/agents/<slug>/versions[/<number>]``. A version a run used is read-only (409 on change)."""
+
+    queryset = AgentVersion.objects.select_related("agent", "created_by")
+    serializer_class = AgentVersionSerializer
+    lookup_field = "number"
+
+    def agent(self) -> Agent:
+        return visible_agent(self, self.kwargs["slug"])
+
+    def versions(self, agent: Agent) -> Any:
+        used = Exists(Run.objects.filter(version_id=OuterRef("pk")))
+        return self.get_queryset().filter(agent=agent).annotate(used=used).order_by("-number")
+
+    def get_object(self) -> AgentVersion:
+        agent = self.agent()
+        version = self.versions(agent).filter(number=self.kwargs["number"]).first()
+        if version is None:
+            raise exceptions.NotFound(f"The agent {agent.slug!r} has no version {self.kwargs['number']}.")
+        return version
+
+    def list(self, request: Request, slug: str) -> Response:
+        return Response(AgentVersionSerializer(self.versions(self.agent()), many=True).data)
+
+    def retrieve(self, request: Request, slug: str, number: int) -> Response:
+        return Response(AgentVersionSerializer(self.get_object()).data)
+
+    @extend_schema(request=AgentVersionWriteSerializer, responses={201: AgentVersionSerializer})
+    def create(self, request: Request, slug: str) -> Response:
+        agent = self.agent()
+        body = AgentVersionWriteSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        with _as_api_errors():
+            version = services.create_version(actor=self.actor, agent=agent, **body.validated_data)
+        return Response(AgentVersionSerializer(self.versions(agent).get(pk=version.pk)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=AgentVersionWriteSerializer, responses={200: AgentVersionSerializer, 409: None})
+    def update(self, request: Request, slug: str, number: int, partial: bool = False) -> Response:
+        version = self.get_object()
+        self.check_object_permissions(request, version)
+        body = AgentVersionWriteSerializer(data=request.data, partial=partial)
+        body.is_valid(raise_exception=True)
+        fields = {k: v for k, v in body.validated_data.items() if k != "make_current"}
+        with _as_api_errors():
+            version = services.update_version(actor=self.actor, version=version, **fields)
+        return Response(AgentVersionSerializer(self.versions(version.agent).get(pk=version.pk)).data)
+
+    def partial_update(self, request: Request, slug: str, number: int) -> Response:
+        return self.update(request, slug, number, partial=True)
+
+    @extend_schema(responses={204: None, 409: None})
+    def destroy(self, request: Request, slug: str, number: int) -> Response:
+        version = self.get_object()
+        self.check_object_permissions(request, version)
+        with _as_api_errors():
+            services.delete_version(actor=self.actor, version=version)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class _Conflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+
+@contextmanager
+def _as_api_errors() -> Iterator[None]:
+    """A model validation error is a 400 naming its fields; a locked version is a 409."""
+    try:
+        yield
+    except ModelValidationError as exc:
+        raise serializers.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}) from None
+    except services.VersionLocked as exc:
+        raise _Conflict(str(exc)) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
@@ -59,6 +60,47 @@ class AgentVersion(TenantOwned):
     @property
     def is_locked(self) -> bool:
         return self.pk is not None and Run.objects.filter(version_id=self.pk).exists()
+
+    def clean(self) -> None:
+        """Refuse what would fail at run time (the admin and the API both come through here).
+
+        The policy is validated by the runtime's own parser (every error names its field path, e.g.
+        a hook writing ``messages``) and stored normalised, with every default filled in.
+        """
+        from agents.runtime.config import check_policy, parse_policy
+
+        if self.is_locked:
+            return  # history: nothing may change (the admin shows it read-only, the API answers 409)
+        errors: dict[str, list[str]] = {}
+        policy_errors = check_policy(self.policy)
+        if policy_errors:
+            errors["policy"] = policy_errors
+        else:
+            self.policy = parse_policy(self.policy).document
+        tool_errors = self.tool_errors()
+        if tool_errors:
+            errors["tools"] = tool_errors
+        if self.agent_id is not None and self.tenant_id is not None and self.agent.tenant_id != self.tenant_id:
+            errors["agent"] = ["The agent belongs to another tenant; pick an agent of this version's tenant."]
+        if errors:
+            raise ValidationError(errors)
+
+    def tool_errors(self) -> list[str]:
+        """``tools`` must be a list of names of tools that exist in the version's tenant."""
+        if not isinstance(self.tools, list) or not all(isinstance(n, str) and n for n in self.tools):
+            return [f"Must be a list of tool names, e.g. [\"query_order\"]; got {self.tools!r}."]
+        if len(set(self.tools)) != len(self.tools):
+            return ["Names a tool more than once; list each tool once."]
+        if self.tenant_id is None or not self.tools:
+            return []
+        from tools.models import Tool
+
+        known = set(Tool.objects.for_tenant(self.tenant_id).filter(name__in=self.tools).values_list("name", flat=True))
+        missing = [n for n in self.tools if n not in known]
+        if not missing:
+            return []
+        available = ", ".join(sorted(Tool.objects.for_tenant(self.tenant_id).values_list("name", flat=True))[:30]) or "none"
+        return [f"No tool named {n!r} in this tenant. Install it first, or use one of: {available}." for n in missing]
 
 
 class Session(TenantOwned):
@@ -205,3 +247,62 @@ class RunEvent(TenantOwned):
             "payload": self.payload,
             "at": self.at.isoformat(),
         }
+
+
+class ProviderKind(models.TextChoices):
+    OPENAI_COMPATIBLE = "openai_compatible", "OpenAI-compatible API"
+    DETERMINISTIC = "deterministic", "Deterministic planner (no network)"
+
+
+class ProviderQuerySet(TenantScopedQuerySet):
+    """``for_actor`` as everywhere: a shared provider (no tenant) is seen and managed by superusers only."""
+
+    def visible_to_tenant(self, tenant_id: int) -> ProviderQuerySet:
+        """What a run of this tenant may use: its own providers and the shared ones."""
+        return self.filter(models.Q(tenant_id=tenant_id) | models.Q(tenant__isnull=True))
+
+
+class Provider(models.Model):
+    """A model provider: the ``provider`` part of ``provider/model``. See ``agents/providers.py``.
+
+    The API key is stored encrypted (``api_key_encrypted``) or as the name of an environment variable
+    (``api_key_env``); default headers are stored encrypted too. Neither is ever shown back.
+    """
+
+    tenant = models.ForeignKey(
+        "tenants.Tenant", null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+        help_text="Empty: a shared provider, available to every tenant (managed by superusers only).",
+    )
+    name = models.CharField(
+        max_length=64, validators=[RegexValidator(r"^[A-Za-z0-9_.-]+$", "Use letters, digits, '.', '_' or '-' (no '/').")],
+        help_text="The provider part of 'provider/model', e.g. openai.",
+    )
+    kind = models.CharField(max_length=32, choices=ProviderKind.choices, default=ProviderKind.OPENAI_COMPATIBLE)
+    base_url = models.CharField(max_length=500, blank=True, help_text="e.g. https://api.openai.com/v1")
+    api_key_encrypted = models.TextField(blank=True, editable=False)
+    api_key_env = models.CharField(max_length=128, blank=True, editable=False)
+    default_headers_encrypted = models.TextField(blank=True, editable=False)
+    default_header_names = models.JSONField(default=list, blank=True, editable=False)
+    timeout = models.FloatField(default=30.0, help_text="Seconds to wait for one answer.")
+    max_retries = models.PositiveSmallIntegerField(default=1, help_text="Retries on the same provider before failing over.")
+    offered_models = models.JSONField(
+        default=dict, blank=True, verbose_name="models",
+        help_text='The models offered, e.g. {"gpt-4o-mini": {"context_window": 128000, "price_in_per_1m": 0.15, "price_out_per_1m": 0.6}}',
+    )
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: unlimited.")
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: unlimited.")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ProviderQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["tenant_id", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="provider_name_unique_per_tenant"),
+            models.UniqueConstraint(fields=["name"], condition=models.Q(tenant__isnull=True), name="provider_name_unique_shared"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name if self.tenant_id is None else f"{self.name} ({self.tenant_id})"

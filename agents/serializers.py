@@ -26,14 +26,19 @@ class RunSerializer(serializers.ModelSerializer):
     version = serializers.IntegerField(source="version.number", read_only=True)
     session = serializers.UUIDField(source="session_id", read_only=True)
     links = serializers.SerializerMethodField()
+    injection_flags = serializers.SerializerMethodField(help_text="Prompt-injection patterns found in the input (flag mode).")
 
     class Meta:
         model = Run
         fields = [
             "id", "status", "terminal_reason", "agent", "version", "session", "input", "output", "error",
-            "usage", "step", "last_seq", "cancel_requested", "created_at", "started_at", "finished_at", "links",
+            "usage", "step", "last_seq", "cancel_requested", "created_at", "started_at", "finished_at",
+            "injection_flags", "links",
         ]
         read_only_fields = fields
+
+    def get_injection_flags(self, run: Run) -> list[Any]:
+        return list((run.facts or {}).get("injection_flags", []))
 
     def get_links(self, run: Run) -> dict[str, str]:
         request = self.context.get("request")
@@ -66,3 +71,40 @@ class AgentSerializer(serializers.ModelSerializer):
         if version is None:
             return None
         return {"number": version.number, "model": version.model, "tools": version.tools}
+
+
+class AgentCreateSerializer(serializers.Serializer):
+    slug = serializers.SlugField(max_length=64, help_text="Unique in the tenant, e.g. order-assistant.")
+    name = serializers.CharField(max_length=200)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class AgentVersionSerializer(serializers.ModelSerializer):
+    agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    locked = serializers.SerializerMethodField(help_text="True once a run used it: it can no longer change.")
+    current = serializers.SerializerMethodField(help_text="True if new runs of the agent use this version.")
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = AgentVersion
+        fields = ["agent", "number", "model", "system_prompt", "tools", "policy", "note", "locked", "current",
+                  "created_by", "created_at"]
+        read_only_fields = fields
+
+    def get_locked(self, version: AgentVersion) -> bool:
+        used = getattr(version, "used", None)
+        return bool(used) if used is not None else version.is_locked
+
+    def get_current(self, version: AgentVersion) -> bool:
+        return version.agent.current_version_id == version.pk
+
+
+class AgentVersionWriteSerializer(serializers.Serializer):
+    """Shapes only; ``AgentVersion.clean()`` checks the model name, the tools and the policy."""
+
+    model = serializers.CharField(max_length=200, help_text="provider/model, e.g. demo/planner.")
+    system_prompt = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+    tools = serializers.JSONField(required=False, help_text='Names of tools of this tenant, e.g. ["query_order"].')
+    policy = serializers.JSONField(required=False, help_text="The runtime policy (limits, budgets, hooks, context); stored normalised.")
+    note = serializers.CharField(required=False, allow_blank=True, max_length=300)
+    make_current = serializers.BooleanField(required=False, default=False, help_text="New runs of the agent use this version.")

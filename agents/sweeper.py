@@ -1,0 +1,87 @@
+"""The run sweeper: puts runs back on the queue when their worker or their enqueue was lost.
+
+Two kinds of stranded run:
+
+- ``running`` with an expired lease (or none): its worker died mid-run (SIGKILL, OOM, a lost host).
+  Re-enqueued, it resumes from its last committed step; the worker that takes it over counts a
+  crash, and a run whose workers died ``services.MAX_CRASHES`` times ends as ``error``.
+- ``queued`` with no lease, older than ``SWEEP_QUEUED_AFTER_SECONDS``: its task never reached a
+  worker (a broker restart, the in-memory broker of a restarted embedded server).
+
+A re-enqueued run is marked (``updated_at``) and not re-enqueued again for
+``SWEEP_QUEUED_AFTER_SECONDS``, so a long queue is not flooded with duplicates. Duplicates are
+harmless anyway: ``execute_run`` takes the run's lease first, so only one worker executes it.
+
+Runs as the Celery beat task ``agents.sweep_runs`` (every ``SWEEP_INTERVAL_SECONDS``), as
+``manage.py sweep_runs``, and as a thread in the embedded server (``config.embedded``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from agents.models import Run, RunStatus
+
+log = logging.getLogger(__name__)
+
+#: At most this many runs are re-enqueued per sweep (the next sweep takes the rest).
+SWEEP_BATCH = 500
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    lease_expired: list[str] = field(default_factory=list)
+    lost_enqueue: list[str] = field(default_factory=list)
+
+    @property
+    def requeued(self) -> int:
+        return len(self.lease_expired) + len(self.lost_enqueue)
+
+
+def stranded_runs(now: dt.datetime | None = None) -> tuple[list[str], list[str]]:
+    """(runs whose worker died, runs whose enqueue was lost), oldest first, not re-enqueued lately.
+
+    ``updated_at`` tells a sweep's mark from a step commit: a commit sets it before the lease's
+    expiry, a sweep after it (and taking a lease does not touch it).
+    """
+    now = now or timezone.now()
+    quiet_since = now - dt.timedelta(seconds=settings.SWEEP_QUEUED_AFTER_SECONDS)
+    swept_lately = Q(updated_at__gte=quiet_since) & (Q(lease_expires_at__isnull=True) | Q(updated_at__gt=F("lease_expires_at")))
+    dead = (
+        Run.objects.filter(status=RunStatus.RUNNING)
+        .filter(Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True))
+        .exclude(swept_lately)
+    )
+    lost = Run.objects.filter(status=RunStatus.QUEUED, lease_token="", updated_at__lt=quiet_since)
+    return (
+        [str(pk) for pk in dead.order_by("updated_at").values_list("pk", flat=True)[:SWEEP_BATCH]],
+        [str(pk) for pk in lost.order_by("created_at").values_list("pk", flat=True)[:SWEEP_BATCH]],
+    )
+
+
+def sweep_runs(now: dt.datetime | None = None) -> SweepReport:
+    """Re-enqueue stranded runs (see the module's docstring). Safe to run concurrently and often."""
+    from agents.tasks import execute_run_task
+
+    now = now or timezone.now()
+    dead, lost = stranded_runs(now)
+    ids = dead + lost
+    if not ids:
+        return SweepReport()
+    with transaction.atomic():
+        # Marking them is what keeps the next sweeps from enqueueing them again right away.
+        Run.objects.filter(pk__in=ids).update(updated_at=now)
+        for run_id in ids:
+            transaction.on_commit(lambda run_id=run_id: execute_run_task.delay(run_id))
+    for run_id in dead:
+        log.warning("run %s: its worker's lease expired without a step commit; re-enqueued to resume from its last step", run_id)
+    for run_id in lost:
+        log.warning("run %s: queued for over %ss with no worker; re-enqueued", run_id, settings.SWEEP_QUEUED_AFTER_SECONDS)
+    return SweepReport(dead, lost)
