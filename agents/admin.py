@@ -2,10 +2,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.http import HttpRequest
+from django.utils.html import format_html
 
 from agents.models import Agent, AgentVersion, Run, RunEvent, Session
+from marketplace.admin_inlines import ReleaseWeightInline
 from tenants.admin_mixins import TenantScopedAdmin
 
 
@@ -19,6 +21,7 @@ class AgentAdmin(TenantScopedAdmin):
     list_filter = ["tenant"]
     list_select_related = ["tenant", "current_version"]
     search_fields = ["slug", "name"]
+    inlines = [ReleaseWeightInline]
 
 
 @admin.register(AgentVersion)
@@ -26,6 +29,19 @@ class AgentVersionAdmin(TenantScopedAdmin):
     list_display = ["agent", "number", "model", "tenant", "created_at"]
     list_filter = ["tenant", "model"]
     list_select_related = ["agent", "tenant"]
+    actions = ["new_version_from"]
+
+    @admin.action(description="New version from this one (a copy you can edit)")
+    def new_version_from(self, request: HttpRequest, queryset: Any) -> None:
+        from marketplace import services
+
+        for version in queryset.select_related("agent"):
+            try:
+                copy = services.new_version_from(version=version, actor=request.user)
+            except services.MarketplaceError as exc:
+                self.message_user(request, f"{version}: {exc}", messages.ERROR)
+            else:
+                self.message_user(request, f"Created {copy} from v{version.number}.")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is not None and obj.is_locked:
@@ -43,11 +59,18 @@ class SessionAdmin(ReadOnlyAdmin):
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
-    list_display = ["id", "agent", "status", "terminal_reason", "step", "tenant", "created_at", "finished_at"]
+    list_display = ["id", "agent", "version__number", "status", "terminal_reason", "step", "tenant", "created_at", "finished_at", "trace"]
     list_filter = ["status", "terminal_reason", "tenant"]
-    list_select_related = ["agent", "tenant"]
+    list_select_related = ["agent", "version", "tenant"]
     search_fields = ["id", "input"]
     date_hierarchy = "created_at"
+
+    @admin.display(description="trace")
+    def trace(self, obj: Run) -> str:
+        return format_html('<a href="/console/runs/{}/">trace</a>', obj.pk)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [*super().get_readonly_fields(request, obj), "trace"]
 
 
 @admin.register(RunEvent)
@@ -55,3 +78,5 @@ class RunEventAdmin(ReadOnlyAdmin):
     list_display = ["run", "seq", "type", "step", "at"]
     list_filter = ["type", "tenant"]
     search_fields = ["run__id"]
+
+from agents import provider_admin  # noqa: E402,F401  (registers the Provider admin)

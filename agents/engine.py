@@ -12,6 +12,8 @@ from agents.runtime.loop import AgentConfig, AgentLoop
 from agents.runtime.protocols import Checkpoint
 from agents.runtime.types import ToolSpec
 from agents.store import DjangoRunStore
+from marketplace.access import tool_allowed_for
+from tools.approvals import ApprovalGate
 from tools.gateway import ToolGateway
 from tools.models import Tool
 
@@ -44,8 +46,17 @@ def initial_checkpoint(run: Run, model_info: Any) -> Checkpoint:
 
 
 def visible_tools(run: Run) -> list[Tool]:
+    """The version's tools among those the tenant may resolve (its own, and its live plugin installs')."""
+    from marketplace.access import resolvable_tools
+
     names = [n for n in run.version.tools if isinstance(n, str)]
-    return list(Tool.objects.for_tenant(run.tenant_id).filter(name__in=names).order_by("name"))
+    return list(resolvable_tools(run.tenant_id).filter(name__in=names).order_by("name"))
+
+
+def approval_overrides(run: Run) -> dict[str, dict[str, Any]]:
+    """Per-version approval policy overrides by tool name (``policy.approvals.tools``)."""
+    overrides = ((run.version.policy or {}).get("approvals") or {}).get("tools") or {}
+    return {str(k): dict(v) for k, v in overrides.items() if isinstance(v, dict)}
 
 
 def session_grants(run: Run) -> set[str]:
@@ -79,5 +90,6 @@ def build_loop(run: Run, lease_token: str) -> AgentLoop:
     runtime = build_runtime(policy, config)
     audit_buffer: list[Any] = []
     store = DjangoRunStore(run, lease_token, initial=lambda: initial_checkpoint(run, info), audit_buffer=audit_buffer)
-    gateway = ToolGateway(run=run, tools=tools, audit_buffer=audit_buffer, grants=session_grants(run))
+    gateway = ToolGateway(run=run, tools=tools, audit_buffer=audit_buffer, grants=session_grants(run),
+                          approvals=ApprovalGate(run, overrides=approval_overrides(run)), tool_policy=tool_allowed_for)
     return runtime.loop(model_client_for(run), gateway, store)

@@ -32,8 +32,15 @@ class RunRefused(Exception):
         self.field = field
 
 
-def version_for_new_run(agent: Agent) -> AgentVersion:
-    version = agent.current_version or agent.versions.order_by("-number").first()
+def version_for_new_run(agent: Agent, session_id: Any = None) -> AgentVersion:
+    """The gray release's pick for this session (sticky: a hash of tenant + session), else the current version."""
+    from marketplace.release import ReleaseRefused, version_for_session
+
+    try:
+        released = version_for_session(agent=agent, session_id=session_id) if session_id is not None else None
+    except ReleaseRefused as exc:
+        raise RunRefused(str(exc), field="agent") from None
+    version = released or agent.current_version or agent.versions.order_by("-number").first()
     if version is None:
         raise RunRefused(f"The agent {agent.slug!r} has no version yet; an operator must create one.", field="agent")
     return version
@@ -43,14 +50,19 @@ def version_for_new_run(agent: Agent) -> AgentVersion:
 def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None = None,
               facts: dict[str, Any] | None = None) -> Run:
     """Create the run and its session (if new) in this transaction; enqueue its task on commit."""
+    from tools.guardrails import screen_run_input  # the prompt-injection filter: block, or flag in facts
+
+    facts = screen_run_input(agent=agent, text=text, facts=facts)
     if session is not None and session.agent_id != agent.pk:
         raise RunRefused(f"Session {session.pk} belongs to another agent; start a new session for {agent.slug!r}.",
                          field="session")
     if session is not None and Run.objects.filter(session=session, status__in=ACTIVE_STATUSES).exists():
         raise RunRefused("This session already has a run in progress; wait for it to finish or cancel it.", field="session")
-    version = version_for_new_run(agent)
+    session_id = session.pk if session is not None else uuid.uuid4()
+    version = version_for_new_run(agent, session_id=session_id)
     if session is None:
-        session = Session.objects.create(tenant_id=agent.tenant_id, agent=agent, created_by=actor.user, api_key=actor.api_key)
+        session = Session.objects.create(id=session_id, tenant_id=agent.tenant_id, agent=agent, created_by=actor.user,
+                                         api_key=actor.api_key)
     run = Run.objects.create(
         tenant_id=agent.tenant_id, agent=agent, version=version, session=session,
         created_by=actor.user, api_key=actor.api_key, input=text, facts=facts or {},
@@ -95,6 +107,9 @@ def cancel_run(*, actor: Actor, run: Run) -> Run:
         raise RunRefused(f"The run already finished ({locked.terminal_reason}); there is nothing to cancel.")
     who = actor.user.get_username() if actor.user is not None else "an API client"
     if locked.status in (RunStatus.QUEUED, RunStatus.WAITING) and not locked.lease_token:
+        from tools.approvals import cancel_for_run
+
+        cancel_for_run(locked)
         finish_without_worker(locked, TerminalReason.CANCELLED, f"cancelled by {who}")
     else:
         Run.objects.filter(pk=run.pk).update(cancel_requested=True)
@@ -153,3 +168,83 @@ def execute_run(run_id: str) -> None:
                 finish_without_worker(current, TerminalReason.ERROR, f"internal error: {type(exc).__name__}")
     finally:
         release_lease(run_id, token)
+    # A decision may have landed while this worker was still committing the pause: pick it up now.
+    from tools.approvals import resume_run
+
+    resume_run(run_id)
+
+
+# -- agents and versions (operators) ---------------------------------------------------------
+
+
+class VersionLocked(Exception):
+    """A run used this version: it is history now and cannot change."""
+
+
+#: The fields of a version an operator sets; everything else is derived.
+VERSION_FIELDS = ("model", "system_prompt", "tools", "policy", "note")
+
+
+@transaction.atomic
+def create_agent(*, actor: Actor, tenant: Any, slug: str, name: str, description: str = "") -> Agent:
+    from audit.services import record_change
+
+    if Agent.objects.for_tenant(tenant).filter(slug=slug).exists():
+        raise RunRefused(f"The tenant already has an agent {slug!r}; choose another slug or add a version to it.", field="slug")
+    agent = Agent.objects.create(tenant=tenant, slug=slug, name=name, description=description)
+    record_change(tenant=tenant, actor=actor.user, action="agent.created", target=agent, details={"slug": slug})
+    return agent
+
+
+@transaction.atomic
+def create_version(*, actor: Actor, agent: Agent, make_current: bool = False, **fields: Any) -> AgentVersion:
+    """The agent's next version, validated by ``AgentVersion.clean()`` (raises ``ValidationError``)."""
+    from audit.services import record_change
+
+    locked_agent = Agent.objects.select_for_update().get(pk=agent.pk)  # numbers are allocated one at a time
+    last = AgentVersion.objects.filter(agent=locked_agent).order_by("-number").values_list("number", flat=True).first()
+    version = AgentVersion(tenant_id=locked_agent.tenant_id, agent=locked_agent, number=(last or 0) + 1, created_by=actor.user,
+                           **{k: v for k, v in fields.items() if k in VERSION_FIELDS})
+    version.full_clean()
+    version.save()
+    if make_current:
+        Agent.objects.filter(pk=locked_agent.pk).update(current_version=version, updated_at=timezone.now())
+    record_change(tenant=locked_agent.tenant, actor=actor.user, action="agent_version.created", target=version,
+                  details={"number": version.number, "model": version.model, "tools": version.tools, "current": make_current})
+    return version
+
+
+@transaction.atomic
+def update_version(*, actor: Actor, version: AgentVersion, **fields: Any) -> AgentVersion:
+    """Change a version no run has used yet; a used one raises ``VersionLocked``."""
+    from audit.services import record_change
+
+    current = AgentVersion.objects.select_for_update().select_related("agent").get(pk=version.pk)
+    _refuse_if_locked(current)
+    changed = sorted(k for k, v in fields.items() if k in VERSION_FIELDS and getattr(current, k) != v)
+    for key in changed:
+        setattr(current, key, fields[key])
+    current.full_clean()
+    current.save()
+    record_change(tenant=current.agent.tenant, actor=actor.user, action="agent_version.updated", target=current,
+                  details={"changed": changed})
+    return current
+
+
+@transaction.atomic
+def delete_version(*, actor: Actor, version: AgentVersion) -> None:
+    from audit.services import record_change
+
+    current = AgentVersion.objects.select_for_update().select_related("agent").get(pk=version.pk)
+    _refuse_if_locked(current)
+    record_change(tenant=current.agent.tenant, actor=actor.user, action="agent_version.deleted", target=current,
+                  details={"number": current.number})
+    current.delete()
+
+
+def _refuse_if_locked(version: AgentVersion) -> None:
+    if version.is_locked:
+        raise VersionLocked(
+            f"Version {version.number} of {version.agent.slug!r} was used by a run, so it is read-only: "
+            "create a new version with the change instead (POST to this agent's versions)."
+        )

@@ -5,9 +5,11 @@ Descriptions say when to use a tool and when not to: the model (or the planner) 
 
 from __future__ import annotations
 
-from decimal import Decimal
+import threading
+from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
+from marketplace.catalog import AgentPreset, PluginSpec, PluginTool
 from tools.pyfunc import Param, tool
 
 ORDER_ID = Param(description="The order number, e.g. O202411280001.", pattern=r"^O\d{12}$", examples=["O202411280001"])
@@ -89,3 +91,87 @@ def sum_order_totals(
     """
     total = sum((Decimal(_order(oid)["total"]) for oid in order_ids), Decimal("0"))
     return {"order_ids": order_ids, "total": f"{total:.2f}", "currency": "CNY", "count": len(order_ids)}
+
+
+#: Refunds issued in this process, per order (the demo's "payment system").
+REFUNDS: dict[str, list[dict[str, Any]]] = {}
+_refunds_lock = threading.Lock()
+_REFUNDABLE = {"shipped", "delivered"}
+
+
+class RefundRefused(ValueError):
+    pass
+
+
+@tool(key="order_desk.refund_order", category="write", idempotent=False)
+def refund_order(
+    order_id: Annotated[str, ORDER_ID],
+    amount: Annotated[str, Param(description="The amount to refund in the order's currency, e.g. 30.00.",
+                                 pattern=r"^\d+(\.\d{1,2})?$", examples=["30.00"])],
+    reason: Annotated[str, Param(description="Why the customer gets the refund, in a few words.", min_length=3, max_length=200)],
+) -> dict[str, Any]:
+    """Refund money for an order (退款). This moves money: it needs a human's approval and must not be repeated.
+
+    Use it only when the user explicitly asks for a refund of a shipped or delivered order and says how much.
+    Do not use it to look up an order (use query_order) or to cancel an order that has not shipped.
+    """
+    order = _order(order_id)
+    try:
+        value = Decimal(amount)
+    except InvalidOperation:
+        raise RefundRefused(f"amount must be a number like 30.00, got {amount!r}.") from None
+    if value <= 0:
+        raise RefundRefused("amount must be more than 0.")
+    if order["status"] not in _REFUNDABLE:
+        raise RefundRefused(f"Order {order_id} is {order['status']}; only shipped or delivered orders can be refunded. "
+                            "Offer to cancel it instead.")
+    with _refunds_lock:
+        issued = REFUNDS.setdefault(order_id, [])
+        refunded = sum((Decimal(r["amount"]) for r in issued), Decimal("0"))
+        remaining = Decimal(order["total"]) - refunded
+        if value > remaining:
+            raise RefundRefused(f"Order {order_id} can be refunded at most {remaining:.2f} {order['currency']} more "
+                                f"(total {order['total']}, already refunded {refunded:.2f}).")
+        refund = {"refund_id": f"R{order_id[1:]}{len(issued) + 1:02d}", "order_id": order_id, "amount": f"{value:.2f}",
+                  "currency": order["currency"], "reason": reason, "status": "refunded"}
+        issued.append(refund)
+    return {**refund, "remaining_refundable": f"{remaining - value:.2f}"}
+
+
+PLUGIN = PluginSpec(
+    key="order-desk",
+    name="Order desk",
+    version="1.1.0",
+    description="Answer questions about orders and shipments, add up order totals and refund orders (with approval).",
+    tools=(
+        PluginTool("order_desk.query_order"),
+        PluginTool("order_desk.query_logistics"),
+        PluginTool("order_desk.sum_order_totals"),
+        PluginTool("order_desk.refund_order", requires_approval=True,
+                   overrides={"required_scopes": ["orders:refund"], "sensitive_fields": ["reason"]}),
+    ),
+    presets=(
+        AgentPreset(
+            slug="order-desk-assistant",
+            name="Order desk assistant",
+            description="Answers order and shipping questions; refunds need an approver.",
+            system_prompt=("You are the order desk of an online shop. Answer questions about orders with the tools; never "
+                           "invent order data. If an order number is missing, ask for it. A refund needs the user's explicit "
+                           "request and an approver's confirmation; say so."),
+            model="demo/planner",
+            tools=("query_order", "query_logistics", "sum_order_totals", "refund_order"),
+            policy={"limits": {"max_recursion": 6}},
+        ),
+    ),
+    scopes=("orders:read", "orders:refund"),
+    config_schema={
+        "type": "object",
+        "properties": {
+            "currency": {"type": "string", "enum": ["CNY", "EUR", "USD"], "default": "CNY",
+                         "description": "The shop's currency."},
+            "refund_limit": {"type": "number", "minimum": 0, "default": 500,
+                             "description": "Refunds above this amount are refused by the approvers' policy."},
+        },
+        "additionalProperties": False,
+    },
+)

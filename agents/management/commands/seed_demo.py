@@ -18,14 +18,18 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from agents.models import Agent, AgentVersion
+from agents.providers import ENV_PROVIDER, env_model
+from marketplace.models import PluginInstall
+from marketplace.services import install_plugin
+from marketplace.sync import sync_catalog
 from tenants import services as tenant_services
 from tenants.models import ApiKey, Role, Tenant, hash_key
-from tools.services import install_python_tool
+from tools.models import Tool
 
-ORDER_TOOLS = ["order_desk.query_order", "order_desk.query_logistics", "order_desk.sum_order_totals"]
 SYSTEM_PROMPT = (
     "You are the order assistant of a small online shop. Answer questions about orders with the tools; "
-    "never invent order data. If an order number is missing, ask for it."
+    "never invent order data. If an order number is missing, ask for it. Refunds need the amount and the reason, "
+    "and a person approves each one before it happens."
 )
 
 
@@ -63,9 +67,20 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS("Demo data ready."))
         self.stdout.write(f"  admin / operator / approver password: {password}")
         self.stdout.write(f"  API key (tenant demo, role operator):  {api_key}")
+        if not os.environ.get("OPENAI_BASE_URL"):
+            self.stdout.write("  order-assistant-llm needs OPENAI_BASE_URL (and OPENAI_API_KEY) or a provider named 'openai'.")
         self.stdout.write("  try: curl -H 'Authorization: Bearer <key>' -H 'Content-Type: application/json' "
                           "-d '{\"agent\":\"order-assistant\",\"input\":\"where is order O202411280001?\"}' "
                           "http://127.0.0.1:8000/api/v1/runs")
+
+    def _order_desk(self, tenant: Tenant, admin: Any) -> list[Tool]:
+        """The order-desk plugin, installed for the demo tenant: its tools, refund_order (needs approval) included."""
+        sync_catalog()
+        install = PluginInstall.objects.filter(tenant=tenant, plugin_key="order-desk").first()
+        if install is None:
+            # An earlier seed made the tools as the tenant's own; the install takes them over.
+            install = install_plugin(tenant=tenant, plugin_key="order-desk", actor=admin)
+        return list(Tool.objects.filter(plugin_install=install).order_by("name"))
 
     def _seed(self, password: str, api_key: str) -> None:
         User = get_user_model()
@@ -82,7 +97,7 @@ class Command(BaseCommand):
         tenant_services.set_membership(tenant=tenant, user=users["approver"], role=Role.APPROVER, actor=admin)
         tenant_services.set_membership(tenant=tenant, user=admin, role=Role.OWNER, actor=admin)
 
-        tools = [install_python_tool(tenant=tenant, key=key, actor=admin) for key in ORDER_TOOLS]
+        tools = self._order_desk(tenant, admin)
         agent, _ = Agent.objects.get_or_create(
             tenant=tenant, slug="order-assistant",
             defaults={"name": "Order assistant", "description": "Answers questions about orders and shipments."},
@@ -94,6 +109,19 @@ class Command(BaseCommand):
             )
             agent.current_version = version
             agent.save(update_fields=["current_version"])
+        # The same agent on the default provider: the implicit "openai" one built from OPENAI_BASE_URL
+        # (and OPENAI_API_KEY, OPENAI_MODEL) when the worker has it; see agents/providers.py.
+        llm, _ = Agent.objects.get_or_create(
+            tenant=tenant, slug="order-assistant-llm",
+            defaults={"name": "Order assistant (LLM)", "description": "The order assistant on the default model provider."},
+        )
+        if llm.current_version is None:
+            version = AgentVersion.objects.create(
+                tenant=tenant, agent=llm, number=1, model=f"{ENV_PROVIDER}/{env_model()}", system_prompt=SYSTEM_PROMPT,
+                tools=[t.name for t in tools], policy={"limits": {"max_recursion": 6}}, created_by=admin, note="seeded",
+            )
+            llm.current_version = version
+            llm.save(update_fields=["current_version"])
 
         if not ApiKey.objects.filter(hashed=hash_key(api_key)).exists():
             tenant_services.create_api_key(tenant=tenant, name="demo", owner=users["operator"], role=Role.OPERATOR,

@@ -1,0 +1,57 @@
+"""What the tool gateway asks the marketplace: which tools a tenant may resolve, and whether a
+tool is released to a session. Read-only; no audit rows here (the gateway audits the call).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Q, QuerySet
+
+from marketplace.models import ACTIVE_INSTALL_STATUSES
+from marketplace.release import bucket
+from tools.models import Tool
+
+_PLUGIN_LIVE = Q(plugin_install__status__in=ACTIVE_INSTALL_STATUSES) & Q(plugin_install__plugin__isnull=False) & Q(
+    plugin_install__plugin__available=True
+)
+
+
+def resolvable_tools(tenant_id: int) -> QuerySet[Tool]:
+    """The Tool rows a tenant's agents may resolve: its own tools, plus the tools of plugins that are
+    installed, enabled and consented (an upgrade waiting for consent keeps its previous tools; its new
+    ones do not exist yet). Switched-off tools are included so the gateway can say so: check ``enabled``.
+    """
+    return Tool.objects.for_tenant(tenant_id).filter(Q(plugin_install__isnull=True) | _PLUGIN_LIVE)
+
+
+def tool_allowed_for(tool: Tool, tenant_id: int, session_key: Any) -> tuple[bool, str]:
+    """Whether this session may call the tool now, and if not, a reason the model can read.
+
+    Checks, in order: the tenant, the kill switch, the plugin install, and the tool's gray release
+    (enabled for N % of sessions, sticky per session: a stable hash of tenant + tool + session).
+    One query.
+    """
+    if tool.tenant_id != tenant_id:
+        return False, f"There is no tool named {tool.name!r} here."
+    row = (
+        Tool.objects.filter(pk=tool.pk)
+        .values("enabled", "plugin_install_id", "plugin_install__status", "plugin_install__plugin_id",
+                "plugin_install__plugin__available", "plugin_install__plugin_key", "rollout__enabled_percent")
+        .first()
+    )
+    if row is None:
+        return False, f"The tool {tool.name} no longer exists. Do not retry it."
+    if not row["enabled"]:
+        return False, f"The tool {tool.name} is switched off by an operator. Do not retry it; tell the user it is unavailable."
+    if row["plugin_install_id"] is not None:
+        live = (row["plugin_install__status"] in ACTIVE_INSTALL_STATUSES and row["plugin_install__plugin_id"] is not None
+                and row["plugin_install__plugin__available"])
+        if not live:
+            return False, (f"The tool {tool.name} comes from the plugin {row['plugin_install__plugin_key']}, which is not enabled "
+                           "in this tenant. Do not retry it; tell the user it is unavailable.")
+    percent = row["rollout__enabled_percent"]
+    if percent is not None and bucket(tenant_id, session_key, salt=f"tool:{tool.name}") >= percent:
+        return False, (f"The tool {tool.name} is not available in this conversation yet (it is being rolled out gradually). "
+                       "Do not retry it; answer without it.")
+    return True, ""

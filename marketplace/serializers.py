@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from agents.models import Agent
+from marketplace.models import Plugin, PluginInstall, ReleaseGuard, ReleaseWeight
+from marketplace.release import observed_split
+
+
+class PluginSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Plugin
+        fields = ["key", "version", "name", "description", "source", "tools", "presets", "scopes", "hosts", "config_schema",
+                  "requires_install", "synced_at"]
+        read_only_fields = fields
+
+
+class InstallSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    plugin = serializers.CharField(source="plugin_key", read_only=True)
+    version = serializers.CharField(read_only=True)
+    pending_version = serializers.SerializerMethodField()
+    tools = serializers.SerializerMethodField()
+
+    class Meta:
+        model = PluginInstall
+        fields = ["id", "tenant", "plugin", "version", "pending_version", "status", "config", "granted_scopes", "granted_hosts",
+                  "tools", "installed_at", "consented_at", "updated_at"]
+        read_only_fields = fields
+
+    def get_pending_version(self, install: PluginInstall) -> str | None:
+        return install.pending_plugin.version if install.pending_plugin is not None else None
+
+    def get_tools(self, install: PluginInstall) -> list[str]:
+        return sorted(install.tools.values_list("name", flat=True))
+
+
+class InstallCreateSerializer(serializers.Serializer):
+    plugin = serializers.SlugField(help_text="The plugin's key, e.g. order-desk.")
+    config = serializers.DictField(required=False, help_text="The tenant's configuration (the plugin's config_schema).")
+
+
+class ReleaseSerializer(serializers.ModelSerializer):
+    agent = serializers.SlugField(source="slug", read_only=True)
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    stable_version = serializers.IntegerField(source="current_version.number", read_only=True, default=None)
+    weights = serializers.SerializerMethodField()
+    guards = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Agent
+        fields = ["agent", "tenant", "stable_version", "weights", "guards"]
+        read_only_fields = fields
+
+    def get_weights(self, agent: Agent) -> list[dict[str, Any]]:
+        observed = observed_split(agent)
+        rows = ReleaseWeight.objects.filter(agent=agent).select_related("version").order_by("version__number")
+        return [
+            {"version": r.version.number, "weight": r.weight, "live_since": r.live_since,
+             "observed_percent": round(observed.get(r.version.number, (0, 0.0))[1], 1)}
+            for r in rows
+        ]
+
+    def get_guards(self, agent: Agent) -> list[dict[str, Any]]:
+        return list(ReleaseGuard.objects.filter(agent=agent).values(
+            "metric", "threshold", "window", "min_runs", "enabled", "last_checked_at", "last_value", "last_tripped_at"))
+
+
+class ReleaseUpdateSerializer(serializers.Serializer):
+    weights = serializers.DictField(child=serializers.IntegerField(), allow_empty=True,
+                                    help_text='Version number -> weight, summing to 100, e.g. {"1": 90, "2": 10}; {} ends the release.')
+
+
+class RollbackSerializer(serializers.Serializer):
+    version = serializers.IntegerField(min_value=1, help_text="The version number to take out of the release.")
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=300)
