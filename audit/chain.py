@@ -16,9 +16,26 @@ from typing import Any
 from audit.models import AuditChainHead, ToolCallAudit
 
 HASHED_FIELDS = (
-    "tenant_id", "run_id", "agent_id", "version_id", "session_id", "user_id", "api_key_id", "step", "call_id",
-    "span_id", "tool_name", "arguments_summary", "arguments_hash", "status", "error", "latency_ms", "result_size",
-    "idempotency_key", "chain_seq", "prev_hash",
+    "tenant_id",
+    "run_id",
+    "agent_id",
+    "version_id",
+    "session_id",
+    "user_id",
+    "api_key_id",
+    "step",
+    "call_id",
+    "span_id",
+    "tool_name",
+    "arguments_summary",
+    "arguments_hash",
+    "status",
+    "error",
+    "latency_ms",
+    "result_size",
+    "idempotency_key",
+    "chain_seq",
+    "prev_hash",
 )
 
 
@@ -48,8 +65,20 @@ def write_sealed(writes: list[Any], tenant_id: int) -> None:
         if write.started_pk is None:
             new_rows.append(row)
         else:
-            fields = {name: getattr(row, name) for name in (
-                "status", "error", "latency_ms", "result_size", "arguments_summary", "chain_seq", "prev_hash", "row_hash", "span_id")}
+            fields = {
+                name: getattr(row, name)
+                for name in (
+                    "status",
+                    "error",
+                    "latency_ms",
+                    "result_size",
+                    "arguments_summary",
+                    "chain_seq",
+                    "prev_hash",
+                    "row_hash",
+                    "span_id",
+                )
+            }
             ToolCallAudit.objects.filter(pk=write.started_pk).update(**fields)
     ToolCallAudit.objects.bulk_create(new_rows)
     head.save(update_fields=["seq", "hash"])
@@ -84,5 +113,7 @@ def verify_tenant(tenant_id: int) -> tuple[int, Break | None]:
         checked += 1
     head = AuditChainHead.objects.filter(tenant_id=tenant_id).first()
     if head is not None and head.seq != checked:
-        return checked, Break(tenant_id, None, checked + 1, f"the chain head says {head.seq} rows, found {checked} (rows deleted at the end?)")
+        return checked, Break(
+            tenant_id, None, checked + 1, f"the chain head says {head.seq} rows, found {checked} (rows deleted at the end?)"
+        )
     return checked, None

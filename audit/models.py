@@ -100,3 +100,6 @@ class AuditChainHead(models.Model):
     tenant = models.OneToOneField("tenants.Tenant", on_delete=models.CASCADE, primary_key=True, related_name="+")
     seq = models.PositiveBigIntegerField(default=0)
     hash = models.CharField(max_length=64, default="")
+
+    def __str__(self) -> str:
+        return f"audit chain of tenant {self.tenant_id} at {self.seq}"

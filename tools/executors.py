@@ -78,8 +78,14 @@ def run_http(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
     try:
         # Check the destination before any secret is resolved for it; the transport checks again at connect time.
         check_url(render_request(spec, arguments).url, allow=allow)
-        result = execute_http_tool(spec, arguments, idempotency_key=ctx.idempotency_key, resolve_secret=resolve_secret,
-                                   allow=allow, sensitive_fields=tool.sensitive_fields or ())
+        result = execute_http_tool(
+            spec,
+            arguments,
+            idempotency_key=ctx.idempotency_key,
+            resolve_secret=resolve_secret,
+            allow=allow,
+            sensitive_fields=tool.sensitive_fields or (),
+        )
     except EgressDenied as exc:
         raise ToolFailure("egress_denied", f"The call was blocked before it left: {exc.reason}") from None
     except ToolTimeout as exc:
@@ -100,6 +106,8 @@ def egress_allow_list(tool: Tool, ctx: ExecContext) -> list[str]:
 EXECUTORS: dict[str, Executor] = {
     "python": run_python,
     "http": run_http,
+    "mcp": lambda tool, arguments, ctx: __import__("tools.mcp_import", fromlist=["run_mcp"]).run_mcp(tool, arguments, ctx),
+    "agent": lambda tool, arguments, ctx: __import__("tools.agent_exec", fromlist=["run_agent"]).run_agent(tool, arguments, ctx),
 }
 
 

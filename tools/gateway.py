@@ -74,8 +74,16 @@ class _Call:
 class ToolGateway:
     """Implements ``agents.runtime.protocols.ToolExecutor`` for one run."""
 
-    def __init__(self, *, run: Any, tools: list[Tool], audit_buffer: list[AuditWrite],
-                 grants: set[str] | None = None, approvals: Any = None, tool_policy: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        run: Any,
+        tools: list[Tool],
+        audit_buffer: list[AuditWrite],
+        grants: set[str] | None = None,
+        approvals: Any = None,
+        tool_policy: Any = None,
+    ) -> None:
         self.run = run
         self.tools = {t.name: t for t in tools}
         self.audit_buffer = audit_buffer
@@ -104,13 +112,16 @@ class ToolGateway:
         s.tool = tool
         if not tool.enabled:
             s.stage("resolve", False, reason="switched off by an operator")
-            return self._fail(s, ToolStatus.DENIED,
-                              f"The tool {tool.name} is switched off by an operator. Do not retry it; tell the user it is unavailable.")
+            return self._fail(
+                s,
+                ToolStatus.DENIED,
+                f"The tool {tool.name} is switched off by an operator. Do not retry it; tell the user it is unavailable.",
+            )
         if self.tool_policy is not None:
             allowed, why = self.tool_policy(tool, self.run.tenant_id, str(self.run.session_id))
             if not allowed:
                 s.stage("resolve", False, reason=why)
-                return self._fail(s, ToolStatus.DENIED, f"The tool {tool.name} is not available in this conversation ({why}).")
+                return self._fail(s, ToolStatus.DENIED, why)  # the policy's reason is written for the model
         s.stage("resolve", True, kind=tool.kind, category=tool.category)
         return None
 
@@ -123,9 +134,12 @@ class ToolGateway:
         missing = sorted(set(tool.required_scopes or []) - self.grants)
         if missing:
             s.stage("authorize", False, reason="missing scopes", missing_scopes=missing)
-            return self._fail(s, ToolStatus.DENIED,
-                              f"The tool {tool.name} needs permission this conversation was not granted ({', '.join(missing)}). "
-                              "Tell the user you cannot do this here.")
+            return self._fail(
+                s,
+                ToolStatus.DENIED,
+                f"The tool {tool.name} needs permission this conversation was not granted ({', '.join(missing)}). "
+                "Tell the user you cannot do this here.",
+            )
         s.stage("authorize", True)
         return None
 
@@ -139,8 +153,10 @@ class ToolGateway:
             s.stage("validate", False, errors=[p.message for p in parsed.errors], attempt=streak)
             message = parsed.model_message
             if streak >= MAX_REPAIRS:
-                message += (f" This was attempt {streak} with invalid arguments: stop calling {tool.name} for now and "
-                            "ask the user for the missing or correct information.")
+                message += (
+                    f" This was attempt {streak} with invalid arguments: stop calling {tool.name} for now and "
+                    "ask the user for the missing or correct information."
+                )
             return self._fail(s, ToolStatus.INVALID, message)
         self.invalid_streak.pop(tool.name, None)
         s.arguments = parsed.arguments
@@ -156,7 +172,10 @@ class ToolGateway:
         window = float((tool.config or {}).get("duplicate_window_seconds", settings.TOOL_DUPLICATE_WINDOW_SECONDS))
         earlier = (
             ToolCallAudit.objects.filter(
-                tenant_id=self.run.tenant_id, session_id=self.run.session_id, tool_name=tool.name, arguments_hash=s.args_hash,
+                tenant_id=self.run.tenant_id,
+                session_id=self.run.session_id,
+                tool_name=tool.name,
+                arguments_hash=s.args_hash,
                 status__in=[ToolCallStatus.OK, ToolCallStatus.OUTCOME_UNKNOWN],
                 created_at__gte=timezone.now() - timezone.timedelta(seconds=window),
             )
@@ -168,9 +187,12 @@ class ToolGateway:
             s.stage("duplicate_guard", True)
             return None
         s.stage("duplicate_guard", False, earlier_run=str(earlier.run_id), earlier_status=earlier.status)
-        return self._fail(s, ToolStatus.DUPLICATE_BLOCKED,
-                          f"You already did this: {tool.name} with the same arguments ran at "
-                          f"{earlier.created_at:%H:%M:%S} UTC (status {earlier.status}). Do not repeat it; tell the user it was already done.")
+        return self._fail(
+            s,
+            ToolStatus.DUPLICATE_BLOCKED,
+            f"You already did this: {tool.name} with the same arguments ran at "
+            f"{earlier.created_at:%H:%M:%S} UTC (status {earlier.status}). Do not repeat it; tell the user it was already done.",
+        )
 
     def _approval_gate(self, s: _Call) -> ToolOutcome | None:
         if self.approvals is None:
@@ -191,8 +213,14 @@ class ToolGateway:
             unknown = self._begin_write(s)
             if unknown is not None:
                 return unknown
-        context = ExecContext(tenant_id=self.run.tenant_id, run=self.run, step=s.ctx.step, call_id=s.call.id,
-                              span_id=s.ctx.span_id, idempotency_key=s.idempotency_key or None)
+        context = ExecContext(
+            tenant_id=self.run.tenant_id,
+            run=self.run,
+            step=s.ctx.step,
+            call_id=s.call.id,
+            span_id=s.ctx.span_id,
+            idempotency_key=s.idempotency_key or None,
+        )
         with _bulkhead(f"{tool.tenant_id}:{tool.name}"):
             future = _pool.submit(executor_for(tool.kind), tool, s.arguments, context)
             try:
@@ -200,9 +228,11 @@ class ToolGateway:
             except FutureTimeout:
                 future.cancel()
                 s.stage("execute", False, reason="timeout", timeout_seconds=tool.timeout_seconds)
-                return self._fail(s, ToolStatus.TIMEOUT,
-                                  f"No result was obtained from {tool.name} within {tool.timeout_seconds:g} s. "
-                                  "Do not tell the user it succeeded.")
+                return self._fail(
+                    s,
+                    ToolStatus.TIMEOUT,
+                    f"No result was obtained from {tool.name} within {tool.timeout_seconds:g} s. Do not tell the user it succeeded.",
+                )
             except ToolFailure as exc:
                 s.stage("execute", False, reason=exc.status)
                 return self._fail(s, ToolStatus(exc.status), str(exc))
@@ -210,8 +240,12 @@ class ToolGateway:
                 s.stage("execute", False, reason=type(exc).__name__)
                 return self._fail(s, ToolStatus.ERROR, f"The tool {tool.name} failed: {exc}")
         s.stage("execute", True, idempotency_key=s.idempotency_key or None)
-        shaped = shape_result(result, field_whitelist=tool.result_fields or None, size_cap=tool.result_size_cap,
-                              summary_template=tool.summary_template or None)
+        shaped = shape_result(
+            result,
+            field_whitelist=tool.result_fields or None,
+            size_cap=tool.result_size_cap,
+            summary_template=tool.summary_template or None,
+        )
         s.stage("shape", True, truncated=shaped.truncated, original_size=shaped.original_size, missing_fields=shaped.missing_fields)
         return ToolOutcome(s.call.id, ToolStatus.OK, shaped.content, trace=s.trace)
 
@@ -229,9 +263,12 @@ class ToolGateway:
             s.idempotency_key = previous.idempotency_key
             if not tool.idempotent:
                 s.stage("execute", False, reason="outcome unknown after a crash", idempotency_key=previous.idempotency_key)
-                return self._fail(s, ToolStatus.OUTCOME_UNKNOWN,
-                                  f"An earlier attempt of {tool.name} was interrupted and may or may not have taken effect. "
-                                  "It was not repeated. Tell the user an operator will check, and do not call it again.")
+                return self._fail(
+                    s,
+                    ToolStatus.OUTCOME_UNKNOWN,
+                    f"An earlier attempt of {tool.name} was interrupted and may or may not have taken effect. "
+                    "It was not repeated. Tell the user an operator will check, and do not call it again.",
+                )
             s.stage("execute", True, replay=True, idempotency_key=previous.idempotency_key)
             return None
         s.idempotency_key = f"{self.run.pk}:{s.ctx.step}:{s.call.id}"
@@ -249,14 +286,25 @@ class ToolGateway:
         tool = s.tool
         sensitive = set(tool.sensitive_fields or []) if tool is not None else set()
         run = self.run
-        arguments = s.arguments if s.arguments else {"_raw": s.call.arguments[:500]}
+        arguments = s.arguments if s.args_hash else {"_raw": s.call.arguments[:500]}
         return ToolCallAudit(
-            tenant_id=run.tenant_id, run_id=run.pk, agent_id=run.agent_id, version_id=run.version_id,
-            session_id=run.session_id, user_id=run.created_by_id, api_key_id=run.api_key_id,
-            step=s.ctx.step, call_id=s.call.id[:100], span_id=s.ctx.span_id, tool_name=s.call.name[:200],
+            tenant_id=run.tenant_id,
+            run_id=run.pk,
+            agent_id=run.agent_id,
+            version_id=run.version_id,
+            session_id=run.session_id,
+            user_id=run.created_by_id,
+            api_key_id=run.api_key_id,
+            step=s.ctx.step,
+            call_id=s.call.id[:100],
+            span_id=s.ctx.span_id,
+            tool_name=s.call.name[:200],
             arguments_summary=summarize_arguments(arguments, sensitive),
             arguments_hash=s.args_hash or arguments_hash(arguments),
-            status=status, error=error, latency_ms=latency_ms, result_size=result_size,
+            status=status,
+            error=error,
+            latency_ms=latency_ms,
+            result_size=result_size,
             idempotency_key=s.idempotency_key,
         )
 
@@ -268,9 +316,13 @@ class ToolGateway:
             row.created_at = s.started_row.created_at  # completing the started row keeps its time
         self.audit_buffer.append(AuditWrite(row, started_pk=s.started_row.pk if s.started_row is not None else None))
         tool = s.tool
-        outcome.trace.append({
-            "type": "tool.audit", "status": outcome.status.value, "latency_ms": latency_ms,
-            "category": tool.category if tool is not None else ToolCategory.READ,
-            "arguments": row.arguments_summary,
-        })
+        outcome.trace.append(
+            {
+                "type": "tool.audit",
+                "status": outcome.status.value,
+                "latency_ms": latency_ms,
+                "category": tool.category if tool is not None else ToolCategory.READ,
+                "arguments": row.arguments_summary,
+            }
+        )
         return outcome

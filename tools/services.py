@@ -38,3 +38,103 @@ def set_tool_enabled(*, tool: Tool, enabled: bool, actor: Any) -> Tool:
         tool.enabled = enabled
         record_change(tenant=tool.tenant, actor=actor, action="tool.enabled" if enabled else "tool.disabled", target=tool)
     return tool
+
+
+# -- tools managed through the API (operators) ------------------------------------------------
+
+
+class ToolRefused(Exception):
+    """A tool change that cannot be made; the message says why and what to do instead."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+#: The fields an operator sets on a tool.
+TOOL_FIELDS = (
+    "name", "description", "kind", "parameters", "output_schema", "config", "category", "idempotent", "required_scopes",
+    "requires_approval", "enabled", "timeout_seconds", "result_fields", "summary_template", "result_size_cap", "sensitive_fields",
+)
+
+
+def _versions_listing(tool: Tool, *, current_only: bool) -> list[str]:
+    from agents.models import Agent, AgentVersion
+
+    if current_only:
+        rows = Agent.objects.for_tenant(tool.tenant_id).filter(current_version__isnull=False).values_list("slug", "current_version__tools")
+    else:
+        rows = AgentVersion.objects.for_tenant(tool.tenant_id).values_list("agent__slug", "tools")
+    return sorted({slug for slug, names in rows if isinstance(names, list) and tool.name in names})
+
+
+def _name_taken(tenant: Any, name: str, exclude: int | None = None) -> None:
+    taken = Tool.objects.for_tenant(tenant).filter(name=name).exclude(pk=exclude)
+    if taken.exists():
+        raise ToolRefused(f"The tenant already has a tool named {name!r}; choose another name or change that tool.", field="name")
+
+
+def _audit_details(actor: Any, **details: Any) -> dict[str, Any]:
+    api_key = getattr(actor, "api_key", None)
+    return {**details, "api_key": api_key.prefix} if api_key is not None else details
+
+
+@transaction.atomic
+def create_tool(*, tenant: Any, actor: Any, **fields: Any) -> Tool:
+    """A tenant's own tool. ``actor`` is the tenancy Actor (user and/or API key) or a user."""
+    from django.db import IntegrityError
+
+    user = getattr(actor, "user", actor)
+    _name_taken(tenant, fields["name"])
+    try:
+        with transaction.atomic():
+            tool = Tool.objects.create(tenant=tenant, **{k: v for k, v in fields.items() if k in TOOL_FIELDS})
+    except IntegrityError:  # created by someone else a moment ago
+        raise ToolRefused(f"The tenant already has a tool named {fields['name']!r}.", field="name") from None
+    record_change(tenant=tenant, actor=user, action="tool.created", target=tool,
+                  details=_audit_details(actor, kind=tool.kind, fields=sorted(k for k in fields if k in TOOL_FIELDS)))
+    return tool
+
+
+@transaction.atomic
+def update_tool(*, tool: Tool, actor: Any, **fields: Any) -> Tool:
+    """Change a tool; a plugin's tool can only be switched on or off, a name in use by agents cannot change."""
+    user = getattr(actor, "user", actor)
+    current = Tool.objects.select_for_update(of=("self",)).select_related("tenant", "plugin_install").get(pk=tool.pk)
+    changed = sorted(k for k, v in fields.items() if k in TOOL_FIELDS and getattr(current, k) != v)
+    if current.plugin_install_id is not None and set(changed) - {"enabled"}:
+        raise ToolRefused(f"The tool {current.name} comes from the plugin {current.plugin_install.plugin_key!r}: it changes with "
+                          "the plugin. You can only switch it off or on here (enabled).", field=(set(changed) - {"enabled"}).pop())
+    if "name" in changed:
+        _name_taken(current.tenant, fields["name"], exclude=current.pk)
+        users = _versions_listing(current, current_only=False)
+        if users:
+            raise ToolRefused(f"Agent versions list the tool by its name {current.name!r} ({', '.join(users)}); renaming it "
+                              "would break them. Create a new tool with the new name instead.", field="name")
+    for key in changed:
+        setattr(current, key, fields[key])
+    if changed:
+        current.save()
+        action = "tool.updated"
+        if changed == ["enabled"]:
+            action = "tool.enabled" if current.enabled else "tool.disabled"
+        record_change(tenant=current.tenant, actor=user, action=action, target=current,
+                      details=_audit_details(actor, changed=changed))
+    return current
+
+
+@transaction.atomic
+def delete_tool(*, tool: Tool, actor: Any) -> None:
+    """Delete a tenant's own tool that no agent's current version lists."""
+    user = getattr(actor, "user", actor)
+    current = Tool.objects.select_for_update(of=("self",)).select_related("tenant", "plugin_install").get(pk=tool.pk)
+    if current.plugin_install_id is not None:
+        raise ToolRefused(f"The tool {current.name} comes from the plugin {current.plugin_install.plugin_key!r}; uninstall "
+                          "the plugin, or switch the tool off (enabled=false).")
+    users = _versions_listing(current, current_only=True)
+    if users:
+        raise ToolRefused(f"The current version of {', '.join(users)} uses {current.name}; make a version without it first, "
+                          "or switch the tool off (enabled=false).")
+    record_change(tenant=current.tenant, actor=user, action="tool.deleted", target=current,
+                  details=_audit_details(actor, name=current.name, kind=current.kind))
+    current.delete()

@@ -33,7 +33,7 @@ class Target(BaseHTTPRequestHandler):
     counts: Counter[str] = Counter()
     headers_seen: list[dict[str, str]] = []
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", 0))
         body = json.loads(self.rfile.read(length) or b"{}")
         Target.counts[self.headers.get("Idempotency-Key", "")] += 1
@@ -69,7 +69,9 @@ def _run(world: World, **facts: Any) -> Any:
     return services.start_run(actor=actor_for_api_key(world.key), agent=world.agent, text="hi", facts=facts)
 
 
-def _gateway(world: World, run: Any, *, tools: list[Tool] | None = None, grants: set[str] | None = None) -> tuple[ToolGateway, list[AuditWrite]]:
+def _gateway(
+    world: World, run: Any, *, tools: list[Tool] | None = None, grants: set[str] | None = None
+) -> tuple[ToolGateway, list[AuditWrite]]:
     buffer: list[AuditWrite] = []
     rows = tools if tools is not None else list(Tool.objects.for_tenant(world.tenant))
     run.version.tools = [t.name for t in rows]
@@ -156,11 +158,19 @@ def test_a_slow_tool_times_out_with_a_warning_for_the_model(world: World) -> Non
 
 def _http_tool(world: World, url: str, *, idempotent: bool, allow: list[str] | None = None) -> Tool:
     return Tool.objects.create(
-        tenant=world.tenant, name="refund_order", description="Refund an order.", kind=ToolKind.HTTP,
-        category=ToolCategory.WRITE, idempotent=idempotent,
+        tenant=world.tenant,
+        name="refund_order",
+        description="Refund an order.",
+        kind=ToolKind.HTTP,
+        category=ToolCategory.WRITE,
+        idempotent=idempotent,
         parameters={"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
-        config={"method": "POST", "url": url + "/refunds/{order_id}", "headers": {"Authorization": "Bearer {secret:REFUNDS}"},
-                "allow_hosts": allow or []},
+        config={
+            "method": "POST",
+            "url": url + "/refunds/{order_id}",
+            "headers": {"Authorization": "Bearer {secret:REFUNDS}"},
+            "allow_hosts": allow or [],
+        },
     )
 
 
@@ -176,8 +186,11 @@ def test_http_tools_send_an_idempotency_key_and_secrets_never_reach_audit_or_tra
     assert Target.counts == Counter({f"{run.pk}:3:c1": 1})
     assert Target.headers_seen[0]["Authorization"] == "Bearer s3cr3t-refund-token-value"
     rows = _commit(buffer, world.tenant.pk)
-    everything = json.dumps([outcome.content, outcome.trace]) + " ".join(
-        f"{r.arguments_summary} {r.error}" for r in ToolCallAudit.objects.all()) + caplog.text
+    everything = (
+        json.dumps([outcome.content, outcome.trace])
+        + " ".join(f"{r.arguments_summary} {r.error}" for r in ToolCallAudit.objects.all())
+        + caplog.text
+    )
     assert "s3cr3t-refund-token-value" not in everything
     assert rows[-1].status == "ok" and rows[-1].idempotency_key == f"{run.pk}:3:c1"
 

@@ -29,7 +29,11 @@ class Command(BaseCommand):
                 self.stdout.write(f"{t.slug}: OK, {checked} sealed audit rows")
             else:
                 broken = True
-                self.stdout.write(self.style.ERROR(
-                    f"{t.slug}: BROKEN at audit row {brk.row_id} (chain_seq {brk.chain_seq}): {brk.reason}; {checked} rows before it are intact"))
+                self.stdout.write(
+                    self.style.ERROR(
+                        f"{t.slug}: BROKEN at audit row {brk.row_id} (chain_seq {brk.chain_seq}): {brk.reason}; "
+                        f"{checked} rows before it are intact"
+                    )
+                )
         if broken:
             raise CommandError("The audit chain is broken; see above.")

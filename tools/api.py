@@ -1,0 +1,185 @@
+"""API v1 for tools: CRUD for operators, a dry run of arguments, and MCP imports. Thin: parse, authorise, call a service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Q
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import exceptions, mixins, serializers, status
+from rest_framework.decorators import action
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from tenants.api import TenantScopedViewSet
+from tools import services
+from tools.arguments import parse_arguments
+from tools.models import Tool, ToolKind
+from tools.serializers import DryRunSerializer, McpImportSerializer, ToolSerializer
+
+_TRUE, _FALSE = {"1", "true", "yes"}, {"0", "false", "no"}
+
+
+class ToolsByName(CursorPagination):
+    ordering = ("tenant_id", "name")
+    page_size = 100
+    max_page_size = 500
+    page_size_query_param = "limit"
+
+
+def _refused(exc: services.ToolRefused) -> exceptions.APIException:
+    if exc.field:
+        return serializers.ValidationError({exc.field: [str(exc)]})
+    return _Conflict(str(exc))
+
+
+class _Conflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+
+class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
+    """``/tools[/<name or id>]``: a tool is addressed by its name (or its numeric id)."""
+
+    queryset = Tool.objects.select_related("tenant", "plugin_install").order_by("tenant_id", "name")
+    serializer_class = ToolSerializer
+    pagination_class = ToolsByName
+    lookup_value_regex = "[^/]+"
+    scope_actions = {**TenantScopedViewSet.scope_actions, "dry_run": "view", "import_mcp": "operate"}
+
+    @extend_schema(parameters=[
+        OpenApiParameter("kind", str, enum=ToolKind.values, description="Only tools of this kind."),
+        OpenApiParameter("enabled", bool, description="Only enabled (true) or switched-off (false) tools."),
+    ])
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
+
+    def filter_queryset(self, queryset: Any) -> Any:
+        if self.action != "list":
+            return queryset
+        params = self.request.query_params
+        kind = params.get("kind")
+        if kind:
+            if kind not in ToolKind.values:
+                raise exceptions.ValidationError({"kind": [f"Must be one of {', '.join(ToolKind.values)}; got {kind!r}."]})
+            queryset = queryset.filter(kind=kind)
+        enabled = params.get("enabled", "").lower()
+        if enabled:
+            if enabled not in _TRUE | _FALSE:
+                raise exceptions.ValidationError({"enabled": ["Must be true or false."]})
+            queryset = queryset.filter(enabled=enabled in _TRUE)
+        return queryset
+
+    def get_object(self) -> Tool:
+        ref = str(self.kwargs["pk"])
+        match = Q(name=ref) | Q(pk=int(ref)) if ref.isdigit() else Q(name=ref)
+        candidates = self.get_queryset().filter(match)
+        tenant = self.request.headers.get("X-Tenant")
+        if tenant:
+            candidates = candidates.filter(tenant__slug=tenant)
+        found = list(candidates[:3])
+        by_name = [t for t in found if t.name == ref]
+        found = by_name or found
+        if not found:
+            raise exceptions.NotFound(f"No tool {ref!r} here.")
+        if len(found) > 1:
+            raise exceptions.ValidationError({"X-Tenant": ["Several of your tenants have this tool; name one with the X-Tenant header."]})
+        self.check_object_permissions(self.request, found[0])
+        return found[0]
+
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(ToolSerializer(self.get_object()).data)
+
+    @extend_schema(request=ToolSerializer, responses={201: ToolSerializer})
+    def create(self, request: Request) -> Response:
+        tenant = self.acting_tenant("operate")
+        body = ToolSerializer(data=request.data, context={"tenant": tenant})
+        body.is_valid(raise_exception=True)
+        try:
+            tool = services.create_tool(tenant=tenant, actor=self.actor, **body.validated_data)
+        except services.ToolRefused as exc:
+            raise _refused(exc) from None
+        return Response(ToolSerializer(tool).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=ToolSerializer, responses={200: ToolSerializer})
+    def update(self, request: Request, pk: str, partial: bool = False) -> Response:
+        tool = self.get_object()
+        body = ToolSerializer(tool, data=request.data, partial=partial)
+        body.is_valid(raise_exception=True)
+        try:
+            tool = services.update_tool(tool=tool, actor=self.actor, **body.validated_data)
+        except services.ToolRefused as exc:
+            raise _refused(exc) from None
+        return Response(ToolSerializer(tool).data)
+
+    def partial_update(self, request: Request, pk: str) -> Response:
+        return self.update(request, pk, partial=True)
+
+    @extend_schema(responses={204: None, 409: None})
+    def destroy(self, request: Request, pk: str) -> Response:
+        try:
+            services.delete_tool(tool=self.get_object(), actor=self.actor)
+        except services.ToolRefused as exc:
+            raise _refused(exc) from None
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        request=DryRunSerializer,
+        responses={200: inline_serializer("DryRunResult", {
+            "ok": serializers.BooleanField(), "tool": serializers.CharField(), "arguments": serializers.JSONField(),
+            "repaired": serializers.BooleanField(), "repairs": serializers.ListField(child=serializers.CharField()),
+            "mapped": serializers.ListField(child=serializers.ListField(child=serializers.CharField())),
+            "errors": serializers.ListField(child=serializers.DictField()), "model_message": serializers.CharField(),
+        })},
+    )
+    @action(detail=True, methods=["post"], url_path="dry-run")
+    def dry_run(self, request: Request, pk: str) -> Response:
+        """Check arguments against the tool exactly as the gateway would, without running it."""
+        tool = self.get_object()
+        body = DryRunSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        parsed = parse_arguments(body.validated_data["arguments"], tool.parameters or {"type": "object", "properties": {}},
+                                 tool_name=tool.name)
+        result: dict[str, Any] = {
+            "ok": parsed.ok, "tool": tool.name, "arguments": parsed.arguments if parsed.ok else None,
+            "repaired": parsed.repaired, "repairs": parsed.repairs, "mapped": [list(m) for m in parsed.mapped],
+            "errors": [{"field": p.field, "expected": p.expected, "received": p.received, "message": p.message} for p in parsed.errors],
+            "model_message": parsed.model_message,
+        }
+        if parsed.ok and tool.kind == ToolKind.HTTP:
+            result["request"] = _http_preview(tool, parsed.arguments)
+        return Response(result)
+
+    @extend_schema(request=McpImportSerializer, responses={201: inline_serializer("McpImportReport", {
+        "created": serializers.ListField(child=serializers.CharField()),
+        "updated": serializers.ListField(child=serializers.CharField()),
+        "skipped": serializers.ListField(child=serializers.DictField()),
+        "stale": serializers.ListField(child=serializers.CharField()),
+    })})
+    @action(detail=False, methods=["post"], url_path="import-mcp")
+    def import_mcp(self, request: Request) -> Response:
+        """Import (or refresh) the tools of an MCP server as tools of kind ``mcp``."""
+        from tools.mcp_import import McpServerError, import_mcp_tools
+
+        tenant = self.acting_tenant("operate")
+        body = McpImportSerializer(data=request.data, context={"tenant": tenant})
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        try:
+            report = import_mcp_tools(tenant, data["server"], getattr(self.actor, "user", None), prefix=data["prefix"],
+                                      only=data.get("tools"))
+        except McpServerError as exc:
+            raise serializers.ValidationError({"server": [str(exc)]}) from None
+        return Response(report.as_dict(), status=status.HTTP_201_CREATED)
+
+
+def _http_preview(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any] | str:
+    """The request the call would send (secrets not resolved), or why it could not be built."""
+    from tools.executors import http_spec
+    from tools.http_exec import HttpToolError, render_request
+
+    try:
+        return render_request(http_spec(tool), arguments, sensitive_fields=tool.sensitive_fields or ()).preview
+    except (HttpToolError, ValueError) as exc:
+        return f"the request could not be built: {exc}"
