@@ -1,9 +1,21 @@
+from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from agents.api import AgentViewSet, RunViewSet
+from agents.api import AgentVersionViewSet, AgentViewSet, RunViewSet
+from agents.provider_api import ProviderViewSet
+from tools.approval_api import ApprovalViewSet
 
 router = SimpleRouter(trailing_slash="")
 router.register("runs", RunViewSet, basename="run")
 router.register("agents", AgentViewSet, basename="agent")
+router.register("approvals", ApprovalViewSet, basename="approval")
+router.register("providers", ProviderViewSet, basename="provider")
 
-urlpatterns = router.urls
+versions = AgentVersionViewSet.as_view({"get": "list", "post": "create"})
+version = AgentVersionViewSet.as_view({"get": "retrieve", "put": "update", "patch": "partial_update", "delete": "destroy"})
+
+urlpatterns = [
+    path("agents/<slug:slug>/versions", versions, name="agent-version-list"),
+    path("agents/<slug:slug>/versions/<int:number>", version, name="agent-version-detail"),
+    *router.urls,
+]

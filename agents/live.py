@@ -29,6 +29,10 @@ def tenant_runs_group(tenant_id: int) -> str:
     return f"tenant.{tenant_id}.runs"
 
 
+def tenant_approvals_group(tenant_id: int) -> str:
+    return f"tenant.{tenant_id}.approvals"
+
+
 class _Publisher:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -76,3 +80,8 @@ def publish_run_events(*, run_id: Any, tenant_id: int, frames: list[dict[str, An
             (tenant_runs_group(tenant_id), {"type": "run.summary", "run": summary}),
         ]
     )
+
+
+def publish_approval(*, tenant_id: int, summary: dict[str, Any]) -> None:
+    """Tell the tenant's approver pages that a request arrived or was decided."""
+    _send([(tenant_approvals_group(tenant_id), {"type": "approval.changed", "approval": summary})])

@@ -21,13 +21,14 @@ class TenantScopedAdmin(admin.ModelAdmin):
     """
 
     manage_action = "operate"
+    view_action = "view"
     read_only = False
 
     def _actor(self, request: HttpRequest) -> Any:
         return actor_for_user(request.user)
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).for_actor(self._actor(request), "view")
+        return super().get_queryset(request).for_actor(self._actor(request), self.view_action)
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         actor = self._actor(request)
@@ -37,7 +38,7 @@ class TenantScopedAdmin(admin.ModelAdmin):
         if self.read_only and kind != "view":
             return False
         actor = self._actor(request)
-        needed = self.manage_action if kind != "view" else "view"
+        needed = self.manage_action if kind != "view" else self.view_action
         if obj is not None:
             tenant_id = getattr(obj, "tenant_id", None)
             return (tenant_id is None and actor.is_superuser) or (tenant_id is not None and actor.can(needed, tenant_id))

@@ -16,15 +16,15 @@ from django.db import models
 if TYPE_CHECKING:
     from tenants.models import ApiKey, Tenant
 
-#: What each role may do. ``view`` reads; ``operate`` starts runs and manages configuration;
-#: ``approve`` decides approval requests; ``own`` manages members, keys and consents.
+#: What each role may do. ``view`` reads; ``review`` sees approval requests; ``operate`` starts runs and
+#: manages configuration; ``approve`` decides approval requests; ``own`` manages members, keys and consents.
 ROLE_ACTIONS: Mapping[str, frozenset[str]] = {
-    "owner": frozenset({"view", "operate", "approve", "own"}),
-    "operator": frozenset({"view", "operate"}),
-    "approver": frozenset({"view", "approve"}),
+    "owner": frozenset({"view", "review", "operate", "approve", "own"}),
+    "operator": frozenset({"view", "review", "operate"}),
+    "approver": frozenset({"view", "review", "approve"}),
     "viewer": frozenset({"view"}),
 }
-ACTIONS = frozenset({"view", "operate", "approve", "own"})
+ACTIONS = frozenset({"view", "review", "operate", "approve", "own"})
 
 
 @dataclass(frozen=True)

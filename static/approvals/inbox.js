@@ -1,0 +1,60 @@
+// The approver inbox: re-render the pending list when a request arrives or is decided elsewhere.
+// The list is fetched as server-rendered (escaped) HTML from the same origin; nothing from the
+// socket is written into the page as markup.
+(function () {
+  "use strict";
+  var list = document.getElementById("approval-list");
+  var status = document.getElementById("live-status");
+  if (!list) { return; }
+  var fragmentUrl = list.dataset.fragmentUrl;
+  var wsPath = list.dataset.wsPath;
+  var retry = 500;
+  var refreshing = false;
+  var again = false;
+
+  function setStatus(state, text) {
+    if (!status) { return; }
+    status.dataset.state = state;
+    status.textContent = text;
+  }
+
+  function refresh() {
+    if (refreshing) { again = true; return; }
+    refreshing = true;
+    fetch(fragmentUrl, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
+      .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+      .then(function (html) {
+        var doc = new DOMParser().parseFromString("<div>" + html + "</div>", "text/html");
+        list.replaceChildren.apply(list, Array.prototype.slice.call(doc.body.firstChild.childNodes));
+      })
+      .catch(function () { setStatus("error", "could not refresh; retrying"); })
+      .finally(function () {
+        refreshing = false;
+        if (again) { again = false; refresh(); }
+      });
+  }
+
+  function tick() {
+    var cells = list.querySelectorAll("[data-seconds-left]");
+    Array.prototype.forEach.call(cells, function (cell) {
+      var left = Math.max(0, parseInt(cell.dataset.secondsLeft, 10) - 1);
+      cell.dataset.secondsLeft = String(left);
+      cell.textContent = left + " s";
+    });
+  }
+
+  function connect() {
+    var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+    var socket = new WebSocket(scheme + window.location.host + wsPath);
+    socket.onopen = function () { retry = 500; setStatus("live", "live"); refresh(); };
+    socket.onmessage = function () { refresh(); };
+    socket.onclose = function () {
+      setStatus("reconnecting", "reconnecting…");
+      window.setTimeout(connect, retry);
+      retry = Math.min(retry * 2, 10000);
+    };
+  }
+
+  window.setInterval(tick, 1000);
+  connect();
+}());

@@ -1,0 +1,100 @@
+"""``/api/v1/approvals``: for client apps that build their own approval UI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions, mixins, serializers, status
+from rest_framework.decorators import action
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from tenants.api import TenantScopedViewSet
+from tools import approvals
+from tools.models import ApprovalRequest, ApprovalStatus
+
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    agent = serializers.CharField(source="run.agent.slug", read_only=True)
+    question = serializers.CharField(source="run.input", read_only=True)
+    decisions = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApprovalRequest
+        fields = [
+            "id",
+            "status",
+            "tool_name",
+            "agent",
+            "run",
+            "step",
+            "call_id",
+            "question",
+            "preview",
+            "arguments_hash",
+            "required_approvals",
+            "requested_at",
+            "expires_at",
+            "decided_at",
+            "decisions",
+        ]
+        read_only_fields = fields
+
+    def get_decisions(self, request: ApprovalRequest) -> list[dict[str, Any]]:
+        return [
+            {"user": d.user.get_username() if d.user else None, "approved": d.approved, "note": d.note, "at": d.at}
+            for d in request.decisions.all()
+        ]
+
+
+class DecisionSerializer(serializers.Serializer):
+    note = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+
+
+class OldestFirst(CursorPagination):
+    ordering = "requested_at"
+    page_size = 50
+    max_page_size = 200
+    page_size_query_param = "limit"
+
+
+class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    queryset = ApprovalRequest.objects.select_related("run", "run__agent").prefetch_related("decisions__user")
+    serializer_class = ApprovalSerializer
+    pagination_class = OldestFirst
+    scope_actions = {"list": "review", "retrieve": "review", "approve": "review", "reject": "review"}
+
+    def get_queryset(self) -> Any:
+        queryset = self.queryset.for_actor(self.actor, "review")
+        wanted = self.request.query_params.get("status")
+        if self.action == "list" and wanted:
+            if wanted not in ApprovalStatus.values:
+                raise exceptions.ValidationError({"status": [f"Must be one of {', '.join(ApprovalStatus.values)}; got {wanted!r}."]})
+            queryset = queryset.filter(status=wanted)
+        return queryset
+
+    @extend_schema(parameters=[OpenApiParameter("status", str, enum=ApprovalStatus.values)])
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
+
+    def _decide(self, request: Request, pk: Any, approve: bool) -> Response:
+        body = DecisionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        self.get_object()  # 404 for a foreign or unknown request
+        try:
+            decided = approvals.decide(actor=self.actor, request_id=pk, approve=approve, note=body.validated_data["note"], via="api")
+        except approvals.ApprovalRefused as exc:
+            return Response({"detail": str(exc)}, status=exc.status)
+        return Response(ApprovalSerializer(decided).data, status=status.HTTP_200_OK)
+
+    @extend_schema(request=DecisionSerializer, responses={200: ApprovalSerializer, 403: None, 409: None})
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: Any = None) -> Response:
+        return self._decide(request, pk, True)
+
+    @extend_schema(request=DecisionSerializer, responses={200: ApprovalSerializer, 403: None, 409: None})
+    @action(detail=True, methods=["post"])
+    def reject(self, request: Request, pk: Any = None) -> Response:
+        return self._decide(request, pk, False)

@@ -1,0 +1,91 @@
+"""The approver's pages: ``/approvals/`` (the live inbox) and ``/approvals/<id>/`` (preview and decision)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from tenants.scoping import actor_for_user
+from tools import approvals
+from tools.models import ApprovalRequest, ApprovalStatus
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self' ws: wss:; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
+
+
+def _with_csp(response: HttpResponse) -> HttpResponse:
+    response.headers.setdefault("Content-Security-Policy", CSP)
+    return response
+
+
+def _visible(request: HttpRequest) -> Any:
+    return (
+        ApprovalRequest.objects.for_actor(actor_for_user(request.user), "review")
+        .select_related("run", "run__agent", "tenant")
+        .prefetch_related("decisions__user")
+    )
+
+
+def _rows(request: HttpRequest) -> list[dict[str, Any]]:
+    now = timezone.now()
+    actor = actor_for_user(request.user)
+    rows = []
+    for item in _visible(request).filter(status=ApprovalStatus.PENDING).order_by("requested_at")[:200]:
+        rows.append(
+            {
+                "request": item,
+                "waiting_seconds": int((now - item.requested_at).total_seconds()),
+                "seconds_left": max(0, int((item.expires_at - now).total_seconds())),
+                "may_decide": approvals.may_decide(actor, item),
+                "approvals_so_far": sum(1 for d in item.decisions.all() if d.approved),
+            }
+        )
+    return rows
+
+
+@login_required
+def inbox(request: HttpRequest) -> HttpResponse:
+    rows = _rows(request)
+    context = {"rows": rows, "oldest": rows[0] if rows else None, "newest": rows[-1] if rows else None, "nav": "approvals"}
+    template = "approvals/_list.html" if request.GET.get("fragment") == "1" else "approvals/inbox.html"
+    return _with_csp(render(request, template, context))
+
+
+@login_required
+def detail(request: HttpRequest, pk: Any) -> HttpResponse:
+    item = _visible(request).filter(pk=pk).first()
+    if item is None:
+        raise Http404("No such approval request.")
+    now = timezone.now()
+    context = {
+        "item": item,
+        "nav": "approvals",
+        "may_decide": approvals.may_decide(actor_for_user(request.user), item),
+        "seconds_left": max(0, int((item.expires_at - now).total_seconds())),
+        "decisions": list(item.decisions.all()),
+    }
+    return _with_csp(render(request, "approvals/detail.html", context))
+
+
+@login_required
+@require_POST
+def decide(request: HttpRequest, pk: Any) -> HttpResponse:
+    if not _visible(request).filter(pk=pk).exists():
+        raise Http404("No such approval request.")
+    approve = request.POST.get("decision") == "approve"
+    note = request.POST.get("note", "").strip()
+    try:
+        approvals.decide(actor=actor_for_user(request.user), request_id=pk, approve=approve, note=note, via="page")
+    except approvals.ApprovalRefused as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Approved." if approve else "Rejected.")
+    return redirect(request.POST.get("next") or "approvals:inbox")
