@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agents import live
+from agents import live, metrics
 from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
 from agents.runtime.protocols import Checkpoint, StepAck, StepRecord
 from agents.runtime.types import Event, Phase, Usage
@@ -26,6 +26,14 @@ from audit.masking import mask_value
 
 def _when(at: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(at, tz=dt.UTC)
+
+
+def _error_text(record: StepRecord) -> str:
+    """Why a run failed, for operators (the ``run.finished`` event's reason); empty unless it ended in error."""
+    if record.terminal_reason is None or record.terminal_reason.value != "error":
+        return ""
+    finished = next((e for e in reversed(record.events) if e.type == "run.finished"), None)
+    return str((finished.payload.get("reason") if finished else "") or "error")[:2000]
 
 
 def status_for(phase: Phase) -> str:
@@ -66,6 +74,7 @@ def event_rows(run: Run, first_seq: int, step: int, events: Iterable[Event]) -> 
 
 def publish_after_commit(run: Run, rows: list[RunEvent], summary: dict[str, Any]) -> None:
     frames = [row.as_frame() for row in rows]
+    metrics.observe_committed(run, rows)  # counted on commit, from the committed rows (agents/metrics.py)
     run_id, tenant_id = run.pk, run.tenant_id
     transaction.on_commit(lambda: live.publish_run_events(run_id=run_id, tenant_id=tenant_id, frames=frames, summary=summary))
 
@@ -135,6 +144,7 @@ class DjangoRunStore:
                 changes.update(
                     terminal_reason=record.terminal_reason.value if record.terminal_reason else "error",
                     output=record.output or "",
+                    error=_error_text(record),
                     finished_at=now,
                     lease_token="",
                     lease_expires_at=None,

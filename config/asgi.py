@@ -12,11 +12,12 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from agents.routing import websocket_urlpatterns  # noqa: E402
+from console.routing import websocket_urlpatterns as console_websocket_urlpatterns  # noqa: E402
 from tenants.ws_auth import WebsocketAuthMiddleware  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": WebsocketAuthMiddleware(URLRouter(websocket_urlpatterns)),
+        "websocket": WebsocketAuthMiddleware(URLRouter(websocket_urlpatterns + console_websocket_urlpatterns)),
     }
 )

@@ -7,6 +7,7 @@ broker, the embedded channel layer. Production: ``DATABASE_URL`` (PostgreSQL),
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from config.env import env_bool, env_database, env_int, env_list, env_redis, env_str, secret_key
@@ -30,7 +31,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     }
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
+    # A file (not memory), so the live-stack test processes share it; one per test process, so parallel runs don't collide.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")}
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60, minimum=0)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
@@ -54,6 +56,7 @@ INSTALLED_APPS = [
     "tools",
     "marketplace",
     "audit",
+    "console",  # the operators' dashboard: run list, live trace, spend
 ]
 
 MIDDLEWARE = [
@@ -96,8 +99,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
-LOGIN_URL = "/admin/login/"
-LOGIN_REDIRECT_URL = "/admin/"
+LOGIN_URL = "/accounts/login/"  # the console's session login (templates/registration/login.html)
+LOGIN_REDIRECT_URL = "/console/runs/"  # after login, the run list
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -117,6 +120,21 @@ X_FRAME_OPTIONS = "DENY"
 if not DEBUG:
     SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
     CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+# Content-Security-Policy of the console's pages (console.views.csp): scripts and styles from our static files only.
+CONSOLE_CSP = env_str(
+    "CONSOLE_CSP",
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self' ws: wss:; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'",
+)
+
+# --- Metrics ------------------------------------------------------------------------------
+# Production: the server and the separate Celery workers write prometheus_client multiprocess files to one
+# directory and /metrics aggregates them (agents/metrics.py explains). Set before prometheus_client is imported.
+PROMETHEUS_MULTIPROC_DIR = env_str("PROMETHEUS_MULTIPROC_DIR", "" if EMBEDDED else str(VAR_DIR / "prometheus"))
+if PROMETHEUS_MULTIPROC_DIR:
+    Path(PROMETHEUS_MULTIPROC_DIR).mkdir(parents=True, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = PROMETHEUS_MULTIPROC_DIR
 
 # --- API ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -180,9 +198,43 @@ RUN_LEASE_SECONDS = env_int("RUN_LEASE_SECONDS", 120, minimum=5)
 #: Runs longer than this in input are refused at the API.
 RUN_INPUT_MAX_CHARS = env_int("RUN_INPUT_MAX_CHARS", 20_000, minimum=100)
 
+# --- Run sweeper (agents/sweeper.py) -------------------------------------------------------
+# Re-enqueues runs whose worker died (status running, lease expired) and runs whose enqueue was
+# lost (queued, no lease, older than SWEEP_QUEUED_AFTER_SECONDS). Production: run
+# `celery -A config beat` (one process per deployment) next to the workers, or `manage.py
+# sweep_runs` from cron. Embedded mode: a thread in the server process does it (config/embedded.py).
+SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 10, minimum=1)
+#: A queued run with no lease this old is assumed lost by the broker and enqueued again; a run is
+#: re-enqueued at most once per this many seconds (duplicates are harmless: the lease decides).
+SWEEP_QUEUED_AFTER_SECONDS = env_int("SWEEP_QUEUED_AFTER_SECONDS", 60, minimum=1)
+CELERY_BEAT_SCHEDULE = {
+    # Overdue approval requests expire; their runs go on with "approval expired" (tools/approvals.py).
+    "expire-approvals": {"task": "tools.expire_approvals", "schedule": 15.0, "options": {"expires": 15.0}},
+    "sweep-runs": {
+        "task": "agents.sweep_runs",
+        "schedule": float(SWEEP_INTERVAL_SECONDS),
+        # A sweep that waited longer than one interval in the queue is stale: the next one is due.
+        "options": {"expires": float(SWEEP_INTERVAL_SECONDS)},
+    },
+    # Gray release: roll back candidate agent versions whose guard tripped (marketplace/services.py).
+    "check-release-guards": {
+        "task": "marketplace.tasks.check_release_guards_task",
+        "schedule": 30.0,
+        "options": {"expires": 30.0},
+    },
+}
+
+# --- Site-specific tools ---------------------------------------------------------------------
+#: Python modules (comma-separated, importable from the server's and workers' path) that register
+#: extra tools with ``@tools.pyfunc.tool`` at start-up, e.g. ``acme_tools.crm,acme_tools.billing``.
+#: Install them for a tenant afterwards (admin or ``tools.services.install_python_tool``).
+AGENTOPS_EXTRA_TOOL_MODULES = env_list("AGENTOPS_EXTRA_TOOL_MODULES", [])
+
 # --- Tools ------------------------------------------------------------------------------
 #: Hosts and CIDRs tools may reach although they are private (e.g. "10.0.4.0/24,billing.internal").
 TOOL_EGRESS_ALLOW = env_list("TOOL_EGRESS_ALLOW", [])
+#: Commands stdio MCP servers may run (whole command lines, ";"-separated): importing tools never runs anything else.
+MCP_STDIO_COMMANDS = [c.split() for c in env_str("MCP_STDIO_COMMANDS", "python -m mcp_server_time;mcp-server-time").split(";") if c.strip()]
 #: A write tool called again with the same arguments in the same session within this window is blocked.
 TOOL_DUPLICATE_WINDOW_SECONDS = env_int("TOOL_DUPLICATE_WINDOW_SECONDS", 600, minimum=0)
 

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from console import views
+
+app_name = "console"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("runs/", views.run_list, name="runs"),
+    path("runs/<uuid:run_id>/", views.run_trace, name="run"),
+    path("runs/<uuid:run_id>/tool-calls.json", views.run_tool_calls, name="run-tool-calls"),
+    path("spend/", views.spend, name="spend"),
+]

@@ -1,0 +1,443 @@
+// The live run trace: a waterfall of spans, built from the page's backlog, then from
+// /ws/runs/<id>/?after=<last seq>. Every event is applied exactly once, in seq order: frames at
+// or below the last applied seq are dropped (duplicates), frames beyond the next one wait until
+// the gap is filled (the socket is asked to resend from the last seq). On a dropped connection
+// the page reconnects with ?after=<last seq>, so nothing is missed or shown twice.
+//
+// Data from the trace (model output, tool results, arguments) only ever reaches the page via
+// textContent or attribute setters: never innerHTML.
+(function () {
+  "use strict";
+
+  var root = document.getElementById("trace");
+  if (!root) return;
+  var list = document.getElementById("spans");
+  var statusEl = document.getElementById("live-status");
+  var countEl = document.getElementById("trace-count");
+
+  var lastSeq = 0;
+  var pending = new Map(); // seq -> frame, waiting for a gap to close
+  var spans = new Map(); // span id -> {li, children, start, end, kind}
+  var rootSpan = null;
+  var t0 = null;
+  var tLast = null;
+  var finished = false;
+  var socket = null;
+  var retryMs = 500;
+  var toolCalls = readJson("trace-tool-calls") || {};
+  var argsFetchTimer = null;
+  var layoutQueued = false;
+  var eventCount = 0;
+
+  function readJson(id) {
+    var el = document.getElementById(id);
+    if (!el) return null;
+    try { return JSON.parse(el.textContent); } catch (e) { return null; }
+  }
+
+  function el(tag, className, text) {
+    var node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function ms(iso) { var t = Date.parse(iso); return isNaN(t) ? null : t; }
+
+  function fmtMs(value) {
+    if (value === null || value === undefined || isNaN(value)) return "";
+    return value >= 1000 ? (value / 1000).toFixed(2) + " s" : Math.round(value) + " ms";
+  }
+
+  function fmtNum(value) {
+    var n = Number(value || 0);
+    return isNaN(n) ? "0" : n.toLocaleString("en-US");
+  }
+
+  function fmtCost(value) {
+    var n = Number(value || 0);
+    return isNaN(n) ? "0" : n.toFixed(4);
+  }
+
+  function short(value, limit) {
+    var text = typeof value === "string" ? value : JSON.stringify(value);
+    if (text === undefined) text = "";
+    return text.length > limit ? text.slice(0, limit) + "…" : text;
+  }
+
+  function setStatus(state, text) {
+    if (!statusEl) return;
+    statusEl.dataset.state = state;
+    statusEl.textContent = text;
+  }
+
+  // --- spans --------------------------------------------------------------------------
+
+  function spanNode(spanId) {
+    var span = spans.get(spanId);
+    if (span) return span;
+    var li = el("li", "span placeholder");
+    li.dataset.span = spanId;
+    var row = el("div", "row");
+    var label = el("div", "label");
+    var title = el("span", "title", "…");
+    label.appendChild(title);
+    var meta = el("span", "meta");
+    label.appendChild(meta);
+    var lane = el("div", "lane");
+    var bar = el("div", "bar");
+    lane.appendChild(bar);
+    row.appendChild(label);
+    row.appendChild(lane);
+    li.appendChild(row);
+    var details = el("div", "details");
+    li.appendChild(details);
+    var children = el("ol", "children");
+    li.appendChild(children);
+    span = { li: li, row: row, title: title, meta: meta, bar: bar, details: details, children: children, start: null, end: null };
+    spans.set(spanId, span);
+    list.appendChild(li);
+    return span;
+  }
+
+  function place(span, parentId) {
+    // Top level under the run; otherwise inside the parent span's children.
+    if (parentId && parentId !== rootSpan && spans.has(parentId) && spans.get(parentId) !== span) {
+      spans.get(parentId).children.appendChild(span.li);
+    }
+  }
+
+  function fillSpan(frame, kind, titleText) {
+    var span = spanNode(frame.span_id);
+    span.li.classList.remove("placeholder");
+    span.li.classList.add("k-" + kind);
+    span.li.dataset.seq = String(frame.seq);
+    span.li.dataset.type = frame.type;
+    span.title.textContent = titleText;
+    span.seqTag = span.seqTag || el("span", "seq");
+    span.seqTag.textContent = "#" + frame.seq;
+    span.row.querySelector(".label").insertBefore(span.seqTag, span.title);
+    place(span, frame.parent_span_id);
+    return span;
+  }
+
+  function timed(span, frame, latencyMs) {
+    var end = ms(frame.at);
+    var latency = Number(latencyMs);
+    span.end = end;
+    span.start = end !== null && !isNaN(latency) && latency > 0 ? end - latency : end;
+    track(span.start);
+    track(span.end);
+  }
+
+  function track(t) {
+    if (t === null) return;
+    if (t0 === null || t < t0) t0 = t;
+    if (tLast === null || t > tLast) tLast = t;
+  }
+
+  function kv(container, key, value) {
+    if (value === undefined || value === null || value === "") return;
+    var item = el("span", "kv");
+    item.appendChild(el("span", "k", key));
+    item.appendChild(el("span", "v", value));
+    container.appendChild(item);
+  }
+
+  function textBlock(container, label, text) {
+    if (text === undefined || text === null || text === "") return;
+    var box = el("details", "text-block");
+    box.appendChild(el("summary", null, label));
+    box.appendChild(el("pre", "text", typeof text === "string" ? text : JSON.stringify(text, null, 2)));
+    container.appendChild(box);
+  }
+
+  function approvalLink(container, payload) {
+    var id = payload && (payload.approval_id || (payload.approval && payload.approval.id));
+    if (id === undefined || id === null || id === "") return false;
+    var link = el("a", "approval-link", "Open approval " + short(String(id), 40));
+    link.setAttribute("href", "/approvals/" + encodeURIComponent(String(id)) + "/");
+    container.appendChild(link);
+    return true;
+  }
+
+  // A point-in-time event (state transition, hook decision, stage...) as its own row.
+  function markRow(frame, kind, titleText, parentId) {
+    var li = el("li", "event k-" + kind);
+    li.dataset.seq = String(frame.seq);
+    li.dataset.type = frame.type;
+    var row = el("div", "row");
+    var label = el("div", "label");
+    label.appendChild(el("span", "seq", "#" + frame.seq));
+    label.appendChild(el("span", "title", titleText));
+    var meta = el("span", "meta");
+    label.appendChild(meta);
+    var lane = el("div", "lane");
+    var bar = el("div", "bar mark");
+    lane.appendChild(bar);
+    row.appendChild(label);
+    row.appendChild(lane);
+    li.appendChild(row);
+    var details = el("div", "details");
+    li.appendChild(details);
+    var at = ms(frame.at);
+    var latency = Number((frame.payload || {}).latency_ms);
+    var record = { li: li, bar: bar, start: !isNaN(latency) && latency > 0 && at !== null ? at - latency : at, end: at };
+    track(record.start);
+    track(record.end);
+    marks.push(record);
+    var parent = parentId && parentId !== rootSpan ? spanNode(parentId).children : list;
+    parent.appendChild(li);
+    return { meta: meta, details: details, li: li };
+  }
+  var marks = [];
+
+  // --- one event ------------------------------------------------------------------------
+
+  function render(frame) {
+    var p = frame.payload || {};
+    var type = frame.type;
+    var parent = frame.parent_span_id;
+    var span, row;
+    eventCount += 1;
+    if (type === "run.started") {
+      rootSpan = frame.span_id;
+      span = fillSpan(frame, "run", "agent run");
+      span.li.classList.add("root");
+      span.start = ms(frame.at);
+      track(span.start);
+      kv(span.meta, "model", p.model);
+      kv(span.meta, "tools", (p.tools || []).length);
+      kv(span.meta, "context tokens", p.context_tokens);
+      if (p.hooks && p.hooks.length) kv(span.meta, "hooks", p.hooks.join(", "));
+      return;
+    }
+    if (type === "model.call" || type === "model.error") {
+      span = fillSpan(frame, "model", (type === "model.error" ? "model error " : "model ") + (p.model || ""));
+      timed(span, frame, p.latency_ms);
+      span.meta.textContent = "";
+      kv(span.meta, "in", fmtNum(p.input_tokens));
+      kv(span.meta, "out", fmtNum(p.output_tokens));
+      kv(span.meta, "cost", fmtCost(p.cost));
+      kv(span.meta, "latency", fmtMs(p.latency_ms));
+      kv(span.meta, "finish", p.finish_reason);
+      if (p.task) kv(span.meta, "task", p.task);
+      var calls = (p.tool_calls || []).map(function (c) { return c && c.name; }).filter(Boolean);
+      if (calls.length) kv(span.meta, "tool calls", calls.join(", "));
+      if (p.error) textBlock(span.details, "error", p.error);
+      textBlock(span.details, "output", p.content);
+      addRunUsage(p);
+      return;
+    }
+    if (type === "tool.call") {
+      span = fillSpan(frame, "tool", "tool " + (p.tool || ""));
+      timed(span, frame, p.latency_ms);
+      span.li.dataset.status = p.status || "";
+      span.meta.textContent = "";
+      kv(span.meta, "status", p.status);
+      kv(span.meta, "latency", fmtMs(p.latency_ms));
+      span.args = el("span", "args");
+      span.meta.appendChild(span.args);
+      fillArgs(frame.span_id);
+      if (!toolCalls[frame.span_id]) scheduleArgsFetch();
+      if (approvalLink(span.details, p)) span.li.classList.add("k-approval");
+      textBlock(span.details, "result", p.result);
+      return;
+    }
+    if (type === "state.transition") {
+      row = markRow(frame, "state", "state " + (p.from || "?") + " → " + (p.to || "?"), parent);
+      kv(row.meta, "reason", p.reason);
+      return;
+    }
+    if (type === "hook.decision" || type === "hook.error") {
+      row = markRow(frame, "hook", "hook " + (p.hook || p.position || ""), parent);
+      kv(row.meta, "at", p.position);
+      if (p.jump_to) kv(row.meta, "jump to", p.jump_to);
+      if (p.updates && p.updates.length) kv(row.meta, "updates", p.updates.join(", "));
+      kv(row.meta, "reason", p.reason);
+      if (p.error) textBlock(row.details, "error", p.error);
+      return;
+    }
+    if (type === "run.finished") {
+      row = markRow(frame, "run", "run finished: " + (p.terminal_reason || "?"), parent);
+      kv(row.meta, "reason", p.reason);
+      if (p.decided_by) kv(row.meta, "by", p.decided_by);
+      textBlock(row.details, "output", p.output);
+      var rootNode = rootSpan && spans.get(rootSpan);
+      if (rootNode) { rootNode.end = ms(frame.at); track(rootNode.end); }
+      finishRun(p.terminal_reason);
+      return;
+    }
+    if (type === "tool.stage") {
+      row = markRow(frame, "stage", "stage " + (p.stage || "?") + (p.ok === false ? " ✗" : " ✓"), parent);
+      if (p.ok === false) row.li.classList.add("failed");
+      kv(row.meta, "reason", p.reason);
+      if (p.errors) kv(row.meta, "errors", short(p.errors, 200));
+      return;
+    }
+    if (type === "tool.audit") {
+      // The gateway's audit event carries the masked arguments of its tool call (the parent span).
+      if (typeof p.arguments === "string" && parent && !toolCalls[parent]) {
+        toolCalls[parent] = { arguments_summary: p.arguments };
+        fillArgs(parent);
+      }
+      row = markRow(frame, "stage", "audit " + (p.status || ""), parent);
+      kv(row.meta, "latency", fmtMs(p.latency_ms));
+      kv(row.meta, "category", p.category);
+      return;
+    }
+    if (type === "model.attempt") {
+      row = markRow(frame, "stage", "attempt " + (p.attempt || "") + " " + (p.target || p.model || ""), parent);
+      if (p.outcome && p.outcome !== "ok") row.li.classList.add("failed");
+      kv(row.meta, "outcome", p.outcome);
+      kv(row.meta, "latency", fmtMs(p.latency_ms));
+      if (p.error) kv(row.meta, "error", short(p.error, 200));
+      return;
+    }
+    if (type === "planner.plan") {
+      row = markRow(frame, "stage", "plan " + (p.phase || ""), parent);
+      if (p.intent) kv(row.meta, "intent", [].concat(p.intent).join(", "));
+      if (p.calls && p.calls.length) kv(row.meta, "calls", p.calls.map(function (c) { return c && c.name; }).join(", "));
+      if (p.missing && p.missing.length) kv(row.meta, "missing", short(p.missing, 120));
+      return;
+    }
+    // Anything else, including events this page does not know yet: shown generically.
+    var kind = type.indexOf("approval") >= 0 || p.approval_id ? "approval" : "other";
+    row = markRow(frame, kind, type, parent);
+    approvalLink(row.meta, p);
+    var shown = {};
+    Object.keys(p).forEach(function (key) { if (key !== "type") shown[key] = p[key]; });
+    kv(row.meta, "", short(shown, 160));
+    textBlock(row.details, "payload", p);
+  }
+
+  var usage = { input: 0, output: 0, cost: 0 };
+  function addRunUsage(p) {
+    usage.input += Number(p.input_tokens || 0);
+    usage.output += Number(p.output_tokens || 0);
+    usage.cost += Number(p.cost || 0);
+  }
+
+  function fillArgs(spanId) {
+    var span = spans.get(spanId);
+    var call = toolCalls[spanId];
+    if (!span || !span.args || !call) return;
+    span.args.textContent = "";
+    kv(span.args, "args", call.arguments_summary || "(none)");
+  }
+
+  function scheduleArgsFetch() {
+    if (argsFetchTimer) return;
+    argsFetchTimer = setTimeout(function () {
+      argsFetchTimer = null;
+      fetch(root.dataset.toolCallsUrl, { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (body) {
+          if (!body || !body.tool_calls) return;
+          toolCalls = body.tool_calls;
+          Object.keys(toolCalls).forEach(fillArgs);
+        })
+        .catch(function () { /* arguments are a nicety; the trace stays complete without them */ });
+    }, 300);
+  }
+
+  function finishRun(reason) {
+    finished = true;
+    root.dataset.status = "finished";
+    root.dataset.finished = "true";
+    var statusCell = document.getElementById("run-status");
+    if (statusCell) {
+      statusCell.textContent = "";
+      statusCell.appendChild(el("span", "badge status-finished", "finished"));
+      if (reason) {
+        statusCell.appendChild(document.createTextNode(" "));
+        statusCell.appendChild(el("span", "badge reason-" + String(reason).replace(/[^a-z_]/g, ""), reason));
+      }
+    }
+    setStatus("finished", "finished");
+    if (socket) socket.close(1000);
+  }
+
+  // --- ordering: apply each seq once, in order -------------------------------------------
+
+  function accept(frame) {
+    if (!frame || typeof frame.seq !== "number") return;
+    if (frame.seq <= lastSeq || pending.has(frame.seq)) return; // a duplicate
+    pending.set(frame.seq, frame);
+    var gap = false;
+    while (pending.has(lastSeq + 1)) {
+      var next = pending.get(lastSeq + 1);
+      pending.delete(lastSeq + 1);
+      try {
+        render(next);
+      } catch (e) {
+        if (window.console) window.console.error("could not render event", next.seq, e);
+      }
+      lastSeq = next.seq;
+    }
+    if (pending.size && socket && socket.readyState === WebSocket.OPEN) {
+      gap = true;
+      socket.send(JSON.stringify({ after: lastSeq })); // ask for the missing frames again
+    }
+    root.dataset.lastSeq = String(lastSeq);
+    if (countEl) countEl.textContent = "· " + eventCount + " events, last #" + lastSeq + (gap ? " (filling a gap…)" : "");
+    queueLayout();
+  }
+
+  // --- waterfall layout ---------------------------------------------------------------
+
+  function queueLayout() {
+    if (layoutQueued) return;
+    layoutQueued = true;
+    window.requestAnimationFrame(function () { layoutQueued = false; layout(); });
+  }
+
+  function layout() {
+    if (t0 === null) return;
+    var end = finished ? tLast : Math.max(tLast || t0, Date.now());
+    var total = Math.max(end - t0, 1);
+    function position(bar, start, stop) {
+      if (start === null || start === undefined) return;
+      if (stop === null || stop === undefined) stop = end;
+      var left = ((start - t0) / total) * 100;
+      var width = ((stop - start) / total) * 100;
+      bar.style.left = Math.min(Math.max(left, 0), 100).toFixed(3) + "%";
+      bar.style.width = Math.max(width, 0.4).toFixed(3) + "%";
+      bar.title = fmtMs(stop - start) + " at +" + fmtMs(start - t0);
+    }
+    spans.forEach(function (span) { position(span.bar, span.start, span.end); });
+    marks.forEach(function (mark) { position(mark.bar, mark.start, mark.end); });
+  }
+
+  // --- the socket -----------------------------------------------------------------------
+
+  function connect() {
+    if (finished) return;
+    var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+    var url = scheme + window.location.host + root.dataset.wsPath + "?after=" + lastSeq;
+    setStatus("connecting", "connecting…");
+    socket = new WebSocket(url);
+    socket.onopen = function () { retryMs = 500; setStatus("live", "live"); };
+    socket.onmessage = function (message) {
+      var frame;
+      try { frame = JSON.parse(message.data); } catch (e) { return; }
+      accept(frame);
+    };
+    socket.onclose = function () {
+      socket = null;
+      if (finished) return;
+      setStatus("reconnecting", "reconnecting…");
+      setTimeout(connect, retryMs);
+      retryMs = Math.min(retryMs * 2, 10000);
+    };
+  }
+
+  (readJson("trace-backlog") || []).forEach(accept);
+  layout();
+  if (!finished) {
+    connect();
+    setInterval(function () { if (!finished) queueLayout(); }, 1000); // the open spans grow with time
+  } else {
+    setStatus("finished", "finished");
+  }
+})();
