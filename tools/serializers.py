@@ -1,0 +1,262 @@
+"""Tool API shapes, and the checks a tool's definition must pass before it is saved.
+
+Errors name the field, and inside ``config`` the key (``{"config": {"url": ["..."]}}``), so an
+operator sees at once what to fix.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from rest_framework import serializers
+
+from tools.models import Tool, ToolKind
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+MAX_TIMEOUT_SECONDS = 600.0
+#: A new tool's timeout when none is given: another agent or an MCP server needs longer than a function.
+DEFAULT_TIMEOUTS = {ToolKind.AGENT: 120.0, ToolKind.MCP: 30.0}
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+WRITABLE_FIELDS = (
+    "name", "description", "kind", "parameters", "output_schema", "config", "category", "idempotent", "required_scopes",
+    "requires_approval", "enabled", "timeout_seconds", "result_fields", "summary_template", "result_size_cap", "sensitive_fields",
+)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def schema_problems(schema: Any, *, root_object: bool = True) -> list[str]:
+    """Why ``schema`` is not a usable JSON Schema (Draft 2020-12), each with where it is wrong."""
+    if not isinstance(schema, dict):
+        return ['must be a JSON Schema object, e.g. {"type": "object", "properties": {}}']
+    if not schema:
+        return []
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        return [f"not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else "")]
+    if root_object and schema.get("type") != "object":
+        return ['the arguments are an object: the schema needs "type": "object" at the top']
+    return []
+
+
+def _string_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+_SECRET_REF = re.compile(r"secret:([A-Za-z0-9_.\-/]+)")
+
+
+def _secret_problems(values: Any, tenant: Any) -> list[str]:
+    """Secrets are process-wide (``TOOL_SECRET_<NAME>``): a tenant may only name those listed for it.
+
+    The list is ``tenant.settings["tool_secrets"]``, kept by a platform administrator; without it a
+    tenant's operator could send another tenant's secret to a server of their choosing.
+    """
+    if not isinstance(values, dict):
+        return []
+    allowed = set((getattr(tenant, "settings", None) or {}).get("tool_secrets", []))
+    named = sorted({m.group(1) for v in values.values() if isinstance(v, str) for m in _SECRET_REF.finditer(v)})
+    return [f"the secret {name} is not available to this tenant; a platform administrator lists the secrets a tenant "
+            "may use in its settings (tool_secrets)" for name in named if name not in allowed]
+
+
+def _allow_hosts(config: Any) -> list[Any]:
+    if not isinstance(config, dict):
+        return []
+    server = config.get("server")
+    return [config.get("allow_hosts") or [], (server.get("allow_hosts") or []) if isinstance(server, dict) else []]
+
+
+def config_problems(kind: str, config: Any, parameters: dict[str, Any], *, tenant: Any,
+                    current: dict[str, Any] | None = None) -> dict[str, list[str]]:
+    """Kind-specific problems in ``config``, keyed by the config key they concern.
+
+    ``allow_hosts`` (reaching private addresses past the egress guard) stays as a platform
+    administrator set it: the API neither adds nor changes it (``current`` is the stored config).
+    """
+    if not isinstance(config, dict):
+        return {"config": ["must be an object"]}
+    problems: dict[str, list[str]] = {}
+
+    def add(key: str, message: str) -> None:
+        problems.setdefault(key, []).append(message)
+
+    if _allow_hosts(config) != _allow_hosts(current or {}):
+        add("allow_hosts", "only a platform administrator may let a tool reach private addresses (Django admin); "
+                           "leave allow_hosts as it is")
+
+    properties = set((parameters or {}).get("properties") or {})
+    if kind == ToolKind.PYTHON:
+        from tools.pyfunc import registry
+
+        function = config.get("function")
+        if not isinstance(function, str) or function not in registry:
+            known = ", ".join(sorted(registry.keys())[:20]) or "none"
+            add("function", f"must name a registered Python tool; got {function!r}. Registered: {known}.")
+    elif kind == ToolKind.HTTP:
+        from tools.http_exec import HttpToolSpec
+
+        method = str(config.get("method", "GET")).upper()
+        if method not in HTTP_METHODS:
+            add("method", f"must be one of {', '.join(HTTP_METHODS)}; got {config.get('method')!r}")
+        url = config.get("url")
+        if not isinstance(url, str) or not url:
+            add("url", "is required: the endpoint, e.g. https://api.example.com/orders/{order_id}")
+        else:
+            try:
+                HttpToolSpec(method=method if method in HTTP_METHODS else "GET", url_template=url)
+            except ValueError as exc:
+                add("url", str(exc))
+            for name in _PLACEHOLDER.findall(url):
+                if name not in properties:
+                    add("url", f"the placeholder {{{name}}} is not a parameter of the tool; add it to parameters.properties")
+        query = config.get("query_params", [])
+        if not _string_list(query):
+            add("query_params", "must be a list of parameter names")
+        else:
+            for name in query:
+                if name not in properties:
+                    add("query_params", f"{name!r} is not a parameter of the tool")
+        if config.get("body", "json") not in ("json", "none"):
+            add("body", 'must be "json" or "none"')
+        headers = config.get("headers", {})
+        if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+            add("headers", 'must be an object of strings; a secret is written "secret:NAME" or "Bearer {secret:NAME}"')
+        for message in _secret_problems(headers, tenant):
+            add("headers", message)
+        if not _string_list(config.get("allow_hosts", [])):
+            add("allow_hosts", "must be a list of host names or CIDR ranges")
+    elif kind == ToolKind.MCP:
+        from tools.mcp_import import server_problems
+
+        server = config.get("server")
+        for message in server_problems(server):
+            add("server", message)
+        if isinstance(server, dict):
+            for message in _secret_problems(server.get("headers"), tenant) + _secret_problems(server.get("env"), tenant):
+                add("server", message)
+        if not isinstance(config.get("tool"), str) or not config.get("tool"):
+            add("tool", "must be the tool's name on the MCP server")
+    elif kind == ToolKind.AGENT:
+        from agents.models import Agent
+
+        slug = config.get("agent")
+        if not isinstance(slug, str) or not slug:
+            add("agent", "must be the slug of an agent of this tenant")
+        elif tenant is not None and not Agent.objects.for_tenant(tenant).filter(slug=slug).exists():
+            known = ", ".join(Agent.objects.for_tenant(tenant).values_list("slug", flat=True)[:20]) or "none"
+            add("agent", f"there is no agent {slug!r} in this tenant. Known agents: {known}.")
+    return problems
+
+
+# --------------------------------------------------------------------------- tools
+
+
+class ToolSerializer(serializers.ModelSerializer):
+    plugin = serializers.SerializerMethodField(help_text="The plugin that provided the tool; null for the tenant's own.")
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = Tool
+        fields = ["id", "tenant", *WRITABLE_FIELDS, "plugin", "created_at", "updated_at"]
+        read_only_fields = ["id", "tenant", "plugin", "created_at", "updated_at"]
+        extra_kwargs = {"parameters": {"required": False}, "config": {"required": False},
+                        "timeout_seconds": {"required": False}}
+        # Uniqueness per tenant is the service's check (with a message naming the tenant).
+        validators: list[Any] = []
+
+    def get_plugin(self, tool: Tool) -> str | None:
+        install = tool.plugin_install
+        if install is None:
+            return None
+        return install.plugin_key
+
+    def validate_name(self, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise serializers.ValidationError("Use 1 to 64 letters, digits, _ or - (the model calls the tool by this name).")
+        return value
+
+    def validate_parameters(self, value: Any) -> Any:
+        problems = schema_problems(value)
+        if problems:
+            raise serializers.ValidationError(problems)
+        return value
+
+    def validate_output_schema(self, value: Any) -> Any:
+        problems = schema_problems(value, root_object=False)
+        if problems:
+            raise serializers.ValidationError(problems)
+        return value
+
+    def validate_timeout_seconds(self, value: float) -> float:
+        if not 0 < value <= MAX_TIMEOUT_SECONDS:
+            raise serializers.ValidationError(f"Must be more than 0 and at most {MAX_TIMEOUT_SECONDS:g} seconds.")
+        return value
+
+    def validate_result_size_cap(self, value: int) -> int:
+        if value < 100:
+            raise serializers.ValidationError("Must be at least 100 characters.")
+        return value
+
+    def _list_of_strings(self, value: Any) -> Any:
+        if not _string_list(value):
+            raise serializers.ValidationError("Must be a list of strings.")
+        return value
+
+    validate_required_scopes = _list_of_strings
+    validate_result_fields = _list_of_strings
+    validate_sensitive_fields = _list_of_strings
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        instance: Tool | None = self.instance
+        merged = {f: attrs[f] if f in attrs else getattr(instance, f, None) for f in ("kind", "config", "parameters")}
+        kind = merged["kind"] or ToolKind.PYTHON
+        if instance is None:
+            if kind == ToolKind.AGENT and not attrs.get("parameters"):
+                from tools.agent_exec import DEFAULT_PARAMETERS
+
+                attrs["parameters"] = merged["parameters"] = dict(DEFAULT_PARAMETERS)
+            attrs.setdefault("timeout_seconds", DEFAULT_TIMEOUTS.get(kind, 10.0))
+        if {"kind", "config", "parameters"} & set(attrs) or instance is None:
+            tenant = instance.tenant if instance is not None else self.context.get("tenant")
+            problems = config_problems(kind, merged["config"] or {}, merged["parameters"] or {}, tenant=tenant,
+                                       current=instance.config if instance is not None else None)
+            if problems:
+                raise serializers.ValidationError({"config": problems})
+        return attrs
+
+
+class DryRunSerializer(serializers.Serializer):
+    arguments = serializers.JSONField(help_text='The arguments as the model would send them: an object or a JSON string.')
+
+    def validate_arguments(self, value: Any) -> Any:
+        if not isinstance(value, dict | str):
+            raise serializers.ValidationError("Send an object, or the raw string the model produced.")
+        return value
+
+
+class McpImportSerializer(serializers.Serializer):
+    server = serializers.JSONField(help_text='{"command": ["python", "-m", "mcp_server_time"]} or {"url": "https://.../mcp"}')
+    prefix = serializers.CharField(required=False, allow_blank=True, default="", max_length=32,
+                                   help_text="Put before each imported name, e.g. time_ (to avoid clashes).")
+    tools = serializers.ListField(child=serializers.CharField(), required=False, help_text="Import only these (server names).")
+
+    def validate_server(self, value: Any) -> Any:
+        from tools.mcp_import import server_problems
+
+        problems = server_problems(value)
+        if not problems:
+            tenant = self.context.get("tenant")
+            problems = _secret_problems(value.get("headers"), tenant) + _secret_problems(value.get("env"), tenant)
+            if value.get("allow_hosts"):
+                problems.append("only a platform administrator may let a server be reached at a private address (allow_hosts)")
+        if problems:
+            raise serializers.ValidationError(problems)
+        return value
