@@ -60,8 +60,15 @@ def approval_overrides(run: Run) -> dict[str, dict[str, Any]]:
 
 
 def session_grants(run: Run) -> set[str]:
-    """Scopes this conversation holds: the tenant's defaults plus what the client granted the session or run."""
+    """Scopes this conversation holds: those an owner consented to for the tenant's live plugin installs,
+    the tenant's default scopes, and what the client granted the session or run (``grants`` in facts)."""
+    from marketplace.models import ACTIVE_INSTALL_STATUSES, PluginInstall
+
     granted = set((run.tenant.settings or {}).get("default_scopes", []))
+    for scopes in PluginInstall.objects.filter(tenant_id=run.tenant_id, status__in=ACTIVE_INSTALL_STATUSES).values_list(
+        "granted_scopes", flat=True
+    ):
+        granted.update(str(s) for s in scopes or [])
     for source in (run.session.facts or {}, run.facts or {}):
         grants = source.get("grants", [])
         if isinstance(grants, list):

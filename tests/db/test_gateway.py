@@ -254,3 +254,17 @@ def test_verify_audit_catches_an_edited_row(world: World, capsys: pytest.Capture
         call_command("verify_audit", tenant=world.tenant.slug)
     out = capsys.readouterr().out
     assert f"BROKEN at audit row {rows[1].pk}" in out and "edited" in out
+
+
+def test_a_conversation_holds_the_scopes_consented_for_the_tenants_plugins(world: World) -> None:
+    from agents.engine import session_grants
+    from marketplace.services import install_plugin
+    from marketplace.sync import sync_catalog
+
+    run = _run(world)
+    assert "orders:refund" not in session_grants(run)
+    sync_catalog()
+    install_plugin(tenant=world.tenant, plugin_key="order-desk", actor=None)
+    assert {"orders:read", "orders:refund"} <= session_grants(run)
+    granted_by_client = _run(world, grants=["reports:export"])
+    assert "reports:export" in session_grants(granted_by_client)

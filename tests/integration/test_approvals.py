@@ -225,3 +225,37 @@ def test_whoever_started_the_run_cannot_approve_its_calls(live_stack: Any, desks
     assert refused.status_code == 403 and "You started this run" in refused.json()["detail"]
     assert _decide(live_stack, desk.approvers[0], approval, "reject", "no").status_code == 200
     live_stack.wait_for_run(raw, run_id)
+
+
+def test_the_demo_walkthrough_refund_approved_then_done(
+    live_stack: Any, django_db_blocker: Any, unblocked_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given the seeded demo (order-desk installed, its refund_order needs approval)
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    monkeypatch.setenv("DEMO_API_KEY", "aok_d3e40000_walkthrough-demo-key")
+    monkeypatch.setenv("DEMO_PASSWORD", "walkthrough-password")
+    call_command("seed_demo")
+    approver = get_user_model().objects.get(username="approver")
+    _key, approver_key = tenant_services.create_api_key(
+        tenant=approver.memberships.get().tenant, name="walkthrough", owner=approver, role=Role.APPROVER, actor=None
+    )
+    demo_key = "aok_d3e40000_walkthrough-demo-key"
+    # when a customer asks for a refund
+    with live_stack.client(demo_key) as http:
+        run_id = http.post(
+            "/api/v1/runs", json={"agent": "order-assistant", "input": "refund 30.00 for order O202411280002 because the notebook was torn"}
+        ).json()["id"]
+    body = live_stack.wait_for_run(demo_key, run_id, statuses=("waiting", "finished"))
+    assert body["status"] == "waiting", body
+    approval = ApprovalRequest.objects.get(run_id=run_id)
+    assert approval.tool_name == "refund_order" and approval.arguments["amount"] == "30.00"
+    # then an approver confirms and the run completes with the refund done once
+    assert _decide(live_stack, approver_key, approval, "approve").status_code == 200
+    body = live_stack.wait_for_run(demo_key, run_id)
+    assert body["terminal_reason"] == "final_answer" and "refunded" in body["output"], body["output"]
+    statuses = list(
+        ToolCallAudit.objects.filter(run_id=run_id, tool_name="refund_order").order_by("chain_seq").values_list("status", flat=True)
+    )
+    assert statuses == ["pending_approval", "ok"]
