@@ -65,5 +65,10 @@ chromium:
 bench: $(VENV)/.dev-installed
 	$(PY) bench/step_overhead.py $(BENCH_ARGS)
 
+# The tool gateway's own overhead per call and the audit write's cost, on PostgreSQL (bench/README.md). Own database too.
+.PHONY: bench-gateway
+bench-gateway: $(VENV)/.dev-installed
+	$(PY) bench/gateway_overhead.py $(BENCH_ARGS)
+
 clean:
 	rm -rf var/test-db.sqlite3* .pytest_cache
