@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agents import live, metrics
+from agents import live, metrics, otel
 from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
 from agents.runtime.protocols import Checkpoint, StepAck, StepRecord
 from agents.runtime.types import Event, Phase, Usage
@@ -75,6 +75,7 @@ def event_rows(run: Run, first_seq: int, step: int, events: Iterable[Event]) -> 
 def publish_after_commit(run: Run, rows: list[RunEvent], summary: dict[str, Any]) -> None:
     frames = [row.as_frame() for row in rows]
     metrics.observe_committed(run, rows)  # counted on commit, from the committed rows (agents/metrics.py)
+    otel.observe_committed(run, rows)  # spans on commit, from the same rows; off without OTEL_EXPORTER_OTLP_ENDPOINT (agents/otel.py)
     run_id, tenant_id = run.pk, run.tenant_id
     transaction.on_commit(lambda: live.publish_run_events(run_id=run_id, tenant_id=tenant_id, frames=frames, summary=summary))
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -31,5 +33,8 @@ class Command(BaseCommand):
             start_embedded_worker()
         mode = "embedded (SQLite/in-process worker)" if settings.EMBEDDED else "production (separate workers)"
         self.stdout.write(f"Serving the Agent Operations Console at http://{host}:{port}/ — mode: {mode}")
+        # uvicorn shuts down gracefully on SIGTERM, then re-raises it: exit normally so exit handlers
+        # (e.g. flushing OpenTelemetry spans) still run.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         uvicorn.run("config.asgi:application", host=host, port=port, ws="websockets", lifespan="off",
                     log_level=os.environ.get("UVICORN_LOG_LEVEL", "warning"), proxy_headers=False)
