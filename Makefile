@@ -28,7 +28,7 @@ run: seed
 	PORT=$(PORT) $(PY) manage.py serve
 
 worker: $(VENV)/.installed
-	$(VENV)/bin/celery -A config worker --loglevel=INFO --pool=threads --concurrency=4 -Q agentops
+	$(VENV)/bin/celery -A config worker --loglevel=INFO --pool=threads --concurrency=4 -Q $${AGENTOPS_QUEUE:-agentops}
 
 # Production: one beat per deployment; it enqueues agents.sweep_runs every SWEEP_INTERVAL_SECONDS (agents/sweeper.py).
 .PHONY: beat

@@ -40,25 +40,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-from step_overhead import ROOT, drop_database, recreate_database, setup_django
+from step_overhead import ROOT, bench_url, drop_database, recreate_database, setup_django
 
 BENCH_DB = "agentops_bench_gateway"
-DEFAULT_URL = f"postgres://postgres@127.0.0.1:5432/{BENCH_DB}"
 #: Calls in the separate pass that counts statements and the time spent in them (kept out of the timed pass).
 SHARE_CALLS = 200
-
-
-def bench_url() -> str:
-    if os.environ.get("BENCH_DATABASE_URL"):
-        return os.environ["BENCH_DATABASE_URL"]
-    base = os.environ.get("DATABASE_URL", "")
-    if base.startswith(("postgres://", "postgresql://")):
-        # Same server and credentials, but never the application's own database: this one is dropped.
-        parts = urlsplit(base)
-        return urlunsplit((parts.scheme, parts.netloc, f"/{BENCH_DB}", "", ""))
-    return DEFAULT_URL
 
 
 def noop() -> dict[str, Any]:
@@ -301,7 +288,7 @@ def main() -> None:
     parser.add_argument("--keep-db", action="store_true", help="Do not drop the benchmark database afterwards.")
     args = parser.parse_args()
 
-    url = bench_url()
+    url = bench_url(BENCH_DB)
     server_version = recreate_database(url)
     try:
         setup_django(url)

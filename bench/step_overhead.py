@@ -38,21 +38,21 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/agentops_bench"
 BENCH_DB = "agentops_bench"
 STEPS = 10
 TABLE_RE = re.compile(r'^\s*(?:INSERT\s+INTO|UPDATE)\s+"?([A-Za-z0-9_]+)"?', re.IGNORECASE)
 
 
-def bench_url() -> str:
+def bench_url(bench_db: str = BENCH_DB) -> str:
+    """BENCH_DATABASE_URL, else DATABASE_URL's server with ``bench_db``, else a local server with ``bench_db``."""
     if os.environ.get("BENCH_DATABASE_URL"):
         return os.environ["BENCH_DATABASE_URL"]
     base = os.environ.get("DATABASE_URL", "")
     if base.startswith(("postgres://", "postgresql://")):
         # Same server and credentials, but never the application's own database: this one is dropped.
         parts = urlsplit(base)
-        return urlunsplit((parts.scheme, parts.netloc, f"/{BENCH_DB}", "", ""))
-    return DEFAULT_URL
+        return urlunsplit((parts.scheme, parts.netloc, f"/{bench_db}", "", ""))
+    return f"postgres://postgres@127.0.0.1:5432/{bench_db}"
 
 
 def recreate_database(url: str) -> str:

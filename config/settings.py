@@ -190,7 +190,8 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("BROKER_VISIBILITY_TIMEOUT", 1800, minimum=30)}
 if EMBEDDED:
     CELERY_BROKER_TRANSPORT_OPTIONS["polling_interval"] = 0.05  # the in-memory queue is polled; keep runs snappy
-CELERY_TASK_DEFAULT_QUEUE = "agentops"
+#: The queue runs go through; separate deployments (or test stacks) sharing one Redis use separate queues.
+CELERY_TASK_DEFAULT_QUEUE = env_str("AGENTOPS_QUEUE", "agentops")
 
 # --- Runs ---------------------------------------------------------------------------------
 #: How long a worker's lease on a run lasts without a step commit before another may take it.

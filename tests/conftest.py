@@ -11,6 +11,9 @@ import pytest
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
+#: The live stack (a real server and worker) is shared by the integration and browser tests: one session instance.
+pytest_plugins = ["tests.support.live_stack"]
+
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 

@@ -1,6 +1,7 @@
 """Browser tests: Debian's Chromium driven by Playwright against the live stack.
 
-The live stack fixtures are re-exported from tests/integration/conftest.py. Without Chromium or
+The live stack fixtures come from tests/support/live_stack.py (a plugin of the root conftest, so
+the browser tests share the one session stack with the integration tests). Without Chromium or
 Playwright the tests skip locally; under CI (CI=true) that is a failure instead.
 """
 
@@ -13,8 +14,6 @@ from typing import Any
 
 import pytest
 from django.db import connections
-
-from tests.integration.conftest import live_stack, unblocked_db  # noqa: F401 - fixtures for this directory
 
 CHROMIUM = Path(os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -29,7 +28,7 @@ def _unavailable(reason: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def browser(live_stack: Any) -> Iterator[Any]:  # noqa: F811 - the re-exported fixture
+def browser(live_stack: Any) -> Iterator[Any]:
     """Chromium for one test module. Starts after the live stack, so the stack's processes never see the flag below."""
     try:
         from playwright.sync_api import sync_playwright

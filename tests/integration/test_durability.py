@@ -8,8 +8,6 @@ Both run modes run every test: no skip.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +20,7 @@ import tests.support.slow_tools as slow_tools
 from agents.models import Agent, AgentVersion, Run, RunEvent, RunMessage
 from audit.models import ToolCallAudit
 from tests.factories import World, make_world
-from tests.integration.conftest import ROOT, LiveStack, make_live_stack
+from tests.support.live_stack import ROOT, LiveStack, make_live_stack, replace_executor
 from tools.services import install_python_tool
 
 pytestmark = pytest.mark.integration
@@ -100,20 +98,11 @@ def test_a_run_whose_worker_is_killed_mid_run_finishes_on_a_new_worker(
         before = _wait_for_step(run_id, 1)
         assert before.status == "running" and before.step == 1, "the run must still be mid-run when its worker dies"
         # when the process executing it is SIGKILLed
-        kind = "worker" if victim.mode == "production" else "server"
-        doomed = [p for name, p in victim.processes.items() if name.startswith(kind) and p.poll() is None]
-        assert doomed
-        for proc in doomed:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        victim.kill_executor()
         killed = Run.objects.get(pk=run_id)
         assert killed.status == "running" and killed.lease_token, "the dead worker's lease is left behind"
         # and a new worker starts; the sweeper re-enqueues the run once the lease expired
-        if victim.mode == "production":
-            stack.start_worker()
-            successor = stack
-        else:
-            successor = _own_stack(extra)
+        successor = replace_executor(victim, extra, FAST_SWEEP)
         body = successor.wait_for_run(slow_world.raw_key, run_id, timeout=90)
     finally:
         for own in extra:

@@ -24,8 +24,8 @@ from agents.models import Agent, AgentVersion, Run, RunEvent
 from audit.models import ConfigChange
 from tenants.scoping import actor_for_user
 from tests.factories import World, make_world
-from tests.integration.conftest import LiveStack, make_live_stack
 from tests.support.fake_openai import FakeOpenAI, server_error, text
+from tests.support.live_stack import LiveStack, make_live_stack
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.factories import World, make_world
-from tests.integration.conftest import LiveStack, make_live_stack
+from tests.support.live_stack import LiveStack, make_live_stack
 
 pytestmark = pytest.mark.integration
 

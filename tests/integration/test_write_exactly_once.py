@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -27,7 +26,7 @@ from agents.models import Run, RunEvent, RunMessage
 from audit.chain import verify_tenant
 from audit.models import ToolCallAudit
 from tests.factories import World, make_world
-from tests.integration.conftest import ROOT, LiveStack, make_live_stack
+from tests.support.live_stack import ROOT, LiveStack, make_live_stack, replace_executor
 from tools.models import Tool, ToolCategory, ToolKind
 
 pytestmark = pytest.mark.integration
@@ -151,20 +150,11 @@ def _kill_during_the_call_and_resume(stack: LiveStack | None, world: World, orde
         started = ToolCallAudit.objects.get(run_id=run_id, tool_name="refund_order")
         assert started.status == "started" and started.idempotency_key, "the intent is committed before the request is sent"
         # when the process executing it is SIGKILLed mid-call
-        kind = "worker" if victim.mode == "production" else "server"
-        doomed = [p for name, p in victim.processes.items() if name.startswith(kind) and p.poll() is None]
-        assert doomed
-        for proc in doomed:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        victim.kill_executor()
         killed = Run.objects.get(pk=run_id)
         assert killed.status == "running" and killed.step == 0, "the killed step never committed"
         # and a new worker starts; the sweeper re-enqueues the run once the dead worker's lease expired
-        if victim.mode == "production":
-            victim.start_worker()
-            successor = victim
-        else:
-            successor = _own_stack(own)
+        successor = replace_executor(victim, own, FAST_SWEEP)
         body = successor.wait_for_run(world.raw_key, run_id, timeout=90)
     finally:
         for s in own:

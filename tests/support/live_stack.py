@@ -71,9 +71,18 @@ class LiveStack:
         workers = sum(1 for name in self.processes if name.startswith("worker"))
         name = f"worker-{workers + 1}" if workers else "worker"  # one log file and one entry per process
         proc = self._spawn(name, [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=threads",
-                                      "--concurrency=4", "-Q", "agentops", "--without-gossip", "--without-mingle",
+                                      "--concurrency=4", "-Q", self.env["AGENTOPS_QUEUE"], "--without-gossip", "--without-mingle",
                                       "--loglevel=INFO", "-n", f"test-{time.monotonic_ns()}@%h"])
         return proc
+
+    def kill_executor(self) -> None:
+        """SIGKILL whatever executes runs: the worker processes (production) or the server and its embedded worker."""
+        kind = "worker" if self.mode == "production" else "server"
+        doomed = [p for name, p in self.processes.items() if name.startswith(kind) and p.poll() is None]
+        assert doomed, f"no live {kind} process to kill"
+        for proc in doomed:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
@@ -124,6 +133,8 @@ def make_live_stack(extra_env: dict[str, str] | None = None) -> LiveStack:
         PYTHONUNBUFFERED="1", RUN_LEASE_SECONDS=os.environ.get("TEST_RUN_LEASE_SECONDS", "8"),
         # Test-only tools (slow ones, for durability tests), loaded like an operator's site-specific tools.
         AGENTOPS_EXTRA_TOOL_MODULES="tests.support.slow_tools",
+        # Its own queue: other stacks on the same Redis (another test module's, another test run's) never take its runs.
+        AGENTOPS_QUEUE=f"agentops-test-{port}",
     )
     env.update(extra_env or {})
     if not production:
@@ -140,6 +151,17 @@ def make_live_stack(extra_env: dict[str, str] | None = None) -> LiveStack:
         stack.stop()
         raise
     return stack
+
+
+def replace_executor(victim: LiveStack, own: list[LiveStack], extra_env: dict[str, str] | None = None) -> LiveStack:
+    """After ``kill_executor``: a new worker on the same stack (production), or a new server on the same database
+    (embedded, where the worker lived in the killed server). New stacks are added to ``own`` for the caller to stop."""
+    if victim.mode == "production":
+        victim.start_worker()
+        return victim
+    successor = make_live_stack(extra_env)
+    own.append(successor)
+    return successor
 
 
 @pytest.fixture(scope="session")
