@@ -19,6 +19,10 @@ CHROMIUM = Path(os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 IN_CI = os.environ.get("CI", "").lower() == "true"
+#: Where the browser tests save their screenshots: the README's copies with UPDATE_SCREENSHOTS=1, else var/ (a test run
+#: does not dirty the work tree).
+_ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = _ROOT / "docs" / "screenshots" if os.environ.get("UPDATE_SCREENSHOTS") else _ROOT / "var" / "screenshots"
 
 
 def _unavailable(reason: str) -> None:

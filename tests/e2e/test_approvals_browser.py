@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.conftest import SCREENSHOTS
 from tests.factories import make_world
 from tests.integration.test_approvals import Desk, RefundTarget, target  # noqa: F401 - the refund target fixture
 from tools.models import ApprovalRequest
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 PASSWORD = "correct-horse-battery"
 
 

@@ -6,19 +6,18 @@ live; screenshots of the trace and the spend view land in docs/screenshots/ for 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agents.models import Run, RunEvent, RunStatus
 from tests.e2e.builders import SCRIPT_OUTPUT, add_events, make_run, trace_events
+from tests.e2e.conftest import SCREENSHOTS
 from tests.factories import World, make_world
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 PASSWORD = "correct-horse-battery"
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
 @pytest.fixture(scope="module")
