@@ -13,6 +13,7 @@ from django.db.models import Case, F, PositiveSmallIntegerField, Q, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from agents.lease import heartbeat_for
 from agents.models import ACTIVE_STATUSES, Agent, AgentVersion, Run, RunStatus, Session
 from agents.runtime.types import Event, TerminalReason
 from agents.store import event_rows, publish_after_commit, run_summary
@@ -159,7 +160,8 @@ def execute_run(run_id: str) -> None:
                 finish_without_worker(run, TerminalReason.ERROR, f"crash_loop: the run's worker died {run.crash_count} times")
             return
         loop = build_loop(run, token)
-        loop.run(str(run.pk))
+        with heartbeat_for(run.pk, token):  # a long model or tool call must not look like a dead worker
+            loop.run(str(run.pk))
     except Exception as exc:
         log.exception("run %s failed", run_id)
         with transaction.atomic():
