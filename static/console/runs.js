@@ -1,6 +1,7 @@
 // The run list, live: /ws/console/runs/ sends a row for each committed step of the tenant's runs.
 // A known run's row is updated in place; a new run is added on top (first page only) when it
-// matches the page's filters. Text reaches the page through textContent only.
+// matches the page's filters; after a reconnect the rows are re-read from the server. Text
+// reaches the page through textContent only.
 (function () {
   "use strict";
 
@@ -110,11 +111,30 @@
     for (var i = pageSize; i < rows.length; i++) rows[i].remove();
   }
 
+  var connectedBefore = false;
+
+  // After a reconnect, updates sent while the socket was down are gone: re-read the rows this
+  // page shows from the server (server-rendered, escaped HTML of the same URL and filters).
+  function resync() {
+    fetch(window.location.href, { credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+      .then(function (html) {
+        var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("runs");
+        if (fresh) body.replaceChildren.apply(body, Array.prototype.slice.call(fresh.childNodes));
+      })
+      .catch(function () { setStatus("reconnecting", "could not refresh the list; reload the page"); });
+  }
+
   function connect() {
     var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
     var socket = new WebSocket(scheme + window.location.host + body.dataset.wsPath);
     setStatus("connecting", "connecting…");
-    socket.onopen = function () { retryMs = 500; setStatus("live", "live"); };
+    socket.onopen = function () {
+      retryMs = 500;
+      setStatus("live", "live");
+      if (connectedBefore) resync();
+      connectedBefore = true;
+    };
     socket.onmessage = function (message) {
       var data;
       try { data = JSON.parse(message.data); } catch (e) { return; }
