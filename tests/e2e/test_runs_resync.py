@@ -9,7 +9,6 @@ import pytest
 from tests.e2e.test_console_browser import log_in, start_run
 from tests.factories import World, make_world
 
-
 #: Lets the test cut the page's websockets and keep them from reconnecting (they dial a closed port meanwhile).
 CUTTABLE_SOCKETS = """
 (() => {
