@@ -11,7 +11,6 @@ from django.db.models import Exists, OuterRef
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -26,16 +25,15 @@ from agents.serializers import (
     RunEventSerializer,
     RunSerializer,
 )
+from config.api import CursorPages
 from tenants.api import TenantScopedViewSet
 
 EVENTS_PAGE_MAX = 500
 
 
-class NewestFirst(CursorPagination):
+class NewestFirst(CursorPages):
     ordering = "-created_at"
-    page_size = 50
     max_page_size = 200
-    page_size_query_param = "limit"
 
 
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
@@ -114,11 +112,9 @@ def _non_negative_int(raw: str | None, name: str, default: int) -> int:
     return value
 
 
-class ByName(CursorPagination):
+class ByName(CursorPages):
     ordering = ("tenant_id", "slug")
     page_size = 100
-    max_page_size = 500
-    page_size_query_param = "limit"
 
 
 class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):

@@ -10,6 +10,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from agents import live
 from agents.models import Run, RunEvent
+from tenants.models import Tenant
 from tenants.scoping import ANONYMOUS, Actor
 
 BACKFILL_PAGE = 500
@@ -82,3 +83,44 @@ class RunEventsConsumer(AsyncJsonWebsocketConsumer):
                 continue
             await self.send_json(frame)
             self.last_seq = frame["seq"]
+
+
+@database_sync_to_async
+def _tenant_ids(actor: Actor, action: str) -> list[int]:
+    return list(Tenant.objects.for_actor(actor, action).filter(is_active=True).values_list("pk", flat=True))
+
+
+class TenantFeedConsumer(AsyncJsonWebsocketConsumer):
+    """A one-way feed joined to one group per tenant the actor may ``tenant_action`` in (and no other).
+
+    Subclasses name the group (``group_for``) and the handlers for the messages sent to it.
+    """
+
+    tenant_action = "view"
+    groups_joined: list[str]
+
+    def group_for(self, tenant_id: int) -> str:
+        raise NotImplementedError
+
+    def admits(self, actor: Actor) -> bool:
+        return actor is not ANONYMOUS
+
+    async def connect(self) -> None:
+        self.groups_joined = []
+        actor: Actor = self.scope.get("actor", ANONYMOUS)
+        if not self.admits(actor):
+            await self.close()
+            return
+        self.actor = actor
+        for tenant_id in await _tenant_ids(actor, self.tenant_action):
+            group = self.group_for(tenant_id)
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.groups_joined.append(group)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        for group in self.groups_joined:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """Nothing to receive: the feed is one-way."""

@@ -10,19 +10,16 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, mixins, serializers
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from audit.models import ConfigChange, ToolCallAudit, ToolCallStatus
+from config.api import CursorPages
 from tenants.api import TenantScopedViewSet
 
 
-class NewestFirst(CursorPagination):
+class NewestFirst(CursorPages):
     ordering = ("-created_at", "-id")
-    page_size = 50
-    max_page_size = 500
-    page_size_query_param = "limit"
 
 
 class ToolCallAuditSerializer(serializers.ModelSerializer):

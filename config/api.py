@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from rest_framework import status
+from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -21,3 +22,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             status=status.HTTP_500_INTERNAL_SERVER_ERROR,
         )
     return response
+
+
+class CursorPages(CursorPagination):
+    """Cursor pages for every list endpoint: ``?limit=`` up to 500; subclasses set ``ordering`` (and ``page_size``)."""
+
+    page_size = 50
+    max_page_size = 500
+    page_size_query_param = "limit"

@@ -13,21 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.core.exceptions import ValidationError
 
 from agents import live
+from agents.consumers import TenantFeedConsumer
 from console import queries
-from tenants.models import Tenant
 from tenants.scoping import ANONYMOUS, Actor
-
-
-@database_sync_to_async
-def _tenant_ids(actor: Actor) -> list[int]:
-    ids = actor.tenant_ids("view")
-    if ids is None:  # a superuser: every active tenant at connect time
-        return list(Tenant.objects.filter(is_active=True).values_list("pk", flat=True))
-    return ids
 
 
 @database_sync_to_async
@@ -39,28 +30,13 @@ def _row(actor: Actor, run_id: Any) -> dict[str, Any] | None:
     return queries.run_row(run) if run is not None else None
 
 
-class RunListConsumer(AsyncJsonWebsocketConsumer):
-    groups_joined: list[str]
+class RunListConsumer(TenantFeedConsumer):
+    def admits(self, actor: Actor) -> bool:
+        # The console is for people with a session; API clients use /ws/runs/<id>/.
+        return actor is not ANONYMOUS and actor.user is not None and actor.api_key is None
 
-    async def connect(self) -> None:
-        self.groups_joined = []
-        actor: Actor = self.scope.get("actor", ANONYMOUS)
-        if actor is ANONYMOUS or actor.user is None or actor.api_key is not None:
-            await self.close()  # the console is for people with a session; API clients use /ws/runs/<id>/
-            return
-        self.actor = actor
-        for tenant_id in await _tenant_ids(actor):
-            group = live.tenant_runs_group(tenant_id)
-            await self.channel_layer.group_add(group, self.channel_name)
-            self.groups_joined.append(group)
-        await self.accept()
-
-    async def disconnect(self, code: int) -> None:
-        for group in self.groups_joined:
-            await self.channel_layer.group_discard(group, self.channel_name)
-
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """Nothing to receive: the feed is one-way."""
+    def group_for(self, tenant_id: int) -> str:
+        return live.tenant_runs_group(tenant_id)
 
     async def run_summary(self, message: dict[str, Any]) -> None:
         summary = message.get("run") or {}

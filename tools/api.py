@@ -8,10 +8,10 @@ from django.db.models import Q
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from config.api import CursorPages
 from tenants.api import TenantScopedViewSet
 from tools import services
 from tools.arguments import parse_arguments
@@ -21,11 +21,9 @@ from tools.serializers import DryRunSerializer, McpImportSerializer, ToolSeriali
 _TRUE, _FALSE = {"1", "true", "yes"}, {"0", "false", "no"}
 
 
-class ToolsByName(CursorPagination):
+class ToolsByName(CursorPages):
     ordering = ("tenant_id", "name")
     page_size = 100
-    max_page_size = 500
-    page_size_query_param = "limit"
 
 
 def _refused(exc: services.ToolRefused) -> exceptions.APIException:

@@ -7,10 +7,10 @@ from typing import Any
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from config.api import CursorPages
 from tenants.api import TenantScopedViewSet
 from tools import approvals
 from tools.models import ApprovalRequest, ApprovalStatus
@@ -53,11 +53,9 @@ class DecisionSerializer(serializers.Serializer):
     note = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
 
 
-class OldestFirst(CursorPagination):
+class OldestFirst(CursorPages):
     ordering = "requested_at"
-    page_size = 50
     max_page_size = 200
-    page_size_query_param = "limit"
 
 
 class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):

@@ -167,7 +167,10 @@ class ApprovalGate:
         self.overrides = overrides or {}
 
     def gate(self, *, tool: Tool, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any], args_hash: str) -> GateDecision | None:
-        rule = rule_for(tool, arguments, self.overrides.get(tool.name))
+        override = self.overrides.get(tool.name)
+        rule = rule_for(tool, arguments, override)
+        if not rule.needed and not (tool.requires_approval or tool.approval_policy or override):
+            return None  # a tool that can never need approval: no lookup on the hot path
         existing = (
             ApprovalRequest.objects.filter(run_id=self.run.pk)
             .filter(Q(call_id=call.id[:100]) | Q(tool_name=tool.name, arguments_hash=args_hash, step=ctx.step))
