@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 
 from agents import live
 from agents.models import Run, RunEvent
@@ -27,7 +30,36 @@ def _events_after(run_id: Any, after: int) -> list[dict[str, Any]]:
     return [row.as_frame() for row in rows]
 
 
-class RunEventsConsumer(AsyncJsonWebsocketConsumer):
+class HeartbeatConsumer(AsyncJsonWebsocketConsumer):
+    """Sends ``{"type": "heartbeat", "interval": N}`` every ``WS_HEARTBEAT_SECONDS`` while the socket is open.
+
+    An idle socket then carries traffic on purpose: proxies with idle timeouts keep it, and a client that hears
+    nothing for a few intervals knows the connection is dead and reconnects. The pages ignore these frames.
+    """
+
+    _heartbeat: asyncio.Task[None] | None = None
+
+    async def accept(self, subprotocol: str | None = None, headers: Any = None) -> None:
+        await super().accept(subprotocol, headers)
+        interval = settings.WS_HEARTBEAT_SECONDS
+        if interval > 0 and self._heartbeat is None:
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat(interval))
+
+    async def _beat(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await self.send_json({"type": "heartbeat", "interval": interval})
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
+        await super().websocket_disconnect(message)
+
+
+class RunEventsConsumer(HeartbeatConsumer):
     """``/ws/runs/<id>/?after=<seq>``: the backlog from the database, then live events; ordered, no gap, no duplicate."""
 
     run_id: Any = None
@@ -90,7 +122,7 @@ def _tenant_ids(actor: Actor, action: str) -> list[int]:
     return list(Tenant.objects.for_actor(actor, action).filter(is_active=True).values_list("pk", flat=True))
 
 
-class TenantFeedConsumer(AsyncJsonWebsocketConsumer):
+class TenantFeedConsumer(HeartbeatConsumer):
     """A one-way feed joined to one group per tenant the actor may ``tenant_action`` in (and no other).
 
     Subclasses name the group (``group_for``) and the handlers for the messages sent to it.

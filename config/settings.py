@@ -162,13 +162,33 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Channels -----------------------------------------------------------------------------
+#: Seconds a Redis read may wait (channel layer, Celery broker). Must outlast the channel layer's 5 s blocking read.
+REDIS_SOCKET_TIMEOUT = env_int("REDIS_SOCKET_TIMEOUT", 30, minimum=10)
+#: Seconds to establish a Redis connection before giving up (then the caller retries or reports the outage).
+REDIS_CONNECT_TIMEOUT = env_int("REDIS_CONNECT_TIMEOUT", 5, minimum=1)
+#: Every open websocket gets ``{"type": "heartbeat"}`` this often (0 = off); clients use it to detect a dead connection.
+WS_HEARTBEAT_SECONDS = env_int("WS_HEARTBEAT_SECONDS", 20, minimum=0)
 if EMBEDDED:
     CHANNEL_LAYERS = {"default": {"BACKEND": "config.channel_layers.EmbeddedChannelLayer", "CONFIG": {"capacity": 1000}}}
 else:
+    # redis-py times out socket reads after 5 s by default — exactly the channel layer's blocking read (BZPOPMIN,
+    # 5 s), so an idle consumer's read raised TimeoutError and its socket was dropped every 5 s. The layer's
+    # connections wait longer than its own blocking read; keepalive and health checks still catch dead peers.
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 60, "prefix": "agentops"},
+            "CONFIG": {
+                "hosts": [{
+                    "address": REDIS_URL,
+                    "socket_timeout": REDIS_SOCKET_TIMEOUT,
+                    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT,
+                    "socket_keepalive": True,
+                    "health_check_interval": 30,
+                }],
+                "capacity": 1000,
+                "expiry": 60,
+                "prefix": "agentops",
+            },
         }
     }
 
@@ -188,6 +208,10 @@ CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 30 if CELERY_TASK_TIME_LI
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # An unacknowledged task (its worker died) is redelivered after this many seconds.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("BROKER_VISIBILITY_TIMEOUT", 1800, minimum=30)}
+if not EMBEDDED:
+    # Kombu's blocking read (BRPOP) waits 1 s, well inside the socket timeout; a dead broker is noticed on connect.
+    CELERY_BROKER_TRANSPORT_OPTIONS.update(socket_timeout=REDIS_SOCKET_TIMEOUT, socket_connect_timeout=REDIS_CONNECT_TIMEOUT,
+                                           socket_keepalive=True, health_check_interval=30)
 if EMBEDDED:
     CELERY_BROKER_TRANSPORT_OPTIONS["polling_interval"] = 0.05  # the in-memory queue is polled; keep runs snappy
 #: The queue runs go through; separate deployments (or test stacks) sharing one Redis use separate queues.

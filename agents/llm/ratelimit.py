@@ -131,7 +131,8 @@ class RedisBucketStore:
     def from_url(cls, url: str, *, prefix: str = "agentops:ratelimit:") -> RedisBucketStore:
         import redis
 
-        return cls(redis.Redis.from_url(url), prefix=prefix)
+        # Only short scripts run here (no blocking reads): a tight read timeout, so a hung Redis fails the call fast.
+        return cls(redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=30), prefix=prefix)
 
     def _run(self, buckets: list[Bucket], force: bool) -> tuple[float, int]:
         if not buckets:

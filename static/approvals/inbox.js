@@ -8,7 +8,6 @@
   if (!list) { return; }
   var fragmentUrl = list.dataset.fragmentUrl;
   var wsPath = list.dataset.wsPath;
-  var retry = 500;
   var refreshing = false;
   var again = false;
 
@@ -44,15 +43,12 @@
   }
 
   function connect() {
-    var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
-    var socket = new WebSocket(scheme + window.location.host + wsPath);
-    socket.onopen = function () { retry = 500; setStatus("live", "live"); refresh(); };
-    socket.onmessage = function () { refresh(); };
-    socket.onclose = function () {
-      setStatus("reconnecting", "reconnecting…");
-      window.setTimeout(connect, retry);
-      retry = Math.min(retry * 2, 10000);
-    };
+    window.liveSocket({
+      url: function () { return wsPath; },
+      onOpen: function () { refresh(); },
+      onFrame: function () { refresh(); },
+      onStatus: setStatus,
+    });
   }
 
   window.setInterval(tick, 1000);

@@ -10,7 +10,6 @@
   var statusEl = document.getElementById("live-status");
   var showTenant = body.dataset.showTenant === "true";
   var pageSize = parseInt(body.dataset.pageSize || "50", 10);
-  var retryMs = 500;
 
   function setStatus(state, text) {
     if (!statusEl) return;
@@ -111,8 +110,6 @@
     for (var i = pageSize; i < rows.length; i++) rows[i].remove();
   }
 
-  var connectedBefore = false;
-
   // After a reconnect, updates sent while the socket was down are gone: re-read the rows this
   // page shows from the server (server-rendered, escaped HTML of the same URL and filters).
   function resync() {
@@ -126,25 +123,12 @@
   }
 
   function connect() {
-    var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
-    var socket = new WebSocket(scheme + window.location.host + body.dataset.wsPath);
-    setStatus("connecting", "connecting…");
-    socket.onopen = function () {
-      retryMs = 500;
-      setStatus("live", "live");
-      if (connectedBefore) resync();
-      connectedBefore = true;
-    };
-    socket.onmessage = function (message) {
-      var data;
-      try { data = JSON.parse(message.data); } catch (e) { return; }
-      if (data && data.type === "run.summary" && data.run) apply(data.run);
-    };
-    socket.onclose = function () {
-      setStatus("reconnecting", "reconnecting…");
-      setTimeout(connect, retryMs);
-      retryMs = Math.min(retryMs * 2, 10000);
-    };
+    window.liveSocket({
+      url: function () { return body.dataset.wsPath; },
+      onOpen: function (reconnected) { if (reconnected) resync(); },
+      onFrame: function (data) { if (data && data.type === "run.summary" && data.run) apply(data.run); },
+      onStatus: setStatus,
+    });
   }
 
   connect();

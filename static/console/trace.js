@@ -23,7 +23,6 @@
   var tLast = null;
   var finished = false;
   var socket = null;
-  var retryMs = 500;
   var toolCalls = readJson("trace-tool-calls") || {};
   var argsFetchTimer = null;
   var layoutQueued = false;
@@ -375,7 +374,7 @@
       }
       lastSeq = next.seq;
     }
-    if (pending.size && socket && socket.readyState === WebSocket.OPEN) {
+    if (pending.size && socket) {
       gap = true;
       socket.send(JSON.stringify({ after: lastSeq })); // ask for the missing frames again
     }
@@ -412,24 +411,13 @@
   // --- the socket -----------------------------------------------------------------------
 
   function connect() {
-    if (finished) return;
-    var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
-    var url = scheme + window.location.host + root.dataset.wsPath + "?after=" + lastSeq;
-    setStatus("connecting", "connecting…");
-    socket = new WebSocket(url);
-    socket.onopen = function () { retryMs = 500; setStatus("live", "live"); };
-    socket.onmessage = function (message) {
-      var frame;
-      try { frame = JSON.parse(message.data); } catch (e) { return; }
-      accept(frame);
-    };
-    socket.onclose = function () {
-      socket = null;
-      if (finished) return;
-      setStatus("reconnecting", "reconnecting…");
-      setTimeout(connect, retryMs);
-      retryMs = Math.min(retryMs * 2, 10000);
-    };
+    // Each (re)connect asks for the frames after the last one shown: nothing missed, nothing twice.
+    socket = window.liveSocket({
+      url: function () { return root.dataset.wsPath + "?after=" + lastSeq; },
+      onFrame: accept,
+      onStatus: setStatus,
+      done: function () { return finished; },
+    });
   }
 
   (readJson("trace-backlog") || []).forEach(accept);

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +15,7 @@ from websockets.sync.client import connect
 
 from agents.models import RunEvent
 from tests.factories import World, make_world
-from tests.integration.wsclient import read_run_frames
+from tests.integration.wsclient import read_run_frames, recv_frame
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +101,7 @@ def test_the_run_list_socket_streams_the_tenants_runs_and_never_another_tenants(
         rows: list[dict[str, Any]] = []
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            frame = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            frame = recv_frame(ws, timeout=max(0.1, deadline - time.monotonic()))
             rows.append(frame["run"])
             if frame["run"]["id"] == own and frame["run"]["status"] == "finished":
                 break
@@ -110,7 +109,7 @@ def test_the_run_list_socket_streams_the_tenants_runs_and_never_another_tenants(
         time.sleep(0.5)  # let any late summary of the foreign run arrive (it must not)
         try:
             while True:
-                rows.append(json.loads(ws.recv(timeout=0.5))["run"])
+                rows.append(recv_frame(ws, timeout=0.5)["run"])
         except TimeoutError:
             pass
     ids = {row["id"] for row in rows}
@@ -133,7 +132,7 @@ def test_the_trace_socket_with_a_session_sends_backlog_then_live_and_resumes_wit
         seen: list[dict[str, Any]] = []
         with connect(url + "?after=0", additional_headers=headers, open_timeout=10) as ws:
             while len(seen) < 3:
-                seen.append(json.loads(ws.recv(timeout=20)))
+                seen.append(recv_frame(ws, timeout=20))
         after = seen[-1]["seq"]
         seen += read_run_frames(f"{url}?after={after}", headers=headers)
     seqs = [frame["seq"] for frame in seen]
