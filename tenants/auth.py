@@ -5,22 +5,38 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
+from django.db.models import OuterRef, Subquery
 from rest_framework import authentication, exceptions
 
-from tenants.models import ApiKey, hash_key
+from tenants.models import ApiKey, Membership, hash_key
+from tenants.scoping import effective_key_role
+
+OWNER_GONE = (
+    "This API key's owner no longer has access to tenant {tenant!r} (their membership was removed or their "
+    "account deactivated), so the key no longer works. Ask an owner of the tenant for a new key."
+)
 
 
 def find_api_key(raw: str) -> ApiKey | None:
-    """The active key matching ``raw``, or None. Constant-time comparison of hashes."""
+    """The unrevoked key of an active tenant matching ``raw``, or None. Constant-time comparison of hashes.
+
+    One query, no sort: the key, its tenant and owner, and the owner's current role in the key's tenant
+    (``owner_role``, used by ``tenants.scoping.effective_key_role``). The key is returned even when its
+    owner lost access; callers refuse it through the effective role.
+    """
     prefix = ApiKey.prefix_of(raw.strip())
     if prefix is None:
         return None
-    key = (
-        ApiKey.objects.select_related("tenant", "created_by")
-        .filter(prefix=prefix, revoked_at__isnull=True, tenant__is_active=True, created_by__is_active=True)
-        .first()
-    )
-    if key is None or not hmac.compare_digest(key.hashed, hash_key(raw.strip())):
+    membership = Membership.objects.filter(tenant_id=OuterRef("tenant_id"), user_id=OuterRef("created_by_id")).order_by()
+    try:
+        key = (
+            ApiKey.objects.select_related("tenant", "created_by")
+            .annotate(owner_role=Subquery(membership.values("role")[:1]))
+            .get(prefix=prefix, revoked_at__isnull=True, tenant__is_active=True)
+        )
+    except ApiKey.DoesNotExist:
+        return None
+    if not hmac.compare_digest(key.hashed, hash_key(raw.strip())):
         return None
     key.touch()
     return key
@@ -54,6 +70,8 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(
                 "The API key is not valid: it is unknown, revoked, or malformed. Expected `Authorization: Bearer aok_…`."
             )
+        if effective_key_role(key) is None:
+            raise exceptions.AuthenticationFailed(OWNER_GONE.format(tenant=key.tenant.slug))
         return key.created_by, key
 
     def authenticate_header(self, request: Any) -> str:

@@ -75,9 +75,40 @@ def actor_for_user(user: Any) -> Actor:
     return actor
 
 
+def lower_role(a: str, b: str) -> str:
+    """The greatest role whose rights lie within both ``a`` and ``b`` (operator and approver meet at viewer)."""
+    if a == b:
+        return a
+    both = ROLE_ACTIONS[a] & ROLE_ACTIONS[b]
+    return max((r for r, actions in ROLE_ACTIONS.items() if actions <= both), key=lambda r: len(ROLE_ACTIONS[r]))
+
+
+def owner_role(key: ApiKey) -> str | None:
+    """The key owner's current role in the key's tenant; ``None`` if they left it or were deactivated.
+
+    ``tenants.auth.find_api_key`` loads it with the key (``owner_role`` annotation, same query); a key
+    loaded otherwise costs one query here.
+    """
+    if not key.created_by.is_active:
+        return None
+    if hasattr(key, "owner_role"):
+        return key.owner_role
+    from tenants.models import Membership
+
+    roles = Membership.objects.filter(tenant_id=key.tenant_id, user_id=key.created_by_id).order_by().values_list("role", flat=True)
+    return next(iter(roles[:1]), None)
+
+
+def effective_key_role(key: ApiKey) -> str | None:
+    """A key acts with the lower of its own role and its owner's current role; ``None``: no access at all."""
+    role = owner_role(key)
+    return None if role is None else lower_role(key.role, role)
+
+
 def actor_for_api_key(key: ApiKey) -> Actor:
-    """An API key acts in its own tenant only, with its own role, whoever created it."""
-    return Actor(user=key.created_by, api_key=key, roles={key.tenant_id: key.role})
+    """An API key acts in its own tenant only, with its effective role (never more than its owner may do today)."""
+    role = effective_key_role(key)
+    return Actor(user=key.created_by, api_key=key, roles={} if role is None else {key.tenant_id: role})
 
 
 def actor_for_request(request: Any) -> Actor:
@@ -129,6 +160,9 @@ def single_tenant(actor: Actor, action: str, requested: str | None) -> Tenant:
 
     allowed = Tenant.objects.for_actor(actor, action).filter(is_active=True)
     if actor.api_key is not None:
+        if not actor.can(action, actor.api_key.tenant_id):
+            raise LookupError(f"This API key may not {action} here: its role, or its owner's current role in the tenant, "
+                              "does not allow it.")
         return Tenant.objects.get(pk=actor.api_key.tenant_id)
     if requested:
         tenant = allowed.filter(slug=requested).first()

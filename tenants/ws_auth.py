@@ -46,7 +46,10 @@ def _actor(scope: dict[str, Any]) -> Actor:
     token = bearer_token(_header(scope, b"authorization"))
     if token is not None:
         key = find_api_key(token)
-        return actor_for_api_key(key) if key is not None else ANONYMOUS
+        if key is None:
+            return ANONYMOUS
+        actor = actor_for_api_key(key)
+        return actor if actor.roles else ANONYMOUS  # its owner left the tenant: refused, as over HTTP
     user = scope.get("user")
     if user is not None and user.is_authenticated and origin_allowed(_header(scope, b"origin")):
         return actor_for_user(user)
