@@ -11,7 +11,7 @@ from django.http import HttpRequest
 
 from agents import provider_services as services
 from agents.models import Provider
-from agents.providers import check_api_key, check_fields, check_headers, key_status, masked_headers
+from agents.providers import check_api_key, check_fields, check_headers, granted_secrets, key_status, masked_headers
 from tenants.admin_mixins import TenantScopedAdmin
 from tenants.scoping import actor_for_user
 
@@ -19,14 +19,14 @@ from tenants.scoping import actor_for_user
 class ProviderForm(forms.ModelForm):
     api_key = forms.CharField(
         required=False, strip=True, widget=forms.PasswordInput(render_value=False),
-        help_text="Leave empty to keep the current key. Paste a key (stored encrypted) or write env:NAME "
-                  "to read it from the worker's environment.",
+        help_text="Leave empty to keep the current key. Paste a key (stored encrypted). A shared provider (or a tenant "
+                  "granted the secret) may write secret:NAME to read the environment variable PROVIDER_SECRET_NAME.",
     )
     clear_api_key = forms.BooleanField(required=False, help_text="Remove the stored key.")
     default_headers = forms.JSONField(
         required=False,
         help_text='Leave empty to keep the current headers; {} removes them. e.g. {"OpenAI-Organization": "org-123"}. '
-                  "Values are stored encrypted and never shown; a value may be env:NAME.",
+                  "Values are stored encrypted and never shown; like the key, a value may be secret:NAME.",
     )
 
     class Meta:
@@ -45,11 +45,14 @@ class ProviderForm(forms.ModelForm):
         values = {f: data[f] for f in services.FIELDS if f in data}
         for field, problems in check_fields(values).items():
             self.add_error("offered_models" if field == "models" else field, problems)
+        # The row's tenant decides which secret references it may hold (an existing row keeps its tenant).
+        tenant = self.instance.tenant if self.instance.pk else data.get("tenant")
+        scope = {"platform": tenant is None, "granted": granted_secrets(tenant)}
         if data.get("api_key"):
-            for problem in check_api_key(data["api_key"]):
+            for problem in check_api_key(data["api_key"], **scope):
                 self.add_error("api_key", problem)
         if data.get("default_headers") is not None:
-            for problem in check_headers(data["default_headers"]):
+            for problem in check_headers(data["default_headers"], **scope):
                 self.add_error("default_headers", problem)
         return data
 

@@ -1,7 +1,8 @@
 """API v1 for model providers: ``/api/v1/providers`` (CRUD) and ``POST /api/v1/providers/<id>/test``.
 
 The API key and default headers are write-only: the responses say ``api_key_status`` ("set
-(encrypted)", "set (from env:NAME)", "not set") and list header names with masked values.
+(encrypted)", "set (from secret:NAME)", "not set") and list header names with masked values.
+A tenant's provider may not reference environment variables (``env:NAME`` is a 400 naming the field).
 A tenant's providers are scoped like everything else (a foreign one is a 404); shared providers
 (no tenant) are seen and managed by superusers only (``"shared": true`` on create).
 """
@@ -30,11 +31,12 @@ class ProviderSerializer(serializers.ModelSerializer):
     kind = serializers.ChoiceField(choices=ProviderKind.choices, required=False)
     api_key = serializers.CharField(
         write_only=True, required=False, allow_blank=True, trim_whitespace=True, style={"input_type": "password"},
-        help_text="Write-only. The key, or env:NAME to read it from the worker's environment; empty clears it.",
+        help_text="Write-only. The key (stored encrypted); empty clears it. Shared providers (and tenants granted the "
+                  "secret) may write secret:NAME to read PROVIDER_SECRET_NAME; env:NAME is refused.",
     )
     api_key_status = serializers.SerializerMethodField()
     default_headers = serializers.DictField(child=serializers.CharField(allow_blank=True), write_only=True, required=False,
-                                            help_text="Write-only; replaces all headers ({} clears). Values may be env:NAME.")
+                                            help_text="Write-only; replaces all headers ({} clears). A value may be secret:NAME.")
     default_headers_masked = serializers.SerializerMethodField()
 
     class Meta:

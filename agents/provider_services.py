@@ -19,9 +19,10 @@ from agents.providers import (
     check_fields,
     check_headers,
     encrypt_secret,
-    env_reference,
+    granted_secrets,
     guarded_client_for,
     provider_config,
+    secret_reference,
 )
 from audit.services import record_change
 from tenants.models import Tenant
@@ -63,23 +64,25 @@ def _authorise(actor: Actor, tenant_id: int | None) -> None:
 def _apply_secrets(provider: Provider, api_key: Any, default_headers: Any, errors: dict[str, list[str]]) -> dict[str, Any]:
     """Set key/headers on the row (``KEEP`` leaves them; ``""``/``{}`` clears); returns what the audit row may say."""
     said: dict[str, Any] = {}
+    # Deployment secrets (secret:NAME) only for shared providers or names granted to the tenant; never env:NAME.
+    scope = {"platform": provider.tenant_id is None, "granted": granted_secrets(provider.tenant)}
     if api_key is not KEEP:
         raw = (api_key or "").strip()
-        problems = check_api_key(raw) if raw else []
+        problems = check_api_key(raw, **scope) if raw else []
         if problems:
             errors.setdefault("api_key", []).extend(problems)
         elif not raw:
             provider.api_key_encrypted, provider.api_key_env = "", ""
             said["api_key"] = "cleared"
-        elif env_reference(raw) is not None:
-            provider.api_key_encrypted, provider.api_key_env = "", env_reference(raw) or ""
-            said["api_key"] = f"env:{provider.api_key_env}"
+        elif secret_reference(raw) is not None:
+            provider.api_key_encrypted, provider.api_key_env = "", f"secret:{secret_reference(raw)}"
+            said["api_key"] = provider.api_key_env
         else:
             provider.api_key_encrypted, provider.api_key_env = encrypt_secret(raw), ""
             said["api_key"] = "replaced"
     if default_headers is not KEEP:
         headers = default_headers or {}
-        problems = check_headers(headers)
+        problems = check_headers(headers, **scope)
         if problems:
             errors.setdefault("default_headers", []).extend(problems)
         else:

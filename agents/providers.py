@@ -1,12 +1,19 @@
 """Model providers as configured by operators: secrets at rest, validation, and rows -> ``ProviderConfig``.
 
-Secrets. A provider's API key is either stored encrypted (Fernet, with a key derived from
-``PROVIDER_KEY_SECRET`` when set, else from ``SECRET_KEY``) or given as a reference to an
-environment variable of the worker (``env:OPENAI_API_KEY``). Default headers are stored
-encrypted as a whole (their values often carry tokens; a value may also be ``env:NAME``).
-Neither is ever shown back: displays say "set"/"not set" and list header names only.
-Rotating ``PROVIDER_KEY_SECRET``/``SECRET_KEY`` makes stored keys unreadable; a run then fails
-with a message that says to enter the key again.
+Secrets. A provider's API key is stored encrypted (Fernet, with a key derived from
+``PROVIDER_KEY_SECRET`` when set, else from ``SECRET_KEY``). Default headers are stored
+encrypted as a whole (their values often carry tokens). Neither is ever shown back: displays
+say "set"/"not set" and list header names only. Rotating ``PROVIDER_KEY_SECRET``/``SECRET_KEY``
+makes stored keys unreadable; a run then fails with a message that says to enter the key again.
+
+Deployment secrets. Tenants never name environment variables: a tenant's provider could point
+at the tenant's own host and carry the worker's ``SECRET_KEY`` there. The key or a header value
+may instead be ``secret:NAME``, read from the environment variable ``PROVIDER_SECRET_<NAME>``
+(never any other name), and only for a shared provider (no tenant: set up by a superuser) or for
+a tenant's provider when a platform administrator granted ``NAME`` to the tenant
+(``tenant.settings["provider_secrets"]``, as tools have ``tool_secrets``). ``env:NAME`` is refused
+when saved, and rows saved before this rule are refused when used. A reference that cannot be
+used, whether the variable is missing or the reference is not allowed, gives the same message.
 
 Egress. A tenant's own OpenAI-compatible provider is called through the tools' SSRF guard
 (``tools/egress.py``): no loopback, private, link-local or metadata address unless listed in
@@ -30,7 +37,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -46,7 +53,11 @@ DEFAULT_ENV_MODEL = "gpt-4o-mini"
 RESERVED_NAMES = frozenset({BUILTIN_PROVIDER})
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_REF = re.compile(r"^secret:([A-Za-z0-9_]{1,64})$")
+#: The only environment variables a provider row may read: ``PROVIDER_SECRET_<NAME>``.
+SECRET_PREFIX = "PROVIDER_SECRET_"
+TENANT_ENV_REFUSED = "tenant providers cannot reference environment variables; paste the key, it is stored encrypted"
+PLATFORM_ENV_REFUSED = "env: references are not read; write secret:NAME, read from the environment variable PROVIDER_SECRET_NAME"
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _MODEL_KEYS = {
     "context_window": "the model's context window in tokens",
@@ -86,27 +97,60 @@ def decrypt_secret(token: str, what: str) -> str:
         ) from None
 
 
-def env_reference(raw: str) -> str | None:
-    """``"env:OPENAI_API_KEY"`` -> ``"OPENAI_API_KEY"``; anything else -> None."""
-    if raw.startswith("env:"):
-        return raw[4:].strip()
-    return None
+def secret_reference(raw: str) -> str | None:
+    """``"secret:OPENAI"`` -> ``"OPENAI"`` (read from ``PROVIDER_SECRET_OPENAI``); anything else -> None."""
+    match = _SECRET_REF.match(raw.strip())
+    return match.group(1) if match else None
 
 
-def _resolve(value: str, what: str) -> str:
-    name = env_reference(value)
-    if name is None:
+def _looks_like_reference(raw: str) -> bool:
+    """``env:...``/``secret:...`` in any spelling: never stored as a literal key, so never sent as one."""
+    return raw.strip().lower().startswith(("env:", "secret:"))
+
+
+def granted_secrets(tenant: Any) -> frozenset[str]:
+    """The deployment secrets a platform administrator granted to ``tenant`` (``settings["provider_secrets"]``)."""
+    listed = (getattr(tenant, "settings", None) or {}).get("provider_secrets", []) if tenant is not None else []
+    return frozenset(str(name) for name in listed) if isinstance(listed, list) else frozenset()
+
+
+def _reference_problem(raw: str, *, platform: bool, granted: Collection[str]) -> str | None:
+    """Why ``raw`` may not be saved as a key or header value of this provider (None: fine)."""
+    if not _looks_like_reference(raw):
+        return None
+    name = secret_reference(raw)
+    if name is not None and (platform or name in granted):
+        return None
+    if platform and raw.strip().lower().startswith("secret:"):
+        return "'secret:' must be followed by a name of letters, digits and '_' (read from PROVIDER_SECRET_NAME)"
+    return PLATFORM_ENV_REFUSED if platform else TENANT_ENV_REFUSED
+
+
+def _unusable(what: str) -> SecretError:
+    """The one message for any reference that cannot be used: it never says whether a variable exists."""
+    return SecretError(f"{what} is not configured: paste the key again (it is stored encrypted)")
+
+
+def _resolve(value: str, what: str, provider: Provider) -> str:
+    """A stored key or header value, with ``secret:NAME`` read from ``PROVIDER_SECRET_<NAME>`` when allowed."""
+    if not _looks_like_reference(value):
         return value
-    resolved = os.environ.get(name, "")
+    name = secret_reference(value)
+    platform = provider.tenant_id is None
+    if name is None or not (platform or name in granted_secrets(provider.tenant)):
+        raise _unusable(what)
+    resolved = os.environ.get(SECRET_PREFIX + name, "")
     if not resolved:
-        raise SecretError(f"{what} is read from the environment variable {name}, which is not set for the worker")
+        raise _unusable(what)
     return resolved
 
 
 def key_status(provider: Provider) -> str:
     """What the admin and the API show instead of the key."""
     if provider.api_key_env:
-        return f"set (from env:{provider.api_key_env})"
+        if secret_reference(provider.api_key_env) is not None:
+            return f"set (from {provider.api_key_env})"
+        return "not usable (an environment reference, no longer read): paste the key again"
     return "set (encrypted)" if provider.api_key_encrypted else "not set"
 
 
@@ -147,7 +191,8 @@ def check_models(value: Any) -> list[str]:
     return errors
 
 
-def check_headers(value: Any) -> list[str]:
+def check_headers(value: Any, *, platform: bool = False, granted: Collection[str] = ()) -> list[str]:
+    """Problems of ``default_headers``; ``platform`` is a shared provider, ``granted`` the tenant's secret grants."""
     if not isinstance(value, dict):
         return ['default_headers: must be an object of header name -> value, e.g. {"OpenAI-Organization": "org-123"}']
     errors: list[str] = []
@@ -158,17 +203,18 @@ def check_headers(value: Any) -> list[str]:
             errors.append("default_headers.Authorization: set the API key field instead of an Authorization header")
         elif not isinstance(header, str) or not header or "\r" in header or "\n" in header:
             errors.append(f"default_headers.{name}: must be a non-empty string on one line")
-        elif env_reference(header) is not None and not _ENV_NAME.match(env_reference(header) or ""):
-            errors.append(f"default_headers.{name}: 'env:' must be followed by an environment variable name")
+        else:
+            problem = _reference_problem(header, platform=platform, granted=granted)
+            if problem:
+                errors.append(f"default_headers.{name}: {problem}")
     return errors
 
 
-def check_api_key(value: str) -> list[str]:
-    name = env_reference(value)
-    if name is not None:
-        if not _ENV_NAME.match(name):
-            return [f"api_key: 'env:' must be followed by an environment variable name such as OPENAI_API_KEY, got {name!r}"]
-        return []
+def check_api_key(value: str, *, platform: bool = False, granted: Collection[str] = ()) -> list[str]:
+    """Problems of an API key as typed; ``platform`` is a shared provider, ``granted`` the tenant's secret grants."""
+    problem = _reference_problem(value, platform=platform, granted=granted)
+    if problem:
+        return [f"api_key: {problem}"]
     if any(ch.isspace() for ch in value):
         return ["api_key: must contain no spaces or line breaks (paste the key alone)"]
     return []
@@ -245,12 +291,15 @@ def provider_config(provider: Provider) -> ProviderConfig:
     """The gateway's view of a row, secrets resolved. Raises ``SecretError``/``ValueError`` with a readable reason."""
     what = f"the API key of provider {provider.name!r}"
     if provider.api_key_env:
-        api_key = _resolve(f"env:{provider.api_key_env}", what)
+        # Only ``secret:NAME`` is stored here now; a bare variable name (saved before) is refused, never read.
+        api_key = _resolve(provider.api_key_env if _looks_like_reference(provider.api_key_env) else "env:", what, provider)
     elif provider.api_key_encrypted:
         api_key = decrypt_secret(provider.api_key_encrypted, what)
     else:
         api_key = ""
-    headers = {name: _resolve(value, f"header {name} of provider {provider.name!r}") for name, value in stored_headers(provider).items()}
+    headers = {
+        name: _resolve(value, f"header {name} of provider {provider.name!r}", provider) for name, value in stored_headers(provider).items()
+    }
     limit = None
     if provider.requests_per_minute or provider.tokens_per_minute:
         limit = RateLimit(requests_per_minute=provider.requests_per_minute, tokens_per_minute=provider.tokens_per_minute)
@@ -309,4 +358,5 @@ def guarded_client_for(provider: Provider, config: ProviderConfig) -> OpenAIComp
         return None
     from tools.egress import guarded_client
 
-    return OpenAICompatibleClient(config, http_client=guarded_client(allow=egress_allow(), timeout=config.timeout))
+    client = guarded_client(allow=egress_allow(), timeout=config.timeout)
+    return OpenAICompatibleClient(config, http_client=client, show_error_bodies=False)

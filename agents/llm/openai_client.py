@@ -105,9 +105,13 @@ class ConnectionCheck:
 class OpenAICompatibleClient:
     """A :class:`~agents.runtime.protocols.ModelClient` for one OpenAI-compatible provider."""
 
-    def __init__(self, config: ProviderConfig, *, stream: bool | None = None, http_client: Any = None) -> None:
+    def __init__(
+        self, config: ProviderConfig, *, stream: bool | None = None, http_client: Any = None, show_error_bodies: bool = True
+    ) -> None:
+        """``show_error_bodies=False`` (a tenant's own endpoint): no error message quotes what the target answered."""
         self.config = config
         self.stream = config.stream if stream is None else stream
+        self.show_error_bodies = show_error_bodies
         self._secrets = config.secrets()
         kwargs: dict[str, Any] = {
             "api_key": config.api_key or "not-needed",
@@ -298,10 +302,8 @@ class OpenAICompatibleClient:
                 **common,
             )
         if isinstance(exc, openai.APIError):
-            return ProviderError(
-                f"provider {name!r} failed for model {model!r}: {redact(str(exc.message), self._secrets)[:300]}",
-                **common,
-            )
+            detail = f": {redact(str(exc.message), self._secrets)[:300]}" if self.show_error_bodies else f" ({type(exc).__name__})"
+            return ProviderError(f"provider {name!r} failed for model {model!r}{detail}", **common)
         return ProviderError(
             f"calling provider {name!r} for model {model!r} failed unexpectedly ({type(exc).__name__}: "
             f"{redact(str(exc), self._secrets)[:300]})",
@@ -309,6 +311,8 @@ class OpenAICompatibleClient:
         )
 
     def _provider_detail(self, exc: openai.APIStatusError) -> str:
+        if not self.show_error_bodies:
+            return ""
         body = exc.body
         text = ""
         if isinstance(body, dict):

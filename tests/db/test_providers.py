@@ -85,13 +85,15 @@ def test_the_api_key_is_write_only_and_stored_encrypted(worlds: Any) -> None:
     assert SECRET_KEY_VALUE not in listed and "org-secret-value" not in listed
 
 
-def test_a_key_can_reference_an_environment_variable_and_be_replaced_or_cleared(worlds: Any) -> None:
+def test_a_key_can_reference_a_granted_deployment_secret_and_be_replaced_or_cleared(worlds: Any) -> None:
     world, _ = worlds
+    world.tenant.settings = {"provider_secrets": ["OPENAI"]}
+    world.tenant.save()
     client = _client(world.operator)
-    created = _create(client, api_key="env:OPENAI_API_KEY").json()
-    assert created["api_key_status"] == "set (from env:OPENAI_API_KEY)"
+    created = _create(client, api_key="secret:OPENAI").json()
+    assert created["api_key_status"] == "set (from secret:OPENAI)"
     url = f"/api/v1/providers/{created['id']}"
-    assert client.patch(url, {"timeout": 12}, format="json").json()["api_key_status"] == "set (from env:OPENAI_API_KEY)"
+    assert client.patch(url, {"timeout": 12}, format="json").json()["api_key_status"] == "set (from secret:OPENAI)"
     assert client.patch(url, {"api_key": "sk-other-0123456789"}, format="json").json()["api_key_status"] == "set (encrypted)"
     assert client.patch(url, {"api_key": ""}, format="json").json()["api_key_status"] == "not set"
 
@@ -100,7 +102,7 @@ def test_validation_errors_name_the_field(worlds: Any) -> None:
     world, _ = worlds
     bad_models = {"gpt-4o-mini": {"context_window": 0, "price_in_per_1m": "cheap", "colour": "red"}}
     response = _create(_client(world.operator), name="open/ai", base_url="ftp://x", models=bad_models, timeout=0,
-                       api_key="env:1BAD", requests_per_minute=0)
+                       api_key="sk with spaces", requests_per_minute=0)
     assert response.status_code == 400
     errors = response.json()
     flat = json.dumps(errors)
@@ -108,7 +110,7 @@ def test_validation_errors_name_the_field(worlds: Any) -> None:
     assert "models.gpt-4o-mini.context_window: must be a positive integer" in flat
     assert "models.gpt-4o-mini.colour: unknown field" in flat
     assert "base_url: must be an http(s) URL" in flat and "name: use letters" in flat
-    assert "timeout" in flat and "api_key: 'env:' must be followed" in flat
+    assert "timeout" in flat and "api_key: must contain no spaces" in flat
     reserved = _create(_client(world.operator), name="demo")
     assert reserved.status_code == 400 and "built-in deterministic provider" in json.dumps(reserved.json())
     assert not Provider.objects.exists()
