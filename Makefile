@@ -70,5 +70,10 @@ bench: $(VENV)/.dev-installed
 bench-gateway: $(VENV)/.dev-installed
 	$(PY) bench/gateway_overhead.py $(BENCH_ARGS)
 
+# A clean venv from requirements.txt only, then server + worker + beat on PostgreSQL/Redis and one demo run (CI runs it).
+.PHONY: smoke-production
+smoke-production:
+	bash .ci/smoke-production
+
 clean:
 	rm -rf var/test-db.sqlite3* .pytest_cache

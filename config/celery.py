@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
+from celery.signals import worker_ready, worker_shutdown
+
+from config import workers
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("agentops")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_ready.connect
+def _worker_ready(sender: Any = None, **kwargs: Any) -> None:
+    workers.start_beating(sender.hostname if sender is not None else "worker")
+
+
+@worker_shutdown.connect
+def _worker_shutdown(**kwargs: Any) -> None:
+    workers.stop_beating()

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import sys
+import uuid
 from typing import Any
 
 import pytest
+from kombu import transport
 from websockets.exceptions import InvalidStatus
 
 from agents.models import RunEvent
 from audit.models import ToolCallAudit
+from config.health import healthz
 from tests.factories import World, make_world
 from tests.integration.wsclient import read_run_frames
 
@@ -118,8 +123,34 @@ def test_health_reports_each_dependency(live_stack: Any) -> None:
     body = response.json()
     assert response.status_code == 200
     assert body["mode"] == live_stack.mode
-    assert set(body["checks"]) == {"database", "broker", "channel_layer"}
+    assert set(body["checks"]) == {"database", "broker", "channel_layer", "workers"}
     assert all(check["ok"] for check in body["checks"].values())
+    assert body["status"] == "ok"
+    if live_stack.mode == "production":
+        assert body["checks"]["workers"]["detail"].startswith(("1 seen", "2 seen")), body
+
+
+def test_health_is_degraded_when_no_worker_serves_the_queue_and_unavailable_when_the_broker_transport_is_broken(
+    live_stack: Any, settings: Any, monkeypatch: Any, rf: Any, unblocked_db: None
+) -> None:
+    if live_stack.mode != "production":
+        body = json.loads(healthz(rf.get("/healthz")).content)
+        assert body["checks"]["workers"]["detail"] == "in-process (embedded mode)"
+        return
+    # given a queue no worker listens on: the server still serves (200) but says runs would wait
+    settings.CELERY_TASK_DEFAULT_QUEUE = f"agentops-nobody-{uuid.uuid4().hex[:6]}"
+    response = healthz(rf.get("/healthz"))
+    body = json.loads(response.content)
+    assert response.status_code == 200 and body["status"] == "degraded", body
+    assert "no worker seen" in body["checks"]["workers"]["detail"]
+    # given the workers' own Redis transport cannot load (as when `packaging` was missing): 503, and the reason
+    monkeypatch.setattr(transport, "_transport_cache", {})
+    monkeypatch.delitem(sys.modules, "kombu.transport.redis")
+    monkeypatch.setitem(sys.modules, "packaging.version", None)
+    response = healthz(rf.get("/healthz"))
+    body = json.loads(response.content)
+    assert response.status_code == 503 and body["status"] == "unavailable"
+    assert not body["checks"]["broker"]["ok"] and "packaging" in body["checks"]["broker"]["detail"], body
 
 
 def test_a_browser_session_websocket_needs_an_allowed_origin(live_stack: Any, worlds: Any) -> None:

@@ -111,7 +111,7 @@ def _wait_healthy(stack: LiveStack, timeout: float = 45) -> None:
                 raise RuntimeError(f"{name} exited with {proc.returncode} during start-up:\n{log}")
         try:
             response = httpx.get(f"{stack.base_url}/healthz", timeout=3)
-            if response.status_code == 200:
+            if response.status_code == 200 and response.json().get("status") == "ok":  # "degraded": no worker seen yet
                 return
             last = response.text
         except httpx.HTTPError as exc:
