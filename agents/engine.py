@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from agents.models import Run, Turn
-from agents.runtime.config import build_runtime, parse_policy
+from agents.runtime.config import build_runtime, parse_policy, raw_input_patterns
 from agents.runtime.context import ContextInput, assemble_context
 from agents.runtime.context import Turn as ContextTurn
 from agents.runtime.loop import AgentConfig, AgentLoop
 from agents.runtime.protocols import Checkpoint
 from agents.runtime.types import ToolSpec
 from agents.store import DjangoRunStore
+from audit.masking import mask_text
 from marketplace.access import tool_allowed_for
 from tools.approvals import ApprovalGate
 from tools.gateway import ToolGateway
@@ -21,19 +22,25 @@ HISTORY_TURNS = 50
 
 
 def initial_checkpoint(run: Run, model_info: Any) -> Checkpoint:
-    """The context contributors' input, gathered from the database in a fixed number of queries."""
+    """The context contributors' input, gathered from the database in a fixed number of queries.
+
+    What the user typed is masked again here (idempotent; ``start_run`` stored it masked), so rows written
+    before input masking or by other paths never bring raw personal data or secrets to the model.
+    """
+    raw = raw_input_patterns(run.version.policy)
     turns = list(Turn.objects.filter(session_id=run.session_id).order_by("-turn_seq")[:HISTORY_TURNS])
     history = [
-        ContextTurn(t.turn_seq, [{"role": "user", "content": t.user_message}, {"role": "assistant", "content": t.assistant_message}])
+        ContextTurn(t.turn_seq, [{"role": "user", "content": mask_text(t.user_message, keep=raw)},
+                                 {"role": "assistant", "content": t.assistant_message}])
         for t in reversed(turns)
     ]
-    facts = {**(run.session.facts or {}), **(run.facts or {})}
+    facts = {**(run.session.facts or {}), **(run.facts or {})}  # masked by start_run; console-written keys kept verbatim
     tenant_settings = run.tenant.settings or {}
     return assemble_context(
         ContextInput(
             model=run.version.model,
             system_prompt=run.version.system_prompt,
-            user_message=run.input,
+            user_message=mask_text(run.input, keep=raw),
             history=history,
             tenant_facts=tenant_settings.get("facts", {}),
             business=facts,

@@ -15,8 +15,10 @@ from django.utils import timezone
 
 from agents.lease import heartbeat_for
 from agents.models import ACTIVE_STATUSES, Agent, AgentVersion, Run, RunStatus, Session
+from agents.runtime.config import raw_input_patterns
 from agents.runtime.types import Event, TerminalReason
 from agents.store import event_rows, publish_after_commit, run_summary
+from audit.masking import mask_text, mask_value
 from tenants.scoping import Actor
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,10 @@ def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None 
         raise RunRefused("This session already has a run in progress; wait for it to finish or cancel it.", field="session")
     session_id = session.pk if session is not None else uuid.uuid4()
     version = version_for_new_run(agent, session_id=session_id)
+    # Personal data and secrets are masked before anything is stored or reaches the model (the events' rules);
+    # a version may keep named patterns raw (an audited opt-in); cards and secrets are always masked.
+    raw = raw_input_patterns(version.policy)
+    text, facts = mask_text(text, keep=raw), mask_value(facts or {}, keep=raw)
     if session is None:
         session = Session.objects.create(id=session_id, tenant_id=agent.tenant_id, agent=agent, created_by=actor.user,
                                          api_key=actor.api_key)
@@ -213,6 +219,7 @@ def create_version(*, actor: Actor, agent: Agent, make_current: bool = False, **
         Agent.objects.filter(pk=locked_agent.pk).update(current_version=version, updated_at=timezone.now())
     record_change(tenant=locked_agent.tenant, actor=actor.user, action="agent_version.created", target=version,
                   details={"number": version.number, "model": version.model, "tools": version.tools, "current": make_current})
+    _record_raw_input_choice(actor, version, before=())
     return version
 
 
@@ -224,13 +231,25 @@ def update_version(*, actor: Actor, version: AgentVersion, **fields: Any) -> Age
     current = AgentVersion.objects.select_for_update().select_related("agent").get(pk=version.pk)
     _refuse_if_locked(current)
     changed = sorted(k for k, v in fields.items() if k in VERSION_FIELDS and getattr(current, k) != v)
+    raw_before = raw_input_patterns(current.policy)
     for key in changed:
         setattr(current, key, fields[key])
     current.full_clean()
     current.save()
     record_change(tenant=current.agent.tenant, actor=actor.user, action="agent_version.updated", target=current,
                   details={"changed": changed})
+    _record_raw_input_choice(actor, current, before=raw_before)
     return current
+
+
+def _record_raw_input_choice(actor: Actor, version: AgentVersion, *, before: tuple[str, ...]) -> None:
+    """A version that keeps personal data raw in its run input (``policy.input_masking.raw``) is its own audit row."""
+    from audit.services import record_change
+
+    raw = raw_input_patterns(version.policy)
+    if raw != before:
+        record_change(tenant=version.agent.tenant, actor=actor.user, action="agent_version.raw_input", target=version,
+                      details={"number": version.number, "raw": list(raw), "before": list(before)})
 
 
 @transaction.atomic

@@ -5,7 +5,12 @@
   sensitive patterns inside the remaining strings.
 - :func:`mask_text` masks patterns in free text: phone numbers, CN ID card numbers, payment card
   numbers (Luhn-checked), API keys and tokens, ``key=value`` secrets and e-mail addresses. Some
-  shape is kept for operators (``138****5678``, last 4 digits of a card).
+  shape is kept for operators (``138****5678``, last 4 digits of a card). Field names are masked
+  only where they label a value (``password: x``, ``"token": "x"``, ``api_key=x``,
+  ``Authorization: Bearer x``, ``密码：x``) or when the word after them looks like a credential
+  (``my password is hunter2``, ``Bearer eyJ…``), never in prose ("my token expired yesterday").
+  ``keep`` leaves the :data:`OPTIONAL_PATTERNS` it names raw (an agent version's opt-in for run
+  input); payment cards, passwords, tokens and keys are always masked.
 - :func:`summarize_arguments` is the compact, masked argument summary of an audit row.
 - :func:`detect_injection` flags known prompt-injection phrasings (English and Chinese).
 """
@@ -21,6 +26,7 @@ from typing import Any
 __all__ = [
     "ALWAYS_SENSITIVE",
     "MASK",
+    "OPTIONAL_PATTERNS",
     "InjectionMatch",
     "detect_injection",
     "is_sensitive_key",
@@ -32,6 +38,10 @@ __all__ = [
 ]
 
 MASK = "******"
+
+#: Personal-data patterns an agent version may keep raw in its run input (policy ``input_masking.raw``).
+#: Payment card numbers, passwords, tokens and API keys are not optional: they are always masked.
+OPTIONAL_PATTERNS = frozenset({"email", "id_number", "phone"})
 
 #: Field names (normalised) whose values are always masked, whatever the tool declares.
 ALWAYS_SENSITIVE = frozenset(
@@ -129,11 +139,40 @@ def _mask_token(token: str, prefix_len: int) -> str:
     return f"{prefix}****{tail}"
 
 
+_SECRET_KEY_WORDS = (
+    r"(?:api[_\-\s]?key|access[_\-]?key|secret[_\-]?key|client[_\-]?secret|secret|passw(?:or)?d|pwd|passcode|"
+    r"access[_\-]?token|refresh[_\-]?token|auth[_\-]?token|token|signature|sig|private[_\-]?key|session[_\-]?id|cvv2?|cvc)"
+)
+
+
+def _looks_like_credential(value: str) -> bool:
+    """A word after ``Bearer``/``password is`` that is a credential, not English: it has a digit or a
+    symbol, mixes case inside the word, ends in base64 padding, or is long."""
+    if len(value) < 3:
+        return False
+    inner = value[1:]
+    return (
+        any(ch.isdigit() for ch in value)
+        or any(not ch.isalnum() and ch not in "-'." for ch in value)
+        or (any(ch.isupper() for ch in inner) and any(ch.islower() for ch in value))
+        or len(value) >= 24
+    )
+
+
 _TOKEN_PATTERNS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = [
-    # Authorization schemes in text: "Bearer eyJ...", "Basic dXNlcjpwYXNz", "Token abc"
+    # An Authorization header in text: whatever its scheme, the credential is masked.
+    (
+        re.compile(
+            r"(?i)\b((?:proxy[_\-]?)?authorization[\"']?\s*[:=]\s*[\"']?(?:(?:Bearer|Basic|Token|Digest)\s+)?)"
+            r"(?!\*{4}|(?:Bearer|Basic|Token|Digest)\s+\*{4})([^\s\"',;}\])]+)"
+        ),
+        lambda m: f"{m.group(1)}{MASK}",
+    ),
+    # Authorization schemes in text: "Bearer eyJ...", "Basic dXNlcjpwYXNz", "Token abc123" - but not the
+    # words of a sentence ("my token expired", "a basic question"): the value must look like a credential.
     (
         re.compile(r"\b(Bearer|Basic|Token|Digest)(\s+)([A-Za-z0-9\-._~+/]{6,}=*)", re.I),
-        lambda m: f"{m.group(1)}{m.group(2)}{MASK}",
+        lambda m: f"{m.group(1)}{m.group(2)}{MASK}" if _looks_like_credential(m.group(3)) else m.group(0),
     ),
     # JSON Web Tokens
     (
@@ -155,17 +194,25 @@ _TOKEN_PATTERNS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = 
     (re.compile(r"(?<![A-Za-z0-9])(xox[abposr]-)[A-Za-z0-9\-]{10,}"), lambda m: _mask_token(m.group(0), 5)),
     (re.compile(r"(?<![A-Z0-9])(AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"), lambda m: _mask_token(m.group(0), 4)),
     (re.compile(r"(?<![A-Za-z0-9])AIza[A-Za-z0-9_\-]{35}"), lambda m: _mask_token(m.group(0), 4)),
-    # key=value / "key": "value" secrets (any length after a secret-looking key)
+    # key=value / "key": "value" / key: value secrets (any length after a secret-looking key)
     (
         re.compile(
-            r"""(?ix)
-            (?P<key>["']?\b[\w\-]*?(?:api[_\-]?key|apikey|access[_\-]?key|secret[_\-]?key|client[_\-]?secret|
-                 secret|passw(?:or)?d|pwd|access[_\-]?token|refresh[_\-]?token|auth[_\-]?token|token|
-                 signature|sig|private[_\-]?key|session[_\-]?id)\b["']?\s*[:=]\s*["']?)
-            (?P<value>(?!\*{4})[^\s"'&,;}\])]{3,})
+            rf"""(?ix)
+            (?P<key>["']?\b[\w\-]*?{_SECRET_KEY_WORDS}\b["']?\s*[:=]\s*["']?)
+            (?P<value>(?!\*{{4}})[^\s"'&,;}}\])]{{3,}})
             """
         ),
         lambda m: f"{m.group('key')}{MASK}",
+    ),
+    # "my password is hunter2": a secret word, "is"/"was", then something that looks like a credential
+    (
+        re.compile(rf"(?i)(\b{_SECRET_KEY_WORDS}\s+(?:is|was)\s+[\"']?)(?!\*{{4}})([^\s\"'&,;}}\])]{{3,}})"),
+        lambda m: f"{m.group(1)}{MASK}" if _looks_like_credential(m.group(2).rstrip(".!?")) else m.group(0),
+    ),
+    # Chinese: 密码：hunter2, 密码是 hunter2, 支付密码为123456 (the value is the ASCII run after the label)
+    (
+        re.compile(r"((?:密码|口令|密钥|秘钥|令牌|验证码|安全码|私钥)\s*(?:是|为|[:：=])\s*)(?!\*{4})([!-~]{3,})"),
+        lambda m: f"{m.group(1)}{MASK}",
     ),
 ]
 
@@ -203,17 +250,30 @@ def _mask_card(m: re.Match[str]) -> str:
     return _keep_last(text, 4)
 
 
-def mask_text(text: str) -> str:
-    """Mask secrets and personal data inside free text (idempotent)."""
+def _keep_set(keep: Iterable[str]) -> frozenset[str]:
+    kept = frozenset(keep)
+    unknown = kept - OPTIONAL_PATTERNS
+    if unknown:
+        raise ValueError(f"only {sorted(OPTIONAL_PATTERNS)} can be kept raw; {sorted(unknown)} are always masked")
+    return kept
+
+
+def mask_text(text: str, *, keep: Iterable[str] = ()) -> str:
+    """Mask secrets and personal data inside free text (idempotent); ``keep`` names optional patterns left raw."""
     if not text or not isinstance(text, str):
         return text
+    kept = _keep_set(keep)
     for pattern, replace in _TOKEN_PATTERNS:
         text = pattern.sub(replace, text)
-    text = _EMAIL.sub(_mask_email, text)
-    text = _CN_ID.sub(_mask_cn_id, text)
-    text = _E164.sub(_mask_e164, text)
+    if "email" not in kept:
+        text = _EMAIL.sub(_mask_email, text)
+    if "id_number" not in kept:
+        text = _CN_ID.sub(_mask_cn_id, text)
+    if "phone" not in kept:
+        text = _E164.sub(_mask_e164, text)
     text = _CARD.sub(_mask_card, text)
-    text = _CN_MOBILE.sub(lambda m: f"{m.group(1)}****{m.group(3)}", text)
+    if "phone" not in kept:
+        text = _CN_MOBILE.sub(lambda m: f"{m.group(1)}****{m.group(3)}", text)
     return text
 
 
@@ -245,18 +305,19 @@ def mask_value(
     sensitive_fields: Iterable[str] = (),
     *,
     mask_strings: bool = True,
+    keep: Iterable[str] = (),
 ) -> Any:
     """A masked deep copy of ``obj``.
 
     Values under sensitive keys (declared ``sensitive_fields`` compared case/underscore-
     insensitively, plus :data:`ALWAYS_SENSITIVE`) are replaced; other strings go through
-    :func:`mask_text` when ``mask_strings`` is true.
+    :func:`mask_text` (with ``keep``) when ``mask_strings`` is true.
     """
     declared = frozenset(normalize_key(f) for f in sensitive_fields)
-    return _mask(obj, declared, mask_strings)
+    return _mask(obj, declared, mask_strings, _keep_set(keep))
 
 
-def _mask(obj: Any, declared: frozenset[str], mask_strings: bool) -> Any:
+def _mask(obj: Any, declared: frozenset[str], mask_strings: bool, keep: frozenset[str] = frozenset()) -> Any:
     if isinstance(obj, Mapping):
         out: dict[Any, Any] = {}
         for key, value in obj.items():
@@ -269,13 +330,13 @@ def _mask(obj: Any, declared: frozenset[str], mask_strings: bool) -> Any:
             elif normalize_key(key) in declared:
                 out[key] = _shape_mask(value)
             else:
-                out[key] = _mask(value, declared, mask_strings)
+                out[key] = _mask(value, declared, mask_strings, keep)
         return out
     if isinstance(obj, list | tuple):
-        items = [_mask(v, declared, mask_strings) for v in obj]
+        items = [_mask(v, declared, mask_strings, keep) for v in obj]
         return items if isinstance(obj, list) else tuple(items)
     if isinstance(obj, str) and mask_strings:
-        return mask_text(obj)
+        return mask_text(obj, keep=keep)
     return obj
 
 

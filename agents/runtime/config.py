@@ -29,6 +29,7 @@ Shape (every section and field is optional; missing ones take :data:`DEFAULT_POL
                         "model": null, "max_summary_tokens": 512}
       },
       "approvals": {"stop_on_rejection": false, "tools": {}},
+      "input_masking": {"raw": ["phone"]},     # personal data kept raw in run input (audited opt-in)
       "model": {"fallbacks": ["backup/gpt-4o-mini", "demo/planner"],     # tried in order after the
                 "task_models": {"summarize": "openai/gpt-4o-mini"}},      # version's model; per task class
       "hooks": [{"name": "flag", "kind": "set_state", "position": "before_agent", "values": {"vip_path": true}},
@@ -105,9 +106,15 @@ DEFAULT_POLICY: dict[str, Any] = {
         },
     },
     "approvals": {"stop_on_rejection": False, "tools": {}},
+    "input_masking": {"raw": []},
     "hooks": [],
     "model": {"fallbacks": [], "task_models": {}},
 }
+
+
+#: What ``input_masking.raw`` may name: personal data an agent may need verbatim (the masking rules are in
+#: ``audit.masking``, whose ``OPTIONAL_PATTERNS`` is the same set). Card numbers and secrets are not optional.
+RAW_INPUT_PATTERNS = ("email", "id_number", "phone")
 
 
 class PolicyError(ValueError):
@@ -155,7 +162,23 @@ def check_policy(data: Any) -> list[str]:
     if doc["version"] != 1:
         c.fail("version", "must be 1", doc["version"])
     check_document(c, doc, DEFAULT_POLICY)
+    _check_input_masking(c, doc["input_masking"])
     return [e.replace("policy.", "", 1) if e.startswith("policy.") else e for e in c.errors]
+
+
+def _check_input_masking(c: Checker, node: Any) -> None:
+    if not c.fields(node, "input_masking", DEFAULT_POLICY["input_masking"]):
+        return
+    raw = node.get("raw")
+    if not isinstance(raw, list) or any(name not in RAW_INPUT_PATTERNS for name in raw):
+        c.fail("input_masking.raw", f"must be a list of names from {list(RAW_INPUT_PATTERNS)} (card numbers, passwords, "
+               "tokens and keys are always masked)", raw)
+
+
+def raw_input_patterns(policy: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The personal-data patterns a version keeps raw in its run input (``input_masking.raw``); none by default."""
+    raw = ((policy or {}).get("input_masking") or {}).get("raw") or []
+    return tuple(str(name) for name in raw if name in RAW_INPUT_PATTERNS)
 
 
 def parse_policy(data: Any) -> RuntimePolicy:
