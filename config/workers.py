@@ -11,7 +11,6 @@ import logging
 import threading
 from typing import Any
 
-import redis
 from django.conf import settings
 
 log = logging.getLogger(__name__)
@@ -21,6 +20,8 @@ _stop = threading.Event()
 
 
 def _client() -> Any:
+    import redis  # here, not at import: this module loads with the Celery app, and redis-py pulls in the OpenTelemetry SDK
+
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
 
 
