@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hmac
 import os
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 
@@ -13,7 +15,19 @@ _database_gauges = CollectorRegistry()  # no auto-describe: collecting queries t
 _database_gauges.register(ApprovalQueueCollector())
 
 
+def _authorized(request: HttpRequest) -> bool:
+    token = settings.METRICS_TOKEN
+    if not token:
+        return True  # not configured: open (check --deploy warns, agentops.W001)
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
 def metrics(request: HttpRequest) -> HttpResponse:
+    if not _authorized(request):
+        response = HttpResponse("metrics need Authorization: Bearer <METRICS_TOKEN>\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)

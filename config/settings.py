@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from csp.constants import NONCE, NONE, SELF
+
 from config.env import env_bool, env_database, env_int, env_list, env_redis, env_str, secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -62,6 +64,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",  # one Content-Security-Policy for every page: console, approvals, admin, API docs
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -121,14 +124,27 @@ if not DEBUG:
     SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
     CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 
-# Content-Security-Policy of the console's pages (console.views.csp): scripts and styles from our static files only.
-CONSOLE_CSP = env_str(
-    "CONSOLE_CSP",
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self' ws: wss:; "
-    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'",
-)
+# One Content-Security-Policy for every page (django-csp): scripts and styles from our static files, or inline
+# only with the response's nonce (the API docs' style block); no inline event handlers, no eval, no framing.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, NONCE],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "font-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "frame-ancestors": [NONE],
+        "form-action": [SELF],
+    },
+}
 
 # --- Metrics ------------------------------------------------------------------------------
+#: When set, ``/metrics`` answers only ``Authorization: Bearer <METRICS_TOKEN>`` (401 otherwise). Unset: open, and
+#: ``check --deploy`` warns (agentops.W001).
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # Production: the server and the separate Celery workers write prometheus_client multiprocess files to one
 # directory and /metrics aggregates them (agents/metrics.py explains). Set before prometheus_client is imported.
 PROMETHEUS_MULTIPROC_DIR = env_str("PROMETHEUS_MULTIPROC_DIR", "" if EMBEDDED else str(VAR_DIR / "prometheus"))

@@ -1,16 +1,14 @@
 """The console's pages. Thin: resolve the actor, read through the tenancy gate, render.
 
-Every page carries a Content-Security-Policy (``settings.CONSOLE_CSP``): scripts and styles come
-from our static files only, so model output can never run as script even if a template slipped.
+Every page carries the site's Content-Security-Policy (django-csp, ``settings.CONTENT_SECURITY_POLICY``):
+scripts and styles come from our static files only, so model output can never run as script even if a
+template slipped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import wraps
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -28,28 +26,16 @@ TRACE_BACKLOG = 1000
 TOOL_CALLS_MAX = 2000
 
 
-def csp(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    @wraps(view)
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        response = view(request, *args, **kwargs)
-        response.headers.setdefault("Content-Security-Policy", settings.CONSOLE_CSP)
-        return response
-
-    return wrapped
-
-
 def _actor(request: HttpRequest) -> Actor:
     return actor_for_user(request.user)
 
 
-@csp
 @login_required
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
     return redirect("console:runs")
 
 
-@csp
 @login_required
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
@@ -90,7 +76,6 @@ def _tool_calls(actor: Actor, run: Any) -> dict[str, dict[str, Any]]:
     return {row["span_id"] or row["call_id"]: row for row in rows}
 
 
-@csp
 @login_required
 @require_GET
 def run_trace(request: HttpRequest, run_id: Any) -> HttpResponse:
@@ -108,7 +93,6 @@ def run_trace(request: HttpRequest, run_id: Any) -> HttpResponse:
     })
 
 
-@csp
 @login_required
 @require_GET
 def run_tool_calls(request: HttpRequest, run_id: Any) -> JsonResponse:
@@ -118,7 +102,6 @@ def run_tool_calls(request: HttpRequest, run_id: Any) -> JsonResponse:
     return JsonResponse({"tool_calls": _tool_calls(actor, run)})
 
 
-@csp
 @login_required
 @require_GET
 def spend(request: HttpRequest) -> HttpResponse:
@@ -131,5 +114,5 @@ def spend(request: HttpRequest) -> HttpResponse:
     })
 
 
-login = csp(auth_views.LoginView.as_view(redirect_authenticated_user=True))
-logout = csp(auth_views.LogoutView.as_view(next_page="/accounts/login/"))
+login = auth_views.LoginView.as_view(redirect_authenticated_user=True)
+logout = auth_views.LogoutView.as_view(next_page="/accounts/login/")

@@ -26,15 +26,31 @@ def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
     return None
 
 
-def origin_allowed(origin: bytes | None) -> bool:
+def _netloc(scheme: str, host: str) -> str:
+    """``host[:port]`` with the scheme's default port made explicit, so ``http://a`` and ``http://a:80`` compare equal."""
+    default = "443" if scheme in ("https", "wss") else "80"
+    if host.endswith("]") or ":" not in host.rsplit("]", 1)[-1]:
+        return f"{host}:{default}".lower()
+    return host.lower()
+
+
+def origin_allowed(origin: bytes | None, host: bytes | None, scheme: str = "ws") -> bool:
+    """Like Django's CSRF origin check: the page's origin (scheme, host and port) is this server's, or trusted."""
     if origin is None:
         return True  # not a browser
-    parsed = urlparse(origin.decode("latin-1"))
-    if not parsed.hostname:
+    raw = origin.decode("latin-1")
+    parsed = urlparse(raw)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
         return False
-    trusted = {urlparse(o).netloc for o in settings.CSRF_TRUSTED_ORIGINS}
-    if parsed.netloc in trusted:
+    if raw.rstrip("/") in {o.rstrip("/") for o in settings.CSRF_TRUSTED_ORIGINS}:
         return True
+    if host is None:
+        return False
+    server = host.decode("latin-1")
+    server_scheme = "https" if scheme == "wss" else "http"
+    # Same host and port as the socket was opened on (a TLS proxy may make the page https while the socket is ws).
+    if _netloc(parsed.scheme, parsed.netloc) not in {_netloc(server_scheme, server), _netloc(parsed.scheme, server)}:
+        return False
     hosts = list(settings.ALLOWED_HOSTS)
     if settings.DEBUG and not hosts:
         hosts = [".localhost", "127.0.0.1", "[::1]"]
@@ -51,7 +67,8 @@ def _actor(scope: dict[str, Any]) -> Actor:
         actor = actor_for_api_key(key)
         return actor if actor.roles else ANONYMOUS  # its owner left the tenant: refused, as over HTTP
     user = scope.get("user")
-    if user is not None and user.is_authenticated and origin_allowed(_header(scope, b"origin")):
+    same_site = origin_allowed(_header(scope, b"origin"), _header(scope, b"host"), scope.get("scheme", "ws"))
+    if user is not None and user.is_authenticated and same_site:
         return actor_for_user(user)
     return ANONYMOUS
 
