@@ -10,7 +10,10 @@ A stdio server is a program the worker starts, so only commands on the operator 
 (``settings.MCP_STDIO_COMMANDS``: a list of command prefixes, default: the reference time
 server) may be imported or run; anything else would let a tenant run programs on the worker.
 An HTTP server goes through the same egress guard as HTTP tools (no private or metadata
-addresses unless allow-listed). Header and env values may name secrets (``secret:NAME`` or
+addresses unless allow-listed), checked before any secret is resolved and again for the very
+connection (the client connects to the address it validated, so a name cannot be rebound to
+loopback in between). Until the server has completed the MCP handshake, a failure is described by
+its kind and HTTP status only: nothing the target answered is echoed. Header and env values may name secrets (``secret:NAME`` or
 ``{secret:NAME}``), resolved from ``TOOL_SECRET_<NAME>`` only when the call is made.
 
 Naming: an imported tool keeps the server's name unless a ``prefix`` is given (``time_`` turns
@@ -203,6 +206,26 @@ def _describe(exc: BaseException) -> str:
     return f"{type(leaf).__name__}: {leaf}" if str(leaf) else type(leaf).__name__
 
 
+def _describe_unproven(exc: BaseException) -> str:
+    """A failure before the MCP handshake: its kind and HTTP status, never the target's words."""
+    import httpx2
+    from mcp.shared.exceptions import MCPError
+
+    leaf = _leaves(exc)[0]
+    if isinstance(leaf, TimeoutError):
+        return "the server did not answer in time"
+    status = getattr(getattr(leaf, "response", None), "status_code", None)
+    if isinstance(status, int):
+        return f"it answered HTTP {status} and did not complete the MCP handshake"
+    if isinstance(leaf, MCPError):
+        return "it did not complete the MCP handshake (its answer is not shown); check that the URL is an MCP endpoint"
+    if isinstance(leaf, httpx2.SSEError):
+        return "it did not answer with an event stream (text/event-stream); check the URL and the transport"
+    if isinstance(leaf, httpx2.TransportError):
+        return f"it could not be reached ({type(leaf).__name__})"
+    return f"it did not complete the MCP handshake ({type(leaf).__name__}; its answer is not shown)"
+
+
 def _stderr_tail(errlog: Any) -> str:
     try:
         errlog.seek(0)
@@ -220,31 +243,41 @@ def with_session(server: dict[str, Any], work: Callable[[Any], Awaitable[T]], *,
 
     if server.get("url"):
         from tools.egress import EgressDenied, check_url
+        from tools.egress_async import guarded_async_client
 
+        policy = [*settings.TOOL_EGRESS_ALLOW, *allow, *server.get("allow_hosts", [])]
         try:
-            check_url(server["url"], allow=[*settings.TOOL_EGRESS_ALLOW, *allow, *server.get("allow_hosts", [])])
+            check_url(server["url"], allow=policy)
         except EgressDenied as exc:
             raise McpServerError(f"the MCP server was not contacted: {exc.reason}", status="egress_denied") from None
         headers = _resolve_secrets(server.get("headers", {}))
+
+        def pinned_client(headers: dict[str, str] | None = None, timeout: Any = None, auth: Any = None) -> Any:
+            return guarded_async_client(allow=policy, headers=headers, timeout=timeout, auth=auth)
+
         if server.get("transport") == "sse":
             from mcp.client.sse import sse_client
 
-            transport: Any = sse_client(server["url"], headers=headers, timeout=timeout)
+            transport: Any = sse_client(server["url"], headers=headers, timeout=timeout, httpx_client_factory=pinned_client)
         else:
-            import httpx2
             from mcp.client.streamable_http import streamable_http_client
 
-            client = httpx2.AsyncClient(headers=headers, timeout=timeout)
-            transport = streamable_http_client(server["url"], http_client=client)
+            transport = streamable_http_client(server["url"], http_client=pinned_client(headers=headers, timeout=timeout))
+        handshake: list[bool] = []
 
         async def main_http() -> T:
             async with Client(transport, read_timeout_seconds=timeout, cache=None) as session:
+                handshake.append(True)
                 return await work(session)
 
         try:
             return _run_async(main_http)
         except (Exception, BaseExceptionGroup) as exc:  # every failure is reported in words
-            raise McpServerError(f"the MCP server at {server['url']} failed: {_describe(exc)}") from None
+            denied = next((leaf for leaf in _leaves(exc) if isinstance(leaf, EgressDenied)), None)
+            if denied is not None:
+                raise McpServerError(f"the MCP server was not contacted: {denied.reason}", status="egress_denied") from None
+            said = _describe(exc) if handshake else _describe_unproven(exc)
+            raise McpServerError(f"the MCP server at {server['url']} failed: {said}") from None
 
     from mcp.client.stdio import stdio_client
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import sys
 from typing import Any
 
@@ -18,6 +19,7 @@ from audit.chain import write_sealed
 from audit.models import ConfigChange, ToolCallAudit
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_world
+from tests.support.recording_sink import RecordingSink
 from tools.gateway import AuditWrite, ToolGateway
 from tools.mcp_import import McpServerError, import_mcp_tools, server_problems
 from tools.models import Tool, ToolCategory, ToolKind
@@ -192,3 +194,54 @@ def test_an_http_server_is_imported_and_called_when_its_address_is_allow_listed(
         assert added.status == ToolStatus.OK and "42" in added.content
         exploded = _call(gw, "arith_explode", {}, call_id="c2")
         assert exploded.status == ToolStatus.ERROR and "the fuse was lit" in exploded.content
+
+
+# -- a name rebound to loopback, a failing target's words -------------------------------------------
+
+
+@pytest.fixture
+def rebinding_dns(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``rebind.example.com`` is public for the first lookup (the pre-flight check), loopback afterwards."""
+    real = socket.getaddrinfo
+    answers: list[str] = []
+
+    def lookup(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if (host.decode() if isinstance(host, bytes) else host) != "rebind.example.com":  # anyio passes bytes
+            return real(host, port, *args, **kwargs)
+        answers.append("93.184.215.14" if not answers else "127.0.0.1")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[-1], int(port or 80)))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    return answers
+
+
+@pytest.mark.parametrize("transport", ["streamable_http", "sse"])
+def test_an_mcp_host_rebound_to_loopback_after_the_check_is_refused_at_connect_time(
+    world: World, rebinding_dns: list[str], transport: str
+) -> None:
+    # given an MCP URL whose name passes the pre-flight check, then resolves to the worker's loopback
+    with RecordingSink(body='{"jsonrpc": "2.0", "id": 0, "result": {}}') as sink:
+        server = {"url": f"http://rebind.example.com:{sink.port}/mcp", "transport": transport, "timeout": 5,
+                  "headers": {"X-Team": "console"}}
+        # when the tools are imported
+        with pytest.raises(McpServerError) as refused:
+            import_mcp_tools(world.tenant, server, None)
+        # then the connection itself is refused: the loopback sink never hears from the worker
+        assert sink.requests == [], sink.requests
+    assert refused.value.status == "egress_denied" and "resolves to 127.0.0.1, a loopback address" in str(refused.value)
+    assert rebinding_dns[:2] == ["93.184.215.14", "127.0.0.1"]
+
+
+@pytest.mark.parametrize("transport", ["streamable_http", "sse"])
+@pytest.mark.parametrize(("status", "body"), [
+    (500, "SECRET-BODY from an internal service"),
+    (400, '{"jsonrpc": "2.0", "id": 0, "error": {"code": -32600, "message": "SECRET-BODY in an error"}}'),
+    (200, '{"SECRET-BODY": "not a JSON-RPC message"}'),
+    (401, "SECRET-BODY"),
+])
+def test_a_failing_mcp_target_is_never_quoted(world: World, transport: str, status: int, body: str) -> None:
+    with RecordingSink(status=status, body=body) as sink, override_settings(TOOL_EGRESS_ALLOW=["127.0.0.1"]):
+        with pytest.raises(McpServerError) as failed:
+            import_mcp_tools(world.tenant, {"url": f"http://127.0.0.1:{sink.port}/mcp", "transport": transport, "timeout": 3}, None)
+        assert sink.requests, "the allow-listed target was contacted"
+    assert "SECRET-BODY" not in str(failed.value) and "did not" in str(failed.value), str(failed.value)
