@@ -88,7 +88,7 @@ def test_the_run_list_shows_only_the_tenants_runs_newest_first(client: Any, worl
     assert ids == [str(newer.pk), str(older.pk)]
     assert str(foreign.pk) not in body
     assert "1,234" in body and "0.5000" in body and "2.0 s" in body
-    assert response["Content-Security-Policy"].startswith("default-src 'self'")
+    assert "default-src 'self'" in response["Content-Security-Policy"].split("; ")
 
 
 def test_the_run_list_filters_on_the_server(client: Any, worlds: Any) -> None:
@@ -146,7 +146,8 @@ def test_the_trace_page_carries_the_backlog_as_data_and_no_inline_script(client:
     body = response.content.decode()
     assert response.status_code == 200
     policy = response["Content-Security-Policy"]
-    assert "script-src 'self'" in policy and "unsafe-inline" not in policy and "connect-src 'self' ws: wss:" in policy
+    assert "script-src 'self'" in policy and "unsafe-inline" not in policy
+    assert "connect-src 'self'" in policy.split("; ")  # 'self' covers the page's own websocket; no socket to any other host
     # every script is either a static file or inert JSON data
     for tag in re.findall(r"<script[^>]*>", body):
         assert 'src="/static/console/' in tag or 'type="application/json"' in tag, tag
