@@ -1,8 +1,11 @@
 import importlib
+import os
 
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+
+from tools.egress import allow_list_problems
 
 
 class ToolsConfig(AppConfig):
@@ -19,3 +22,14 @@ class ToolsConfig(AppConfig):
                     f"AGENTOPS_EXTRA_TOOL_MODULES names {module!r}, which cannot be imported ({exc}). "
                     "Fix the module path or remove it from the variable."
                 ) from exc
+        _check_egress_allow_lists()
+
+
+def _check_egress_allow_lists() -> None:
+    """A bad egress allow-list entry stops start-up, naming the variable (the guard would otherwise ignore it)."""
+    provider_allow = [item.strip() for item in os.environ.get("PROVIDER_EGRESS_ALLOW", "").split(",") if item.strip()]
+    for name, entries in (("TOOL_EGRESS_ALLOW", list(getattr(settings, "TOOL_EGRESS_ALLOW", []))),
+                          ("PROVIDER_EGRESS_ALLOW", provider_allow)):
+        problems = allow_list_problems(entries)
+        if problems:
+            raise ImproperlyConfigured(f"{name} (comma-separated): " + "; ".join(problems))

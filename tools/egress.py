@@ -5,7 +5,9 @@ resolved address is loopback, link-local (incl. cloud metadata), private, CGNAT,
 multicast, reserved or otherwise not globally routable -- including IPv6 forms that embed such
 an IPv4 address (IPv4-mapped/compatible, 6to4, Teredo, NAT64). Numeric host spellings that
 ``getaddrinfo``/``inet_aton`` accept (``2130706433``, ``0x7f000001``, ``0177.0.0.1``, ``127.1``)
-are normalised first. An operator allow-list of host names and CIDRs overrides the block.
+are normalised first. An operator allow-list of host names and CIDRs overrides the block; an
+entry may name a port (``api.internal:8443``, ``[fd00::1]:443``, ``10.0.4.0/24:8443``), and then
+the exception holds for that port only (:func:`parse_allow_entry`, :func:`allow_list_problems`).
 
 Enforcement happens at connect time: :class:`GuardedTransport` resolves, validates, and then
 connects to the *validated IP* (Host header and TLS SNI keep the original name), so there is no
@@ -25,16 +27,20 @@ from typing import Any
 import httpx
 
 __all__ = [
+    "ALLOW_ENTRY_FORMS",
+    "AllowEntry",
     "EgressDenied",
     "EgressPolicy",
     "GuardedClient",
     "GuardedTransport",
     "ResolvedTarget",
     "Resolver",
+    "allow_list_problems",
     "check_url",
     "classify_ip",
     "guarded_client",
     "normalize_numeric_host",
+    "parse_allow_entry",
     "system_resolver",
 ]
 
@@ -228,31 +234,112 @@ class ResolvedTarget:
     addresses: tuple[str, ...]
 
 
+ALLOW_ENTRY_FORMS = (
+    "a host name (api.internal), *.suffix (*.corp.example), an IP or CIDR (10.0.4.0/24, fd00::/8), "
+    "each optionally with :port (api.internal:8443, [fd00::1]:443, 10.0.4.0/24:8443)"
+)
+_HOST_NAME = re.compile(r"^(\*\.)?[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*\.?$")
+
+
+@dataclass(frozen=True)
+class AllowEntry:
+    """One allow-list exception: a host name, a ``*.`` suffix or a network; ``port`` None means any port."""
+
+    host: str = ""
+    suffix: str = ""
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None
+    port: int | None = None
+
+    def allows_host(self, host: str, port: int | None) -> bool:
+        name = host.lower().rstrip(".")
+        matched = bool(self.host and name == self.host) or bool(self.suffix and name.endswith(self.suffix))
+        return matched and self.port in (None, port)
+
+    def allows_ip(self, ip: IPAddress, port: int | None) -> bool:
+        net = self.network
+        return net is not None and ip.version == net.version and ip in net and self.port in (None, port)
+
+
+def _port(text: str, entry: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535, got {text!r}")
+    return int(text)
+
+
+def _network(text: str, entry: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    try:
+        return ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise ValueError(f"{entry!r}: {text!r} is not a valid IP address or CIDR range; expected {ALLOW_ENTRY_FORMS}") from None
+
+
+def parse_allow_entry(entry: str) -> AllowEntry:
+    """``"10.0.4.0/24:8443"`` -> network and port. Raises ``ValueError`` saying what is wrong and what is expected."""
+    if not isinstance(entry, str) or not entry.strip():
+        raise ValueError(f"an empty entry; expected {ALLOW_ENTRY_FORMS}")
+    text = entry.strip().lower()
+    if "://" in text or "@" in text or "?" in text:
+        raise ValueError(f"{entry!r}: give a host, not a URL; expected {ALLOW_ENTRY_FORMS}")
+    if text.startswith("["):  # [v6], [v6]:port, [v6/len]:port, [v6]/len, [v6]/len:port
+        inside, bracket, rest = text[1:].partition("]")
+        if not bracket:
+            raise ValueError(f"{entry!r}: a '[' without its ']'; expected {ALLOW_ENTRY_FORMS}")
+        if rest.startswith("/"):
+            length, _, port_text = rest[1:].partition(":")
+            inside, rest = f"{inside}/{length}", (f":{port_text}" if port_text or rest.endswith(":") else "")
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"{entry!r}: only :port may follow ']'; expected {ALLOW_ENTRY_FORMS}")
+        network = _network(inside, entry)
+        if network.version != 6:
+            raise ValueError(f"{entry!r}: brackets are for IPv6 addresses; write {inside}{rest} instead")
+        return AllowEntry(network=network, port=_port(rest[1:], entry) if rest else None)
+    if text.count(":") > 1:  # a bare IPv6 address or range: no port (write [v6]:port for one)
+        return AllowEntry(network=_network(text, entry))
+    where, colon, port_text = text.partition(":")
+    port = _port(port_text, entry) if colon else None
+    if "/" in where or re.fullmatch(r"[0-9.]+", where):
+        return AllowEntry(network=_network(where, entry), port=port)
+    if not _HOST_NAME.match(where) or len(where) > 253:
+        raise ValueError(f"{entry!r}: {where!r} is not a valid host name; expected {ALLOW_ENTRY_FORMS}")
+    if where.startswith("*."):
+        return AllowEntry(suffix=where[1:].rstrip("."), port=port)
+    return AllowEntry(host=where.rstrip("."), port=port)
+
+
+def allow_list_problems(entries: Any) -> list[str]:
+    """What is wrong with an allow-list (a list of strings), one message per bad entry."""
+    if not isinstance(entries, list | tuple) or not all(isinstance(e, str) for e in entries):
+        return [f"must be a list of strings: {ALLOW_ENTRY_FORMS}"]
+    problems: list[str] = []
+    for entry in entries:
+        try:
+            parse_allow_entry(entry)
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems
+
+
 @dataclass
 class EgressPolicy:
     """Allow-list + resolver. ``allow`` holds host names (``api.internal``, ``*.corp.example``)
-    and IPs/CIDRs (``127.0.0.1/32``, ``10.20.0.0/16``) that override the block."""
+    and IPs/CIDRs (``127.0.0.1/32``, ``10.20.0.0/16``) that override the block, each optionally
+    limited to one port (``api.internal:8443``, ``[fd00::1]:443``, ``10.0.4.0/24:8443``).
+
+    An entry that does not parse allows nothing (allow-lists are validated where they are
+    configured: settings at start-up, tool configs when saved)."""
 
     allow: Iterable[str] = ()
     resolver: Resolver = system_resolver
-    hosts: set[str] = field(init=False, default_factory=set)
-    wildcard_suffixes: list[str] = field(init=False, default_factory=list)
-    networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = field(init=False, default_factory=list)
+    entries: list[AllowEntry] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         for entry in self.allow or ():
-            item = entry.strip().lower()
-            if not item:
+            if not isinstance(entry, str) or not entry.strip():
                 continue
             try:
-                self.networks.append(ipaddress.ip_network(item.strip("[]"), strict=False))
-                continue
+                self.entries.append(parse_allow_entry(entry))
             except ValueError:
-                pass
-            if item.startswith("*."):
-                self.wildcard_suffixes.append(item[1:].rstrip("."))
-            else:
-                self.hosts.add(item.rstrip("."))
+                continue
 
     @classmethod
     def coerce(cls, allow: EgressPolicy | Iterable[str] | None, resolver: Resolver | None = None) -> EgressPolicy:
@@ -262,15 +349,15 @@ class EgressPolicy:
             return allow
         return cls(allow=tuple(allow or ()), resolver=resolver or system_resolver)
 
-    def host_allowed(self, host: str) -> bool:
-        h = host.lower().rstrip(".")
-        return h in self.hosts or any(h.endswith(suffix) for suffix in self.wildcard_suffixes)
+    def host_allowed(self, host: str, port: int | None = None) -> bool:
+        """``port`` None asks about the name alone: only entries without a port match."""
+        return any(e.allows_host(host, port) for e in self.entries)
 
-    def ip_allowed(self, ip: IPAddress) -> bool:
+    def ip_allowed(self, ip: IPAddress, port: int | None = None) -> bool:
         candidates: list[IPAddress] = [ip]
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
             candidates.append(ip.ipv4_mapped)
-        return any(c.version == net.version and c in net for c in candidates for net in self.networks)
+        return any(e.allows_ip(c, port) for c in candidates for e in self.entries)
 
     # -- the check -----------------------------------------------------------------------
 
@@ -282,7 +369,7 @@ class EgressPolicy:
             raise EgressDenied(text, f"scheme {scheme!r} is not allowed; tools may only call http or https URLs.")
         if not host:
             raise EgressDenied(text, "the URL has no host.")
-        host_ok = self.host_allowed(host)
+        host_ok = self.host_allowed(host, port)
         literal = normalize_numeric_host(host)
         if literal is not None:
             addresses = [str(literal)]
@@ -303,7 +390,7 @@ class EgressPolicy:
             parsed.append(ip)
         if not host_ok:
             for ip in parsed:
-                if self.ip_allowed(ip):
+                if self.ip_allowed(ip, port):
                     continue
                 why = classify_ip(ip)
                 if why is None:

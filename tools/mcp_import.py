@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import transaction
 
+from tools.egress import allow_list_problems
 from tools.executors import ExecContext, ToolFailure, resolve_secret
 from tools.models import Tool, ToolCategory, ToolKind
 
@@ -129,6 +130,7 @@ def server_problems(server: Any) -> list[str]:
         headers = server.get("headers", {})
         if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
             problems.append('"headers" must be an object of strings')
+    problems.extend(f'"allow_hosts": {problem}' for problem in allow_list_problems(server.get("allow_hosts", [])))
     timeout = server.get("timeout", DEFAULT_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 600:
         problems.append('"timeout" must be a number of seconds between 0 and 600')

@@ -13,6 +13,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from rest_framework import serializers
 
+from tools.egress import allow_list_problems
 from tools.models import Tool, ToolKind
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -131,8 +132,8 @@ def config_problems(kind: str, config: Any, parameters: dict[str, Any], *, tenan
             add("headers", 'must be an object of strings; a secret is written "secret:NAME" or "Bearer {secret:NAME}"')
         for message in _secret_problems(headers, tenant):
             add("headers", message)
-        if not _string_list(config.get("allow_hosts", [])):
-            add("allow_hosts", "must be a list of host names or CIDR ranges")
+        for message in allow_list_problems(config.get("allow_hosts", [])):
+            add("allow_hosts", message)
     elif kind == ToolKind.MCP:
         from tools.mcp_import import server_problems
 

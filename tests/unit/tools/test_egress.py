@@ -1,6 +1,10 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -9,11 +13,15 @@ from tools.egress import (
     EgressDenied,
     EgressPolicy,
     GuardedTransport,
+    allow_list_problems,
     check_url,
     classify_ip,
     guarded_client,
     normalize_numeric_host,
+    parse_allow_entry,
 )
+from tools.mcp_import import server_problems
+from tools.serializers import config_problems
 
 
 def no_dns(host: str, port: int) -> list[str]:
@@ -248,3 +256,87 @@ def test_policy_object_is_reusable() -> None:
     assert check_url("http://127.0.0.1/", allow=policy).ip == "127.0.0.1"
     with pytest.raises(EgressDenied):
         check_url("http://10.0.0.1/", allow=policy)
+
+
+# --------------------------------------------------------------------------- allow-list entries that name a port
+
+
+@pytest.mark.parametrize(
+    ("entry", "allowed", "refused"),
+    [
+        ("127.0.0.1:8443", "http://127.0.0.1:8443/", "http://127.0.0.1:8444/"),
+        ("svc.internal:8443", "https://svc.internal:8443/", "https://svc.internal/"),
+        ("*.corp.example:8080", "http://a.corp.example:8080/", "http://a.corp.example:8081/"),
+        ("10.0.4.0/24:8443", "http://10.0.4.9:8443/", "http://10.0.4.9:22/"),
+        ("[::1]:443", "https://[::1]/", "http://[::1]/"),
+        ("[fd00::]/8:443", "https://[fd00::7]/", "https://[fd00::7]:8443/"),
+    ],
+)
+def test_an_allow_list_entry_with_a_port_applies_to_that_port_only(entry: str, allowed: str, refused: str) -> None:
+    dns = fake_dns({"svc.internal": ["10.20.0.7"], "a.corp.example": ["10.9.9.9"]})
+    assert check_url(allowed, allow=[entry], resolver=dns)
+    with pytest.raises(EgressDenied):
+        check_url(refused, allow=[entry], resolver=dns)
+
+
+def test_an_entry_without_a_port_still_allows_every_port() -> None:
+    for url in ("http://10.0.4.9/", "http://10.0.4.9:8443/"):
+        assert check_url(url, allow=["10.0.4.0/24"], resolver=no_dns).ip == "10.0.4.9"
+    assert check_url("http://[fd00::7]:9000/", allow=["fd00::/8"], resolver=no_dns)
+
+
+def test_the_guarded_client_honours_the_port(local_server, connect_guard: list) -> None:
+    with guarded_client(allow=[f"127.0.0.1:{local_server.port}"]) as client:
+        assert client.get(f"{local_server.base}/echo/x").status_code == 200
+    with guarded_client(allow=[f"127.0.0.1:{local_server.port + 1}"]) as client, pytest.raises(EgressDenied, match="loopback"):
+        client.get(f"{local_server.base}/echo/x")
+    assert connect_guard == [("127.0.0.1", local_server.port)]
+
+
+def test_entries_parse_into_host_network_and_port() -> None:
+    assert parse_allow_entry("API.Internal:8443").host == "api.internal" and parse_allow_entry("api.internal:8443").port == 8443
+    assert str(parse_allow_entry("[fd00::/8]:443").network) == "fd00::/8" and parse_allow_entry("[fd00::/8]:443").port == 443
+    assert parse_allow_entry("*.corp.example").suffix == ".corp.example" and parse_allow_entry("*.corp.example").port is None
+    assert parse_allow_entry("::1").port is None  # a bare IPv6 address takes no port: write [::1]:443
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ("10.0.4.0/24:99999", "the port must be a number from 1 to 65535, got '99999'"),
+        ("host:", "the port must be a number from 1 to 65535"),
+        ("10.0.0.0/33", "is not a valid IP address or CIDR range"),
+        ("300.1.1.1:80", "is not a valid IP address or CIDR range"),
+        ("https://api.example.com", "give a host, not a URL"),
+        ("[127.0.0.1]:80", "brackets are for IPv6 addresses"),
+        ("[::1]x", "only :port may follow ']'"),
+        ("api example", "is not a valid host name"),
+    ],
+)
+def test_a_bad_entry_is_explained(entry: str, says: str) -> None:
+    problems = allow_list_problems(["api.internal", entry])
+    assert len(problems) == 1 and says in problems[0] and entry in problems[0], problems
+    assert "optionally with :port" in allow_list_problems("api.internal")[0]
+    # the guard itself never lets a bad entry widen what is allowed
+    with pytest.raises(EgressDenied):
+        check_url("http://127.0.0.1:80/", allow=[entry], resolver=no_dns)
+
+
+def test_a_tools_allow_hosts_entry_is_checked_when_saved() -> None:
+    config = {"url": "https://api.example.com/orders", "allow_hosts": ["10.0.4.0/24:8443", "10.0.4.0/24:0"]}
+    problems = config_problems("http", config, {"type": "object", "properties": {}}, tenant=None, current=config)
+    assert problems["allow_hosts"] == ["'10.0.4.0/24:0': the port must be a number from 1 to 65535, got '0'"]
+    server = {"url": "https://mcp.example.com/mcp", "allow_hosts": ["[fd00::1]:443", "[fd00::1]:https"]}
+    assert server_problems(server) == ["\"allow_hosts\": '[fd00::1]:https': the port must be a number from 1 to 65535, got 'https'"]
+
+
+@pytest.mark.parametrize("variable", ["TOOL_EGRESS_ALLOW", "PROVIDER_EGRESS_ALLOW"])
+def test_a_bad_allow_list_setting_stops_start_up_naming_the_variable(variable: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "TOOL_EGRESS_ALLOW", "PROVIDER_EGRESS_ALLOW")}
+    env.update({"DEBUG": "false", "SECRET_KEY": "k" * 50, variable: "10.0.4.0/24:8443, 10.0.4.0/24:70000"})
+    root = Path(__file__).resolve().parents[3]
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert f"{variable} (comma-separated): '10.0.4.0/24:70000': the port must be a number from 1 to 65535" in result.stderr
+    env[variable] = "10.0.4.0/24:8443,[fd00::1]:443,api.internal:8080"
+    assert subprocess.run([sys.executable, "manage.py", "check"], cwd=root, env=env, capture_output=True, timeout=120).returncode == 0
