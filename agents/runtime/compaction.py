@@ -10,8 +10,10 @@ the model's *view* is the leading system messages, a pinned-facts message, the s
 * request transforms (:class:`ContextEditing`, and :class:`Compression` as an interceptor) change
   only the request sent to the model: old tool results are replaced by a short placeholder.
 
-Invariants: the system prompt is never condensed; a cut never separates an assistant
-``tool_calls`` message from its tool results; the most recent tool results are never cleared.
+Invariants: the system prompt is never condensed; the current user turn (the last user message)
+is always in the view, verbatim, right after the summary when it was condensed, so a request never
+lacks the question being answered; a cut never separates an assistant ``tool_calls`` message from
+its tool results; the most recent tool results are never cleared.
 """
 
 from __future__ import annotations
@@ -44,6 +46,23 @@ def head_length(log: Sequence[Message]) -> int:
     return index
 
 
+def current_turn_index(log: Sequence[Message]) -> int | None:
+    """Index of the last user message: the question the run is answering now."""
+    for index in range(len(log) - 1, -1, -1):
+        if log[index].get("role") == "user":
+            return index
+    return None
+
+
+def kept_tail(log: Sequence[Message], through: int) -> list[Message]:
+    """``log[through:]``, preceded by the current user turn when the cut condensed it."""
+    tail = [dict(m) for m in log[through:]]
+    current = current_turn_index(log)
+    if current is not None and head_length(log) <= current < through:
+        tail.insert(0, dict(log[current]))
+    return tail
+
+
 def render_view(log: Sequence[Message], state: Mapping[str, Any]) -> list[Message]:
     """The messages the model sees: the log with condensed parts replaced by pinned facts + summary."""
     ctx = state.get(CONTEXT)
@@ -58,7 +77,7 @@ def render_view(log: Sequence[Message], state: Mapping[str, Any]) -> list[Messag
     if facts:
         view.append({"role": "system", "content": PINNED_PREFIX + "\n".join(facts)})
     view.append({"role": "system", "content": SUMMARY_PREFIX + str(ctx["summary"])})
-    view.extend(dict(m) for m in log[max(int(ctx.get("through", head)), head) :])
+    view.extend(kept_tail(log, max(int(ctx.get("through", head)), head)))
     return view
 
 
@@ -71,6 +90,18 @@ def safe_cut(log: Sequence[Message], cut: int, floor: int) -> int:
     cut = max(min(cut, len(log)), floor)
     while floor < cut < len(log) and log[cut].get("role") == "tool":
         cut -= 1
+    return cut
+
+
+def keep_cut(log: Sequence[Message], keep: int, floor: int) -> int:
+    """Where to cut to keep about the last ``keep`` messages: never between a ``tool_calls`` message
+    and its results, and, inside an earlier turn, moved forward to the next user message so the
+    kept part starts with a whole turn (the view then reads system, summary, user, ...)."""
+    cut = safe_cut(log, len(log) - max(keep, 1), floor)
+    current = current_turn_index(log)
+    if current is not None and floor <= cut < current:
+        while log[cut].get("role") != "user":
+            cut += 1
     return cut
 
 
@@ -166,7 +197,7 @@ def summarize_older(
     assert isinstance(current, dict)
     head = head_length(log)
     previous_through = max(int(current.get("through", head)), head)
-    cut = safe_cut(log, len(log) - max(keep_last, 1), head)
+    cut = keep_cut(log, keep_last, head)
     if cut <= previous_through:
         return None
     condensed = log[previous_through:cut]
@@ -236,10 +267,12 @@ class Compression:
         _, _, freed = clear_tool_results(view, ctx.model, target=self.threshold, extra_tokens=tools, exclude=self.exclude_tools)
         if count_messages(view, ctx.model) + tools - freed <= self.threshold:
             return None  # clearing raw tool output at request time is enough
+        head = head_length(log)
+        fixed = count_messages(list(log[:head]), ctx.model) + tools + self.max_summary_tokens
         keep = self.keep_last
-        while keep > 1:  # keep as many recent messages as can fit next to a full-size summary
-            tail = log[safe_cut(log, len(log) - keep, head_length(log)) :]
-            if count_messages(tail, ctx.model) + tools + self.max_summary_tokens <= self.threshold:
+        while keep > 1:  # keep as many recent messages as fit next to the head and a full-size summary
+            tail = kept_tail(log, keep_cut(log, keep, head))
+            if count_messages(tail, ctx.model) + fixed <= self.threshold:
                 break
             keep -= 1
         return summarize_older(
