@@ -6,6 +6,7 @@ from django.contrib import admin, messages
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from agents import services as agent_services
 from agents.models import Agent, AgentVersion, Run, RunEvent, Session
 from marketplace.admin_inlines import ReleaseWeightInline
 from tenants.admin_mixins import TenantScopedAdmin
@@ -48,6 +49,36 @@ class AgentVersionAdmin(TenantScopedAdmin):
             # A version a run used is history: make a new version instead.
             return [f.name for f in self.model._meta.fields]
         return ["created_at"]
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        """The form also holds the tools' approval floors for this user (a form error, as the service would refuse)."""
+        base = super().get_form(request, obj, change, **kwargs)
+        actor = self._actor(request)
+
+        class FloorCheckedForm(base):  # type: ignore[valid-type,misc]
+            def _post_clean(self) -> None:
+                super()._post_clean()
+                if "policy" not in self.fields or self.has_error("policy") or self.instance.is_locked:
+                    return
+                before = AgentVersion.objects.filter(pk=self.instance.pk).values_list("policy", flat=True).first()
+                for error in agent_services.approval_floor_errors(actor=actor, version=self.instance, before=before):
+                    self.add_error("policy", error)
+
+        return FloorCheckedForm
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """Through the services (authorship from the request, audit rows, the approval floors)."""
+        actor = self._actor(request)
+        if change:
+            fields = {name: getattr(obj, name) for name in agent_services.VERSION_FIELDS if name in form.changed_data}
+            if not fields:
+                return  # nothing a version is made of changed (a used version shows read-only and stays as it is)
+            saved = agent_services.update_version(actor=actor, version=obj, **fields)
+        else:
+            fields = {name: getattr(obj, name) for name in agent_services.VERSION_FIELDS}
+            saved = agent_services.create_version(actor=actor, agent=obj.agent, number=obj.number, **fields)
+        obj.pk, obj.number, obj.created_by, obj.policy = saved.pk, saved.number, saved.created_by, saved.policy
+        obj._state.adding = False
 
 
 @admin.register(Session)

@@ -105,6 +105,11 @@ class AgentVersionWriteSerializer(serializers.Serializer):
     model = serializers.CharField(max_length=200, help_text="provider/model, e.g. demo/planner.")
     system_prompt = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
     tools = serializers.JSONField(required=False, help_text='Names of tools of this tenant, e.g. ["query_order"].')
-    policy = serializers.JSONField(required=False, help_text="The runtime policy (limits, budgets, hooks, context); stored normalised.")
+    policy = serializers.JSONField(
+        required=False,
+        help_text="The runtime policy (limits, budgets, hooks, context, approvals); stored normalised. approvals.tools.<tool> may "
+                  "make a tool's own approval policy stricter, never looser; only the tenant's owner, signed in, may loosen "
+                  'it, with "override_floor": true (audited).',
+    )
     note = serializers.CharField(required=False, allow_blank=True, max_length=300)
     make_current = serializers.BooleanField(required=False, default=False, help_text="New runs of the agent use this version.")

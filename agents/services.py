@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Case, F, PositiveSmallIntegerField, Q, When
 from django.db.models.functions import Coalesce
@@ -15,11 +16,15 @@ from django.utils import timezone
 
 from agents.lease import heartbeat_for
 from agents.models import ACTIVE_STATUSES, Agent, AgentVersion, Run, RunStatus, Session
+from agents.runtime.approval_policy import OVERRIDE_FLAG, flagged
 from agents.runtime.config import raw_input_patterns
 from agents.runtime.types import Event, TerminalReason
 from agents.store import event_rows, publish_after_commit, run_summary
 from audit.masking import mask_text, mask_value
+from audit.services import record_change
 from tenants.scoping import Actor
+from tools.approvals import FLOOR_OVERRIDE_ACTION, floor_for, loosening, recorded_overrides
+from tools.models import Tool
 
 log = logging.getLogger(__name__)
 
@@ -205,16 +210,19 @@ def create_agent(*, actor: Actor, tenant: Any, slug: str, name: str, description
 
 
 @transaction.atomic
-def create_version(*, actor: Actor, agent: Agent, make_current: bool = False, **fields: Any) -> AgentVersion:
-    """The agent's next version, validated by ``AgentVersion.clean()`` (raises ``ValidationError``)."""
+def create_version(*, actor: Actor, agent: Agent, make_current: bool = False, number: int | None = None, **fields: Any) -> AgentVersion:
+    """The agent's next version (or ``number``), validated by ``AgentVersion.clean()`` and held to the tools'
+    approval floors (raises ``ValidationError``)."""
     from audit.services import record_change
 
     locked_agent = Agent.objects.select_for_update().get(pk=agent.pk)  # numbers are allocated one at a time
     last = AgentVersion.objects.filter(agent=locked_agent).order_by("-number").values_list("number", flat=True).first()
-    version = AgentVersion(tenant_id=locked_agent.tenant_id, agent=locked_agent, number=(last or 0) + 1, created_by=actor.user,
+    version = AgentVersion(tenant_id=locked_agent.tenant_id, agent=locked_agent, number=number or (last or 0) + 1, created_by=actor.user,
                            **{k: v for k, v in fields.items() if k in VERSION_FIELDS})
     version.full_clean()
+    floor_overrides = _hold_approval_floor(actor=actor, version=version, before=None)
     version.save()
+    _record_floor_overrides(actor=actor, version=version, overrides=floor_overrides)
     if make_current:
         Agent.objects.filter(pk=locked_agent.pk).update(current_version=version, updated_at=timezone.now())
     record_change(tenant=locked_agent.tenant, actor=actor.user, action="agent_version.created", target=version,
@@ -230,12 +238,15 @@ def update_version(*, actor: Actor, version: AgentVersion, **fields: Any) -> Age
 
     current = AgentVersion.objects.select_for_update().select_related("agent").get(pk=version.pk)
     _refuse_if_locked(current)
+    policy_before = current.policy
     changed = sorted(k for k, v in fields.items() if k in VERSION_FIELDS and getattr(current, k) != v)
     raw_before = raw_input_patterns(current.policy)
     for key in changed:
         setattr(current, key, fields[key])
     current.full_clean()
+    floor_overrides = _hold_approval_floor(actor=actor, version=current, before=policy_before) if changed else []
     current.save()
+    _record_floor_overrides(actor=actor, version=current, overrides=floor_overrides)
     record_change(tenant=current.agent.tenant, actor=actor.user, action="agent_version.updated", target=current,
                   details={"changed": changed})
     _record_raw_input_choice(actor, current, before=raw_before)
@@ -269,3 +280,64 @@ def _refuse_if_locked(version: AgentVersion) -> None:
             f"Version {version.number} of {version.agent.slug!r} was used by a run, so it is read-only: "
             "create a new version with the change instead (POST to this agent's versions)."
         )
+
+
+# -- approval floors: a version may make a tool's approval stricter, never looser (unless the owner says so) ---------
+
+
+def owner_in_person(actor: Actor, tenant_id: Any) -> bool:
+    """The tenant's owner, signed in with a session: an API key is not a person, whoever created it."""
+    return actor.api_key is None and actor.user is not None and actor.roles.get(tenant_id) == "owner"
+
+
+def approval_floor_errors(*, actor: Actor, version: AgentVersion, before: Any = None) -> list[str]:
+    """Why this version's ``policy.approvals.tools`` may not be saved by ``actor`` (empty: it may)."""
+    return _floor_check(actor=actor, version=version, before=before)[0]
+
+
+def _hold_approval_floor(*, actor: Actor, version: AgentVersion, before: Any) -> list[dict[str, Any]]:
+    errors, overrides = _floor_check(actor=actor, version=version, before=before)
+    if errors:
+        raise ValidationError({"policy": errors})
+    return overrides
+
+
+def _floor_check(*, actor: Actor, version: AgentVersion, before: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """Each entry is compared with its tool's floor (the tool's row and its plugin's declaration). A looser one needs
+    the tenant's owner in person and ``"override_floor": true``; an unchanged one the owner already loosened stays."""
+    entries = ((version.policy or {}).get("approvals") or {}).get("tools") or {}
+    if not isinstance(entries, dict) or not entries:
+        return [], []
+    previous = (((before or {}).get("approvals") or {}).get("tools") or {}) if isinstance(before, dict) else {}
+    tools = {t.name: t for t in Tool.objects.for_tenant(version.tenant_id).filter(name__in=list(entries))
+             .select_related("plugin_install__plugin")}
+    owner = owner_in_person(actor, version.tenant_id)
+    recorded = recorded_overrides(tenant_id=version.tenant_id, version_id=version.pk) if previous else {}
+    errors: list[str] = []
+    overrides: list[dict[str, Any]] = []
+    for name in sorted(entries):
+        entry, tool = entries[name], tools.get(name)
+        if tool is None or not isinstance(entry, dict):
+            continue  # no such tool in the tenant (yet): a floor is applied at run time to whatever it becomes
+        if previous.get(name) == entry and entry in recorded.get(name, []):
+            continue  # unchanged, and the owner's override of it is on record
+        path = f"policy.approvals.tools.{name}"
+        problems = loosening(tool, entry, path=path)
+        if flagged(entry) and not owner:
+            errors.append(f"{path}.{OVERRIDE_FLAG}: only the tenant's owner, signed in (not with an API key), can override "
+                          "a tool's approval floor; remove it")
+        elif problems and not owner:
+            errors += [f"{p}; only the tenant owner can loosen it (explicit override)" for p in problems]
+        elif problems and not flagged(entry):
+            errors += [f'{p}; to loosen it on purpose, add "{OVERRIDE_FLAG}": true to {path}' for p in problems]
+        elif problems:
+            overrides.append({"tool": name, "floor": floor_for(tool), "before": previous.get(name), "after": entry,
+                              "loosened": [p.split(":", 1)[0] for p in problems]})
+    return errors, overrides
+
+
+def _record_floor_overrides(*, actor: Actor, version: AgentVersion, overrides: list[dict[str, Any]]) -> None:
+    """One config-change row per loosened tool: the run-time gate honours an owner's override only with this row."""
+    for details in overrides:
+        record_change(tenant=version.agent.tenant, actor=actor.user, action=FLOOR_OVERRIDE_ACTION, target=version,
+                      details={**details, "number": version.number})

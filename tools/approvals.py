@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db import transaction
@@ -19,18 +18,30 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agents import metrics
+from agents.runtime.approval_policy import (
+    DEFAULT_APPROVER_ROLES,
+    DEFAULT_EXPIRY_SECONDS,
+    describe,
+    flagged,
+    holds,
+    looser_fields,
+    normalise,
+    stricter,
+    strip_flag,
+)
+from agents.runtime.approval_policy import policy_errors as policy_errors
 from agents.runtime.types import ToolCall, ToolContext, ToolStatus
 from audit.masking import mask_value
+from audit.models import ConfigChange
 from audit.services import record_change
 from tenants.scoping import Actor
 from tools.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Tool, ToolKind
 
 log = logging.getLogger(__name__)
 
-DEFAULT_EXPIRY_SECONDS = 3600
-DEFAULT_APPROVER_ROLES = ("owner", "approver")
-OPERATORS = (">", ">=", "<", "<=", "==", "!=", "in", "not in")
 FINAL = (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED, ApprovalStatus.EXPIRED, ApprovalStatus.CANCELLED)
+#: The config-change action that records a tenant owner loosening a tool's approval floor for one agent version.
+FLOOR_OVERRIDE_ACTION = "agent_version.approval_floor_overridden"
 
 
 # -- policy --------------------------------------------------------------------------------
@@ -45,89 +56,73 @@ class ApprovalRule:
     four_eyes: bool = False
 
 
-def policy_errors(policy: Any) -> list[str]:
-    """Readable problems with an approval policy document; empty when it is valid."""
-    if policy in (None, {}):
-        return []
-    if not isinstance(policy, dict):
-        return ['approval_policy: must be an object, e.g. {"mode": "always"}']
-    errors: list[str] = []
-    known = {"mode", "condition", "conditions", "expires_in_seconds", "approver_roles", "four_eyes"}
-    for key in sorted(set(policy) - known):
-        errors.append(f"approval_policy.{key}: unknown field; expected one of {', '.join(sorted(known))}")
-    mode = policy.get("mode", "always")
-    if mode not in ("always", "never", "condition"):
-        errors.append(f"approval_policy.mode: must be always, never or condition, got {mode!r}")
-    conditions = _conditions(policy)
-    if mode == "condition" and not conditions:
-        errors.append('approval_policy.condition: required when mode is condition, e.g. {"field": "amount", "op": ">", "value": 100}')
-    for i, cond in enumerate(conditions):
-        where = f"approval_policy.conditions[{i}]"
-        if not isinstance(cond, dict) or not isinstance(cond.get("field"), str) or cond.get("op") not in OPERATORS or "value" not in cond:
-            errors.append(f'{where}: must be {{"field": <argument name>, "op": one of {" ".join(OPERATORS)}, "value": ...}}')
-    expires = policy.get("expires_in_seconds", DEFAULT_EXPIRY_SECONDS)
-    if not isinstance(expires, int) or isinstance(expires, bool) or not 10 <= expires <= 30 * 86400:
-        errors.append(f"approval_policy.expires_in_seconds: must be an integer between 10 and 2592000, got {expires!r}")
-    roles = policy.get("approver_roles", list(DEFAULT_APPROVER_ROLES))
-    if not isinstance(roles, list) or not roles or any(r not in ("owner", "operator", "approver") for r in roles):
-        errors.append(f"approval_policy.approver_roles: must be a non-empty list of owner, operator, approver; got {roles!r}")
-    if not isinstance(policy.get("four_eyes", False), bool):
-        errors.append("approval_policy.four_eyes: must be true or false")
-    return errors
-
-
-def _conditions(policy: dict[str, Any]) -> list[Any]:
-    if "conditions" in policy:
-        return list(policy["conditions"] or [])
-    return [policy["condition"]] if policy.get("condition") else []
-
-
-def _number(value: Any) -> Decimal | None:
-    try:
-        return Decimal(str(value))
-    except (InvalidOperation, ValueError):
+def declared_policy(tool: Tool) -> dict[str, Any] | None:
+    """What the plugin that provides ``tool`` declares for it (normalised); None for a tenant's own tool."""
+    if tool.plugin_install_id is None:
         return None
+    plugin = tool.plugin_install.plugin if tool.plugin_install is not None else None
+    entry = next((e for e in (plugin.tools if plugin is not None else []) if isinstance(e, dict) and e.get("name") == tool.name), None)
+    if entry is None:
+        return normalise({"mode": "always"})  # a plugin tool whose declaration cannot be found: ask a person
+    declared = entry.get("approval_policy") if isinstance(entry.get("approval_policy"), dict) else None
+    return normalise(declared, requires_approval=bool(entry.get("requires_approval")))
 
 
-def _holds(cond: dict[str, Any], arguments: dict[str, Any]) -> bool:
-    actual, op, expected = arguments.get(cond["field"]), cond["op"], cond["value"]
-    if op in ("in", "not in"):
-        inside = actual in (expected if isinstance(expected, list) else [expected])
-        return inside if op == "in" else not inside
-    a, b = _number(actual), _number(expected)
-    if a is not None and b is not None:
-        actual, expected = a, b
-    try:
-        return {
-            ">": actual > expected,
-            ">=": actual >= expected,
-            "<": actual < expected,
-            "<=": actual <= expected,
-            "==": actual == expected,
-            "!=": actual != expected,
-        }[op]
-    except TypeError:
-        return True  # not comparable (e.g. missing): ask a human rather than guess
+def floor_for(tool: Tool, declared: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The tool's own approval policy, the floor no agent version may loosen: its row, and its plugin's declaration."""
+    own = normalise(tool.approval_policy, requires_approval=tool.requires_approval)
+    declared = declared if declared is not None else declared_policy(tool)
+    return stricter(declared, own) if declared is not None else own
 
 
-def rule_for(tool: Tool, arguments: dict[str, Any], override: dict[str, Any] | None = None) -> ApprovalRule:
-    policy = {**(tool.approval_policy or {}), **(override or {})}
-    mode = policy.get("mode") or ("always" if tool.requires_approval else "never")
-    if mode == "never":
+def version_policy(tool: Tool, entry: dict[str, Any]) -> dict[str, Any]:
+    """An agent version's entry for the tool, over the tool's row (normalised)."""
+    return normalise({**(tool.approval_policy or {}), **strip_flag(entry)}, requires_approval=tool.requires_approval)
+
+
+def loosening(tool: Tool, entry: dict[str, Any], *, path: str) -> list[str]:
+    """Each way a version's entry is looser than the tool's floor, as ``path.field: ...``."""
+    return looser_fields(floor_for(tool), version_policy(tool, entry), path=path)
+
+
+def recorded_overrides(*, tenant_id: Any, version_id: Any) -> dict[str, list[Any]]:
+    """The entries (by tool name) that the tenant's owner explicitly loosened for this version (config-change rows)."""
+    found: dict[str, list[Any]] = {}
+    if version_id is None:
+        return found
+    rows = ConfigChange.objects.filter(tenant_id=tenant_id, action=FLOOR_OVERRIDE_ACTION, target_type="AgentVersion",
+                                       target_id=str(version_id)).values_list("details", flat=True)
+    for details in rows:
+        if isinstance(details, dict) and isinstance(details.get("tool"), str):
+            found.setdefault(details["tool"], []).append(details.get("after"))
+    return found
+
+
+def rule_for(tool: Tool, arguments: dict[str, Any], override: dict[str, Any] | None = None, *,
+             declared: dict[str, Any] | None = None, owner_override: bool = False) -> ApprovalRule:
+    """The rule for one call: the stricter of the tool's floor and the version's entry ``override``,
+    or the entry alone when the tenant's owner loosened the floor for it (``owner_override``)."""
+    floor = floor_for(tool, declared)
+    if override:
+        mine = version_policy(tool, override)
+        policy = mine if owner_override else stricter(floor, mine)
+    else:
+        policy = floor
+    if policy["mode"] == "never":
         return ApprovalRule(False)
-    if mode == "condition":
-        met = [c for c in _conditions(policy) if _holds(c, arguments)]
+    if policy["mode"] == "condition":
+        met = [c for c in policy["conditions"] if holds(c, arguments)]
         if not met:
             return ApprovalRule(False)
-        reason = "; ".join(f"{c['field']} {c['op']} {c['value']}" for c in met)
+        reason = "; ".join(describe(c) for c in met)
     else:
         reason = "this tool always needs approval"
     return ApprovalRule(
         True,
         reason,
-        expires_in=int(policy.get("expires_in_seconds", DEFAULT_EXPIRY_SECONDS)),
-        approver_roles=tuple(policy.get("approver_roles", DEFAULT_APPROVER_ROLES)),
-        four_eyes=bool(policy.get("four_eyes", False)),
+        expires_in=policy["expires_in_seconds"],
+        approver_roles=tuple(policy["approver_roles"]),
+        four_eyes=policy["four_eyes"],
     )
 
 
@@ -162,14 +157,31 @@ class GateDecision:
 
 
 class ApprovalGate:
+    """``overrides`` are the version's per-tool entries (``policy.approvals.tools``). Each is held to the tool's
+    floor here too, at run time, so a version row that never went through the service cannot loosen it either:
+    only an entry the tenant's owner loosened explicitly (a recorded config change for this version) is taken as is."""
+
     def __init__(self, run: Any, overrides: dict[str, dict[str, Any]] | None = None) -> None:
         self.run = run
         self.overrides = overrides or {}
+        self._declared: dict[Any, dict[str, Any] | None] = {}
+        self._recorded: dict[str, list[Any]] | None = None
+
+    def _owner_override(self, tool: Tool, entry: dict[str, Any] | None) -> bool:
+        if not entry or not flagged(entry):
+            return False
+        if self._recorded is None:
+            self._recorded = recorded_overrides(tenant_id=self.run.tenant_id, version_id=getattr(self.run, "version_id", None))
+        return entry in self._recorded.get(tool.name, [])
 
     def gate(self, *, tool: Tool, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any], args_hash: str) -> GateDecision | None:
         override = self.overrides.get(tool.name)
-        rule = rule_for(tool, arguments, override)
-        if not rule.needed and not (tool.requires_approval or tool.approval_policy or override):
+        if tool.pk not in self._declared:
+            self._declared[tool.pk] = declared_policy(tool)
+        declared = self._declared[tool.pk]
+        rule = rule_for(tool, arguments, override, declared=declared, owner_override=self._owner_override(tool, override))
+        declares = declared is not None and declared["mode"] != "never"
+        if not rule.needed and not (tool.requires_approval or tool.approval_policy or override or declares):
             return None  # a tool that can never need approval: no lookup on the hot path
         existing = (
             ApprovalRequest.objects.filter(run_id=self.run.pk)

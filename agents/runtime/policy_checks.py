@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agents.runtime.approval_policy import policy_errors as approval_policy_errors
 from agents.runtime.hooks import validate_hook_entries
 from agents.runtime.state import parse_strategies
 
@@ -101,9 +102,12 @@ def check_document(c: Checker, doc: dict[str, Any], d: dict[str, Any]) -> None:
     if c.fields(doc["approvals"], "approvals", d["approvals"]):
         c.boolean(doc["approvals"], "stop_on_rejection", "approvals")
         overrides = doc["approvals"]["tools"]
-        # Per-tool approval policy overrides; their content is checked by the tool gateway's approval policy.
+        # Per-tool approval policies; whether one is looser than the tool's own (its floor) needs the tools: agents.services.
         if not isinstance(overrides, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in overrides.items()):
             c.fail("approvals.tools", 'must map tool names to approval policies, e.g. {"refund_order": {"mode": "always"}}', overrides)
+        else:
+            for name, entry in overrides.items():
+                c.errors += approval_policy_errors(entry, path=f"approvals.tools.{name}", allow_override=True)
     c.errors += validate_hook_entries(doc["hooks"], path="hooks", reserved=BUILTIN_HOOK_NAMES)
     _check_model(c, doc["model"], d["model"])
 

@@ -29,9 +29,10 @@ def test_a_condition_on_the_arguments(amount: object, needed: bool) -> None:
         assert "amount > 100" in rule.reason
 
 
-def test_an_agent_version_can_override_the_tools_policy() -> None:
+def test_an_agent_version_can_make_the_tools_policy_stricter_but_only_an_owner_override_looser() -> None:
     tool = _tool(requires_approval=True)
-    assert not rule_for(tool, {}, {"mode": "never"}).needed
+    assert rule_for(tool, {}, {"mode": "never"}).needed, "the tool's own policy is a floor"
+    assert not rule_for(tool, {}, {"mode": "never"}, owner_override=True).needed
     assert rule_for(_tool(), {"amount": "5"}, {"mode": "condition", "conditions": [{"field": "amount", "op": ">=", "value": 5}]}).needed
 
 

@@ -1,0 +1,220 @@
+"""Approval policy documents: their checks, their normal form, and which of two is stricter.
+
+A policy says when a tool call needs a person and how that person decides::
+
+    {"mode": "always" | "never" | "condition",
+     "conditions": [{"field": "amount", "op": ">", "value": 100}],   # or one "condition"; any met -> approval
+     "expires_in_seconds": 3600,                                     # how long a request may wait for a decision
+     "approver_roles": ["owner", "approver"],                        # who may decide
+     "four_eyes": false}                                             # two different approvers
+
+A tool's own policy (what its plugin declares, or the tenant tool's row) is a floor: an agent
+version may only make it stricter. "Looser", field by field:
+
+- ``mode``: never < condition < always; and between two condition policies, every floor condition
+  must be covered by a version condition that holds whenever it holds (same field, a threshold at
+  least as low for ``>``/``>=``, at least as high for ``<``/``<=``, a superset for ``in``...);
+- ``expires_in_seconds``: longer is looser (a stale request stays approvable longer);
+- ``approver_roles``: a role the floor does not list is looser (more people may approve);
+- ``four_eyes``: false when the floor says true is looser.
+
+Approved arguments can never be edited (the call runs with exactly the approved arguments), so
+there is no argument-edit field to loosen. Pure Python: the tool gateway and the version checks
+share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+DEFAULT_EXPIRY_SECONDS = 3600
+DEFAULT_APPROVER_ROLES = ("owner", "approver")
+APPROVER_ROLES = ("owner", "operator", "approver")
+OPERATORS = (">", ">=", "<", "<=", "==", "!=", "in", "not in")
+MODES = ("never", "condition", "always")  # loosest first
+#: The flag in an agent version's per-tool entry with which the tenant's owner loosens the tool's floor.
+OVERRIDE_FLAG = "override_floor"
+_FIELDS = ("mode", "condition", "conditions", "expires_in_seconds", "approver_roles", "four_eyes")
+
+
+def policy_errors(policy: Any, *, path: str = "approval_policy", allow_override: bool = False) -> list[str]:
+    """Readable problems with an approval policy document; empty when it is valid."""
+    if policy in (None, {}):
+        return []
+    if not isinstance(policy, dict):
+        return [f'{path}: must be an object, e.g. {{"mode": "always"}}']
+    errors: list[str] = []
+    known = set(_FIELDS) | ({OVERRIDE_FLAG} if allow_override else set())
+    for key in sorted(set(policy) - known, key=str):
+        errors.append(f"{path}.{key}: unknown field; expected one of {', '.join(sorted(known))}")
+    mode = policy.get("mode", "always")
+    if mode not in MODES:
+        errors.append(f"{path}.mode: must be always, never or condition, got {mode!r}")
+    raw = policy.get("conditions", [policy["condition"]] if policy.get("condition") else [])
+    if not isinstance(raw, list):
+        errors.append(f'{path}.conditions: must be a list of {{"field": ..., "op": ..., "value": ...}}')
+        raw = []
+    if mode == "condition" and not raw:
+        errors.append(f'{path}.condition: required when mode is condition, e.g. {{"field": "amount", "op": ">", "value": 100}}')
+    for i, cond in enumerate(raw):
+        if not _well_formed(cond):
+            errors.append(f'{path}.conditions[{i}]: must be {{"field": <argument name>, "op": one of {" ".join(OPERATORS)}, "value": ...}}')
+    expires = policy.get("expires_in_seconds", DEFAULT_EXPIRY_SECONDS)
+    if not isinstance(expires, int) or isinstance(expires, bool) or not 10 <= expires <= 30 * 86400:
+        errors.append(f"{path}.expires_in_seconds: must be an integer between 10 and 2592000, got {expires!r}")
+    roles = policy.get("approver_roles", list(DEFAULT_APPROVER_ROLES))
+    if not isinstance(roles, list) or not roles or any(r not in APPROVER_ROLES for r in roles):
+        errors.append(f"{path}.approver_roles: must be a non-empty list of owner, operator, approver; got {roles!r}")
+    if not isinstance(policy.get("four_eyes", False), bool):
+        errors.append(f"{path}.four_eyes: must be true or false")
+    if allow_override and not isinstance(policy.get(OVERRIDE_FLAG, False), bool):
+        errors.append(f"{path}.{OVERRIDE_FLAG}: must be true or false")
+    return errors
+
+
+def _well_formed(cond: Any) -> bool:
+    return isinstance(cond, dict) and isinstance(cond.get("field"), str) and cond.get("op") in OPERATORS and "value" in cond
+
+
+def normalise(policy: Mapping[str, Any] | None, *, requires_approval: bool = False) -> dict[str, Any]:
+    """Every field filled in. Robust to a document that skipped validation: what cannot be read is read strictly."""
+    policy = policy or {}
+    mode = policy.get("mode") or ("always" if requires_approval else "never")
+    raw = policy.get("conditions", [policy["condition"]] if policy.get("condition") else [])
+    conditions = [dict(c) for c in (raw if isinstance(raw, list) else []) if _well_formed(c)]
+    if mode not in MODES or (mode == "condition" and not conditions):
+        mode = "always"  # unreadable: ask a person rather than guess
+    expires = policy.get("expires_in_seconds")
+    if not isinstance(expires, int) or isinstance(expires, bool) or not 10 <= expires <= 30 * 86400:
+        expires = DEFAULT_EXPIRY_SECONDS
+    roles = policy.get("approver_roles")
+    if not isinstance(roles, list) or not roles or any(r not in APPROVER_ROLES for r in roles):
+        roles = list(DEFAULT_APPROVER_ROLES)
+    return {
+        "mode": mode,
+        "conditions": conditions if mode == "condition" else [],
+        "expires_in_seconds": expires,
+        "approver_roles": list(dict.fromkeys(roles)),
+        "four_eyes": policy.get("four_eyes") is True,
+    }
+
+
+def stricter(floor: Mapping[str, Any], policy: Mapping[str, Any]) -> dict[str, Any]:
+    """The policy that needs approval whenever either does, with the stricter of each field (both normalised)."""
+    if floor["mode"] == "never":
+        return dict(policy)
+    if policy["mode"] == "never":
+        return dict(floor)
+    rank = max(MODES.index(floor["mode"]), MODES.index(policy["mode"]))
+    conditions = [c for c in floor["conditions"]] + [c for c in policy["conditions"] if c not in floor["conditions"]]
+    roles = [r for r in floor["approver_roles"] if r in policy["approver_roles"]] or list(floor["approver_roles"])
+    return {
+        "mode": MODES[rank],
+        "conditions": conditions if MODES[rank] == "condition" else [],
+        "expires_in_seconds": min(floor["expires_in_seconds"], policy["expires_in_seconds"]),
+        "approver_roles": roles,
+        "four_eyes": bool(floor["four_eyes"] or policy["four_eyes"]),
+    }
+
+
+def looser_fields(floor: Mapping[str, Any], policy: Mapping[str, Any], *, path: str) -> list[str]:
+    """``path.field: how policy is looser than floor`` for every field where it is (both normalised)."""
+    if floor["mode"] == "never":
+        return []
+    problems: list[str] = []
+    if MODES.index(policy["mode"]) < MODES.index(floor["mode"]):
+        problems.append(f'{path}.mode: "{policy["mode"]}" is looser than the tool\'s floor "{floor["mode"]}"')
+    elif floor["mode"] == "condition" and policy["mode"] == "condition":
+        for cond in floor["conditions"]:
+            if not any(_implies(cond, mine) for mine in policy["conditions"]):
+                problems.append(f"{path}.conditions: no condition covers the tool's floor condition {describe(cond)}, so calls the "
+                                "floor sends to a person would run without one")
+    if policy["mode"] == "never":
+        return problems
+    if policy["expires_in_seconds"] > floor["expires_in_seconds"]:
+        problems.append(f"{path}.expires_in_seconds: {policy['expires_in_seconds']} is looser than the tool's floor "
+                        f"{floor['expires_in_seconds']} (a request would stay approvable longer)")
+    extra = [r for r in policy["approver_roles"] if r not in floor["approver_roles"]]
+    if extra:
+        problems.append(f"{path}.approver_roles: {policy['approver_roles']!r} lets {', '.join(extra)} approve, which the tool's "
+                        f"floor {floor['approver_roles']!r} does not")
+    if floor["four_eyes"] and not policy["four_eyes"]:
+        problems.append(f"{path}.four_eyes: false is looser than the tool's floor true (two different approvers)")
+    return problems
+
+
+def describe(cond: Mapping[str, Any]) -> str:
+    return f"{cond['field']} {cond['op']} {cond['value']}"
+
+
+def number(value: Any) -> Decimal | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        return None
+
+
+def holds(cond: Mapping[str, Any], arguments: Mapping[str, Any]) -> bool:
+    """Whether a condition is met by the arguments; a value that cannot be compared counts as met."""
+    actual, op, expected = arguments.get(cond["field"]), cond["op"], cond["value"]
+    if op in ("in", "not in"):
+        inside = actual in (expected if isinstance(expected, list) else [expected])
+        return inside if op == "in" else not inside
+    a, b = number(actual), number(expected)
+    if a is not None and b is not None:
+        actual, expected = a, b
+    try:
+        return bool({  # every comparison is made: one that cannot be made means "ask a person"
+            ">": actual > expected,
+            ">=": actual >= expected,
+            "<": actual < expected,
+            "<=": actual <= expected,
+            "==": actual == expected,
+            "!=": actual != expected,
+        }[op])
+    except TypeError:
+        return True  # not comparable (e.g. missing): ask a human rather than guess
+
+
+def _values(cond: Mapping[str, Any]) -> list[Any]:
+    value = cond["value"]
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _same(a: Any, b: Any) -> bool:
+    x, y = number(a), number(b)
+    return x == y if x is not None and y is not None else bool(a == b)
+
+
+def _implies(floor: Mapping[str, Any], mine: Mapping[str, Any]) -> bool:
+    """Whenever ``floor`` holds, ``mine`` holds too (so ``mine`` asks a person at least as often)."""
+    if floor["field"] != mine["field"]:
+        return False
+    op, value = floor["op"], floor["value"]
+    if op in ("==", "in"):  # a finite set of values: each must meet mine
+        return all(holds(mine, {floor["field"]: v}) for v in _values(floor))
+    if op in ("!=", "not in"):  # everything but a set: mine must exclude no more than the floor does
+        return mine["op"] in ("!=", "not in") and all(any(_same(m, f) for f in _values(floor)) for m in _values(mine))
+    a, b = number(value), number(mine["value"])
+    if a is None or b is None:
+        return mine["op"] == op and _same(value, mine["value"])
+    upward = (">", ">=")
+    if op in upward and mine["op"] in upward:
+        return b < a or (b == a and (mine["op"] == ">=" or op == ">"))
+    downward = ("<", "<=")
+    if op in downward and mine["op"] in downward:
+        return b > a or (b == a and (mine["op"] == "<=" or op == "<"))
+    return False
+
+
+def strip_flag(entry: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in entry.items() if k != OVERRIDE_FLAG}
+
+
+def flagged(entry: Mapping[str, Any]) -> bool:
+    return entry.get(OVERRIDE_FLAG) is True
+
