@@ -12,6 +12,11 @@ A re-enqueued run is marked (``updated_at``) and not re-enqueued again for
 ``SWEEP_QUEUED_AFTER_SECONDS``, so a long queue is not flooded with duplicates. Duplicates are
 harmless anyway: ``execute_run`` takes the run's lease first, so only one worker executes it.
 
+Two sweeps at once (two beats by mistake, beat plus ``manage.py sweep_runs``) re-enqueue a run
+once: each run is claimed by a conditional ``UPDATE`` that repeats the stranded test, so only one
+sweep marks it; on PostgreSQL the candidates are also selected ``FOR UPDATE SKIP LOCKED``, so the
+second sweep passes over the rows the first is claiming instead of waiting for them.
+
 Runs as the Celery beat task ``agents.sweep_runs`` (every ``SWEEP_INTERVAL_SECONDS``), as
 ``manage.py sweep_runs``, and as a thread in the embedded server (``config.embedded``).
 """
@@ -24,7 +29,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from agents.models import Run, RunStatus
@@ -45,24 +50,36 @@ class SweepReport:
         return len(self.lease_expired) + len(self.lost_enqueue)
 
 
-def stranded_runs(now: dt.datetime | None = None) -> tuple[list[str], list[str]]:
-    """(runs whose worker died, runs whose enqueue was lost), oldest first, not re-enqueued lately.
-
-    ``updated_at`` tells a sweep's mark from a step commit: a commit sets it before the lease's
-    expiry, a sweep after it (and taking a lease does not touch it).
-    """
-    now = now or timezone.now()
+def _dead(now: dt.datetime) -> QuerySet[Run]:
     quiet_since = now - dt.timedelta(seconds=settings.SWEEP_QUEUED_AFTER_SECONDS)
     swept_lately = Q(updated_at__gte=quiet_since) & (Q(lease_expires_at__isnull=True) | Q(updated_at__gt=F("lease_expires_at")))
-    dead = (
+    return (
         Run.objects.filter(status=RunStatus.RUNNING)
         .filter(Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True))
         .exclude(swept_lately)
     )
-    lost = Run.objects.filter(status=RunStatus.QUEUED, lease_token="", updated_at__lt=quiet_since)
+
+
+def _lost(now: dt.datetime) -> QuerySet[Run]:
+    quiet_since = now - dt.timedelta(seconds=settings.SWEEP_QUEUED_AFTER_SECONDS)
+    return Run.objects.filter(status=RunStatus.QUEUED, lease_token="", updated_at__lt=quiet_since)
+
+
+def stranded_runs(now: dt.datetime | None = None, *, lock: bool = False) -> tuple[list[str], list[str]]:
+    """(runs whose worker died, runs whose enqueue was lost), oldest first, not re-enqueued lately.
+
+    ``updated_at`` tells a sweep's mark from a step commit: a commit sets it before the lease's
+    expiry, a sweep after it (and taking a lease does not touch it). With ``lock`` (inside a
+    transaction) the rows are selected ``FOR UPDATE SKIP LOCKED``: rows another sweep is claiming
+    are left to it.
+    """
+    now = now or timezone.now()
+    dead, lost = _dead(now).order_by("updated_at"), _lost(now).order_by("created_at")
+    if lock:
+        dead, lost = dead.select_for_update(skip_locked=True), lost.select_for_update(skip_locked=True)
     return (
-        [str(pk) for pk in dead.order_by("updated_at").values_list("pk", flat=True)[:SWEEP_BATCH]],
-        [str(pk) for pk in lost.order_by("created_at").values_list("pk", flat=True)[:SWEEP_BATCH]],
+        [str(pk) for pk in dead.values_list("pk", flat=True)[:SWEEP_BATCH]],
+        [str(pk) for pk in lost.values_list("pk", flat=True)[:SWEEP_BATCH]],
     )
 
 
@@ -71,14 +88,13 @@ def sweep_runs(now: dt.datetime | None = None) -> SweepReport:
     from agents.tasks import execute_run_task
 
     now = now or timezone.now()
-    dead, lost = stranded_runs(now)
-    ids = dead + lost
-    if not ids:
-        return SweepReport()
     with transaction.atomic():
-        # Marking them is what keeps the next sweeps from enqueueing them again right away.
-        Run.objects.filter(pk__in=ids).update(updated_at=now)
-        for run_id in ids:
+        dead, lost = stranded_runs(now, lock=True)
+        # Marking a run is what keeps the next sweeps from enqueueing it again right away. The mark
+        # repeats the test it was selected by, so of two sweeps at once only one claims each run.
+        dead = [run_id for run_id in dead if _dead(now).filter(pk=run_id).update(updated_at=now)]
+        lost = [run_id for run_id in lost if _lost(now).filter(pk=run_id).update(updated_at=now)]
+        for run_id in dead + lost:
             transaction.on_commit(lambda run_id=run_id: execute_run_task.delay(run_id))
     for run_id in dead:
         log.warning("run %s: its worker's lease expired without a step commit; re-enqueued to resume from its last step", run_id)

@@ -3,6 +3,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from agents import services
+from config.joblock import job_lock
 
 
 @shared_task(name="agents.execute_run", acks_late=True, ignore_result=True)
@@ -12,7 +13,10 @@ def execute_run_task(run_id: str) -> None:
 
 @shared_task(name="agents.sweep_runs", ignore_result=True)
 def sweep_runs_task() -> int:
-    """Celery beat runs this every SWEEP_INTERVAL_SECONDS (config/settings.py: CELERY_BEAT_SCHEDULE)."""
+    """Celery beat runs this every SWEEP_INTERVAL_SECONDS (config/settings.py: CELERY_BEAT_SCHEDULE).
+
+    A second beat's copy finds the job's lock held and does nothing (and would re-enqueue nothing twice anyway)."""
     from agents.sweeper import sweep_runs
 
-    return sweep_runs().requeued
+    with job_lock("agents.sweep_runs") as mine:
+        return sweep_runs().requeued if mine else 0

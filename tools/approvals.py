@@ -338,8 +338,11 @@ def decide(*, actor: Actor, request_id: Any, approve: bool, note: str = "", via:
         return request
 
 
-def expire(request: ApprovalRequest) -> None:
-    """Mark an overdue request expired and let its run go on (the model hears "approval expired")."""
+def expire(request: ApprovalRequest) -> bool:
+    """Mark an overdue request expired and let its run go on (the model hears "approval expired").
+
+    The conditional UPDATE claims the row: of two expiries at once (two beats) only one expires it,
+    audits it and resumes its run. Returns whether this call did."""
     updated = ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.PENDING).update(
         status=ApprovalStatus.EXPIRED, decided_at=timezone.now()
     )
@@ -356,15 +359,15 @@ def expire(request: ApprovalRequest) -> None:
         run_id = request.run_id
         transaction.on_commit(lambda: resume_run(run_id))
         publish(request)
+    return bool(updated)
 
 
 def expire_due() -> int:
-    """Expire every overdue pending request (the periodic task)."""
+    """Expire every overdue pending request (the periodic task); returns how many this call expired."""
     count = 0
     for request in ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=timezone.now()).select_related("tenant"):
         with transaction.atomic():
-            expire(request)
-        count += 1
+            count += expire(request)
     return count
 
 
