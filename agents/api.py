@@ -41,6 +41,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     serializer_class = RunSerializer
     pagination_class = NewestFirst
     scope_actions = {**TenantScopedViewSet.scope_actions, "cancel": "operate", "events": "view"}
+    throttle_scopes = {"create": "run_create"}  # RUN_CREATE_THROTTLE_RATE per key, on top of the API-wide rate
 
     @extend_schema(request=RunCreateSerializer, responses={202: RunSerializer})
     def create(self, request: Request) -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,29 @@ def env_list(name: str, default: list[str]) -> list[str]:
 def env_str(name: str, default: str = "") -> str:
     value = _raw(name)
     return default if value is None else value
+
+
+_RATE = re.compile(r"^[1-9][0-9]*/(s|sec|second|m|min|minute|h|hour|d|day)$")
+
+
+def env_rate(name: str, default: str) -> str | None:
+    """A request rate like ``1200/min`` (per second, minute, hour or day); ``off`` means no limit (``None``)."""
+    value = _raw(name) or default
+    if value.lower() == "off":
+        return None
+    if not _RATE.match(value):
+        raise ImproperlyConfigured(f"{name} must be a rate like 1200/min (per s, min, hour or day) or off, got {value!r}.")
+    return value
+
+
+def env_header(name: str) -> str | None:
+    """An HTTP header name (e.g. ``X-Forwarded-For``) as its ``request.META`` key (``HTTP_X_FORWARDED_FOR``); unset: None."""
+    value = _raw(name)
+    if not value:
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9-]+", value):
+        raise ImproperlyConfigured(f"{name} must be an HTTP header name such as X-Forwarded-For or X-Real-IP, got {value!r}.")
+    return "HTTP_" + value.upper().replace("-", "_")
 
 
 def env_database(name: str, default: str) -> dict[str, Any]:

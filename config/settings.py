@@ -8,11 +8,12 @@ broker, the embedded channel layer. Production: ``DATABASE_URL`` (PostgreSQL),
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 from csp.constants import NONCE, NONE, SELF
 
-from config.env import env_bool, env_database, env_int, env_list, env_redis, env_str, secret_key
+from config.env import env_bool, env_database, env_header, env_int, env_list, env_rate, env_redis, env_str, secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("AGENTOPS_VAR_DIR", str(BASE_DIR / "var")))
@@ -52,6 +53,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "guardian",
+    "axes",  # login lockout (config/login_lockout.py)
     "channels",
     "tenants",
     "agents",
@@ -73,6 +75,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
+    "axes.middleware.AxesMiddleware",  # innermost: turns a locked-out login into the lockout page (429)
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -95,6 +98,7 @@ TEMPLATES = [
 ]
 
 AUTHENTICATION_BACKENDS = [
+    "config.login_lockout.LoginLockoutBackend",  # first: refuses locked-out logins before any password check
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
@@ -104,6 +108,17 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LOGIN_URL = "/accounts/login/"  # the console's session login (templates/registration/login.html)
 LOGIN_REDIRECT_URL = "/console/runs/"  # after login, the run list
+
+# Brute-force limit on both login pages (django-axes; the policy is explained in config/login_lockout.py):
+# a username is locked out from one address after AXES_FAILURE_LIMIT failures, for AXES_COOLOFF_MINUTES.
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 10, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "config.login_lockout.lockout_response"
+AXES_CLIENT_IP_CALLABLE = "config.login_lockout.client_ip"
+#: Behind a trusted reverse proxy only: the header carrying the client's address (e.g. X-Forwarded-For, X-Real-IP).
+CLIENT_IP_HEADER = env_header("CLIENT_IP_HEADER")
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -166,6 +181,12 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # Per API key (or session user), never per address only; run creation has its own budget (tenants/throttles.py).
+    "DEFAULT_THROTTLE_CLASSES": ["tenants.throttles.PerCallerThrottle", "tenants.throttles.ActionThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        "api": env_rate("API_THROTTLE_RATE", "1200/min"),
+        "run_create": env_rate("RUN_CREATE_THROTTLE_RATE", "300/min"),
+    },
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Agent Operations Console API",
@@ -205,6 +226,20 @@ else:
                 "expiry": 60,
                 "prefix": "agentops",
             },
+        }
+    }
+
+# --- Cache (API rate-limit counters, periodic-job locks) -----------------------------------
+if EMBEDDED:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "agentops"}}
+else:
+    # Shared by every server process, so a key's budget is one budget however many processes serve it.
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "agentops",
+            "OPTIONS": {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT, "socket_timeout": REDIS_CONNECT_TIMEOUT},
         }
     }
 
@@ -286,5 +321,5 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {"django.db.backends": {"level": "INFO"}, "axes": {"level": "WARNING"}},  # axes: failures and lockouts only
 }
