@@ -6,7 +6,9 @@ from typing import Any
 
 from django.db import transaction
 
+from agents.runtime import approval_policy
 from audit.services import record_change
+from tenants.scoping import Actor
 from tools.models import Tool, ToolKind
 
 
@@ -55,6 +57,7 @@ class ToolRefused(Exception):
 TOOL_FIELDS = (
     "name", "description", "kind", "parameters", "output_schema", "config", "category", "idempotent", "required_scopes",
     "requires_approval", "enabled", "timeout_seconds", "result_fields", "summary_template", "result_size_cap", "sensitive_fields",
+    "approval_policy",
 )
 
 
@@ -96,6 +99,21 @@ def create_tool(*, tenant: Any, actor: Any, **fields: Any) -> Tool:
     return tool
 
 
+def _owner_in_person(actor: Any, tenant_id: Any) -> bool:
+    """The tenant's owner with a session: an API key is not a person, whoever created it."""
+    return isinstance(actor, Actor) and actor.api_key is None and actor.user is not None and actor.roles.get(tenant_id) == "owner"
+
+
+def _approval_loosened(tool: Tool, fields: dict[str, Any], changed: list[str]) -> list[str]:
+    """How the change would make the tool's own approval policy looser (a human asked less often, by fewer people)."""
+    if not {"requires_approval", "approval_policy"} & set(changed):
+        return []
+    old = approval_policy.normalise(tool.approval_policy, requires_approval=tool.requires_approval)
+    new = approval_policy.normalise(fields.get("approval_policy", tool.approval_policy),
+                                    requires_approval=fields.get("requires_approval", tool.requires_approval))
+    return approval_policy.looser_fields(old, new, path="approval_policy")
+
+
 @transaction.atomic
 def update_tool(*, tool: Tool, actor: Any, **fields: Any) -> Tool:
     """Change a tool; a plugin's tool can only be switched on or off, a name in use by agents cannot change."""
@@ -111,10 +129,24 @@ def update_tool(*, tool: Tool, actor: Any, **fields: Any) -> Tool:
         if users:
             raise ToolRefused(f"Agent versions list the tool by its name {current.name!r} ({', '.join(users)}); renaming it "
                               "would break them. Create a new tool with the new name instead.", field="name")
+    if "approval_policy" in changed:
+        problems = approval_policy.policy_errors(fields["approval_policy"] or {}, path="approval_policy")
+        if problems:
+            raise ToolRefused("; ".join(problems), field="approval_policy")
+    loosened = _approval_loosened(current, fields, changed)
+    if loosened and not _owner_in_person(actor, current.tenant_id):
+        raise ToolRefused(f"{loosened[0]}; only the tenant's owner, signed in (not with an API key), can loosen a tool's own "
+                          "approval policy.", field="approval_policy" if "approval_policy" in changed else "requires_approval")
+    before = {"requires_approval": current.requires_approval, "approval_policy": current.approval_policy}
     for key in changed:
         setattr(current, key, fields[key])
     if changed:
         current.save()
+        if loosened:
+            record_change(tenant=current.tenant, actor=user, action="tool.approval_loosened", target=current,
+                          details=_audit_details(actor, loosened=loosened, before=before,
+                                                 after={"requires_approval": current.requires_approval,
+                                                        "approval_policy": current.approval_policy}))
         action = "tool.updated"
         if changed == ["enabled"]:
             action = "tool.enabled" if current.enabled else "tool.disabled"
