@@ -17,7 +17,9 @@ used, whether the variable is missing or the reference is not allowed, gives the
 
 Egress. A tenant's own OpenAI-compatible provider is called through the tools' SSRF guard
 (``tools/egress.py``): no loopback, private, link-local or metadata address unless listed in
-``PROVIDER_EGRESS_ALLOW`` (comma-separated hosts/CIDRs). Shared providers and the environment
+``PROVIDER_EGRESS_ALLOW`` (comma-separated hosts/CIDRs, each optionally with ``:port``). The client
+connects to the address it validated, for every request (no DNS-rebinding window), and a tenant
+provider's error messages never quote the target's response body. Shared providers and the environment
 default are set up by the platform's operators and are not restricted.
 
 Names. ``demo`` is the built-in deterministic provider (no network) and cannot be redefined.
