@@ -31,6 +31,7 @@ class AgentVersionAdmin(TenantScopedAdmin):
     list_filter = ["tenant", "model"]
     list_select_related = ["agent", "tenant"]
     actions = ["new_version_from"]
+    author_field = "created_by"  # who made a version is the user saving it, never a choice
 
     @admin.action(description="New version from this one (a copy you can edit)")
     def new_version_from(self, request: HttpRequest, queryset: Any) -> None:
@@ -48,7 +49,7 @@ class AgentVersionAdmin(TenantScopedAdmin):
         if obj is not None and obj.is_locked:
             # A version a run used is history: make a new version instead.
             return [f.name for f in self.model._meta.fields]
-        return ["created_at"]
+        return [*super().get_readonly_fields(request, obj), "created_at"]
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         """The form also holds the tools' approval floors for this user (a form error, as the service would refuse)."""

@@ -16,6 +16,7 @@ from agents.models import AgentVersion
 from marketplace import services
 from marketplace.models import ReleaseWeight
 from marketplace.release import observed_split, weight_errors
+from tenants.admin_mixins import TenantScopedInline
 from tenants.scoping import actor_for_user
 
 OBSERVED_WINDOW = 200
@@ -62,7 +63,7 @@ class ReleaseWeightFormSet(BaseInlineFormSet):
         return []
 
 
-class ReleaseWeightInline(admin.TabularInline):
+class ReleaseWeightInline(TenantScopedInline, admin.TabularInline):
     model = ReleaseWeight
     formset = ReleaseWeightFormSet
     extra = 0

@@ -6,12 +6,13 @@ from django.contrib import admin, messages
 from django.http import HttpRequest
 
 from tenants import services
-from tenants.admin_mixins import TenantScopedAdmin
+from tenants.admin_mixins import TenantScopedAdmin, TenantScopedInline
 from tenants.models import ApiKey, Membership, Tenant
 
 
-class MembershipInline(admin.TabularInline):
+class MembershipInline(TenantScopedInline, admin.TabularInline):
     model = Membership
+    manage_action = "own"  # people offered: members of the tenants the user owns
     extra = 0
     autocomplete_fields = ["user"]
 
