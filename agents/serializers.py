@@ -1,23 +1,55 @@
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from django.conf import settings
 from rest_framework import serializers
 
 from agents.models import Agent, AgentVersion, Run, RunEvent
+from agents.runtime.state import LLM_CALL_COUNT, LOOP_DETECTION, MESSAGES, SESSION_MODEL_CALLS, SESSION_USAGE
+
+#: A fact's key: a letter, then letters, digits, ``_ . : -``; 64 characters at most (keys starting with ``_`` are the loop's).
+FACT_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]{0,63}$")
+FACTS_MAX_KEYS = 50
+FACTS_MAX_BYTES = 16_384
+#: State keys the agent loop owns: a fact may not set them (the run would fail, or start with forged counters).
+LOOP_KEYS = frozenset({MESSAGES, LLM_CALL_COUNT, SESSION_MODEL_CALLS, SESSION_USAGE, LOOP_DETECTION})
+
+
+def fact_problems(facts: dict[str, Any]) -> list[str]:
+    """Why ``facts`` cannot start a run, checked at the request so a run never fails on them later."""
+    if len(facts) > FACTS_MAX_KEYS:
+        return [f"At most {FACTS_MAX_KEYS} keys; got {len(facts)}."]
+    problems = [f"Keys must match {FACT_KEY.pattern} (a letter first); got {key!r}." for key in facts if not FACT_KEY.match(key)]
+    problems += [f"{key!r} belongs to the agent loop; use another name." for key in facts if key in LOOP_KEYS]
+    size = len(json.dumps(facts, ensure_ascii=False).encode())
+    if size > FACTS_MAX_BYTES:
+        problems.append(f"At most {FACTS_MAX_BYTES} bytes as JSON; got {size}.")
+    return problems
 
 
 class RunCreateSerializer(serializers.Serializer):
     agent = serializers.SlugField(help_text="The agent's slug, e.g. order-assistant.")
     input = serializers.CharField(trim_whitespace=True, help_text="The user's message.")
     session = serializers.UUIDField(required=False, allow_null=True, help_text="Continue this session; omit to start one.")
-    facts = serializers.DictField(required=False, help_text="Business keys for the run (never shown to the model).")
+    facts = serializers.DictField(
+        required=False,
+        help_text=(f"Business keys for the run (never shown to the model): at most {FACTS_MAX_KEYS} keys matching "
+                   f"{FACT_KEY.pattern}, {FACTS_MAX_BYTES} bytes as JSON; not {', '.join(sorted(LOOP_KEYS))}."),
+    )
 
     def validate_input(self, value: str) -> str:
         limit = settings.RUN_INPUT_MAX_CHARS
         if len(value) > limit:
             raise serializers.ValidationError(f"Must be at most {limit} characters; got {len(value)}.")
+        return value
+
+    def validate_facts(self, value: dict[str, Any]) -> dict[str, Any]:
+        problems = fact_problems(value)
+        if problems:
+            raise serializers.ValidationError(problems)
         return value
 
 
@@ -83,7 +115,7 @@ class AgentVersionSerializer(serializers.ModelSerializer):
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     locked = serializers.SerializerMethodField(help_text="True once a run used it: it can no longer change.")
     current = serializers.SerializerMethodField(help_text="True if new runs of the agent use this version.")
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
 
     class Meta:
         model = AgentVersion

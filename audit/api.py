@@ -24,10 +24,10 @@ class NewestFirst(CursorPages):
 
 class ToolCallAuditSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    agent = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     version = serializers.SerializerMethodField()
-    user = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    api_key = serializers.SlugRelatedField(slug_field="prefix", read_only=True)
+    user = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    api_key = serializers.SlugRelatedField(slug_field="prefix", read_only=True, allow_null=True)
 
     class Meta:
         model = ToolCallAudit
@@ -43,8 +43,8 @@ class ToolCallAuditSerializer(serializers.ModelSerializer):
 
 
 class ConfigChangeSerializer(serializers.ModelSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    actor = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    actor = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
 
     class Meta:
         model = ConfigChange
@@ -52,27 +52,39 @@ class ConfigChangeSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-def _moment(raw: str, name: str, *, end_of_day: bool = False) -> dt.datetime:
-    """An ISO date-time (naive means the server's time zone) or a date (its start; for ``until``, its end)."""
-    value = parse_datetime(raw)
+def _moment(raw: str, name: str) -> dt.datetime | dt.date:
+    """An ISO date-time or a date; a wrong form or an impossible value (``2020-13-45``) is a 400 naming the parameter."""
+    message = f"Must be an ISO date-time (2024-11-28T14:30:00Z) or a date (2024-11-28); got {raw!r}."
+    try:  # parse_* return None for a wrong form and raise ValueError for an impossible value
+        value = parse_datetime(raw) or parse_date(raw)
+    except ValueError as exc:
+        raise exceptions.ValidationError({name: [f"{message} ({exc})"]}) from None
     if value is None:
-        day = parse_date(raw)
-        if day is None:
-            message = f"Must be an ISO date-time (2024-11-28T14:30:00Z) or a date (2024-11-28); got {raw!r}."
-            raise exceptions.ValidationError({name: [message]})
-        value = dt.datetime.combine(day + dt.timedelta(days=1) if end_of_day else day, dt.time.min)
-    return timezone.make_aware(value) if timezone.is_naive(value) else value
+        raise exceptions.ValidationError({name: [message]})
+    return value
+
+
+def _aware(value: dt.datetime, name: str) -> dt.datetime:
+    """In UTC (naive means the server's time zone); out of range (``0001-01-01T00:00+05:00``) is a 400."""
+    try:
+        return (timezone.make_aware(value) if timezone.is_naive(value) else value).astimezone(dt.UTC)
+    except (ValueError, OverflowError) as exc:
+        raise exceptions.ValidationError({name: [f"Out of range: {exc}."]}) from None
 
 
 def time_window(queryset: Any, params: Any) -> Any:
+    """``since`` (inclusive; a date from its start) and ``until`` (inclusive; a date to its end)."""
     if params.get("since"):
-        queryset = queryset.filter(created_at__gte=_moment(params["since"], "since"))
+        since = _moment(params["since"], "since")
+        if not isinstance(since, dt.datetime):
+            since = dt.datetime.combine(since, dt.time.min)
+        queryset = queryset.filter(created_at__gte=_aware(since, "since"))
     if params.get("until"):
-        until = params["until"]
-        if parse_datetime(until) is None and parse_date(until) is not None:
-            queryset = queryset.filter(created_at__lt=_moment(until, "until", end_of_day=True))
-        else:
-            queryset = queryset.filter(created_at__lte=_moment(until, "until"))
+        until = _moment(params["until"], "until")
+        if isinstance(until, dt.datetime):
+            queryset = queryset.filter(created_at__lte=_aware(until, "until"))
+        elif until < dt.date.max:  # a date: before the next day starts
+            queryset = queryset.filter(created_at__lt=_aware(dt.datetime.combine(until + dt.timedelta(days=1), dt.time.min), "until"))
     return queryset
 
 

@@ -10,14 +10,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from agents.routing import websocket_urlpatterns  # noqa: E402
+from config.body_limit import BodyLimit  # noqa: E402
 from console.routing import websocket_urlpatterns as console_websocket_urlpatterns  # noqa: E402
 from tenants.ws_auth import WebsocketAuthMiddleware  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": BodyLimit(django_asgi_app, limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE),  # uvicorn has no body limit
         "websocket": WebsocketAuthMiddleware(URLRouter(websocket_urlpatterns + console_websocket_urlpatterns)),
     }
 )

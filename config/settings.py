@@ -168,7 +168,16 @@ if PROMETHEUS_MULTIPROC_DIR:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = PROMETHEUS_MULTIPROC_DIR
 
 # --- API ----------------------------------------------------------------------------------
+#: The largest request body (bytes) any endpoint accepts; larger is a 413 at the ASGI edge (config/body_limit.py) and in Django.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BODY_BYTES", 2_621_440, minimum=65_536)
+
 REST_FRAMEWORK = {
+    # JSON bounded in size and nesting depth (config/parsers.py); forms as DRF parses them.
+    "DEFAULT_PARSER_CLASSES": [
+        "config.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "tenants.auth.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
@@ -196,6 +205,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Every operation documents the errors the API answers with (400, 401, 403, 404, 413, 415, 429) and their body.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "config.schema.document_error_responses"],
 }
 
 # --- Channels -----------------------------------------------------------------------------

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+import config.schema  # noqa: F401  (registers the API key's security scheme with drf-spectacular)
 from config.health import healthz
 from config.metrics_view import metrics
 
@@ -20,3 +21,8 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="prometheus-django-metrics"),
 ]
+
+# Under /api/ errors raised outside the API's views (no route matched, a refused request) are JSON too (config/api.py).
+handler400 = "config.api.bad_request"
+handler404 = "config.api.not_found"
+handler500 = "config.api.server_error"

@@ -16,8 +16,10 @@ from agents.models import Agent
 from marketplace import services
 from marketplace.models import Plugin, PluginInstall
 from marketplace.serializers import (
+    InstallConfigSerializer,
     InstallCreateSerializer,
     InstallSerializer,
+    InstallUpgradeSerializer,
     PluginSerializer,
     ReleaseSerializer,
     ReleaseUpdateSerializer,
@@ -70,23 +72,25 @@ class PluginInstallViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Ten
                         config=body.validated_data.get("config"))
         return Response(InstallSerializer(install).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=InstallCreateSerializer(partial=True), responses={200: InstallSerializer})
+    @extend_schema(request=InstallConfigSerializer, responses={200: InstallSerializer})
     def partial_update(self, request: Request, pk: Any = None) -> Response:
         install = self.get_object()
-        config = request.data.get("config")
-        if not isinstance(config, dict):
-            raise serializers.ValidationError({"config": ["Send the whole configuration as a JSON object."]})
-        install = _call(services.configure_plugin, install=install, config=config, actor=self.actor)
+        body = InstallConfigSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        install = _call(services.configure_plugin, install=install, config=body.validated_data["config"], actor=self.actor)
         return Response(InstallSerializer(install).data)
 
     def destroy(self, request: Request, pk: Any = None) -> Response:
         _call(services.uninstall_plugin, install=self.get_object(), actor=self.actor)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(request=None, responses={200: InstallSerializer})
+    @extend_schema(request=InstallUpgradeSerializer, responses={200: InstallSerializer})
     @action(detail=True, methods=["post"])
     def upgrade(self, request: Request, pk: Any = None) -> Response:
-        install = _call(services.upgrade_plugin, install=self.get_object(), actor=self.actor, config=request.data.get("config"))
+        install = self.get_object()
+        body = InstallUpgradeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        install = _call(services.upgrade_plugin, install=install, actor=self.actor, config=body.validated_data.get("config"))
         return Response(InstallSerializer(install).data)
 
     @extend_schema(request=None, responses={200: InstallSerializer})

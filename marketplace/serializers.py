@@ -42,10 +42,19 @@ class InstallCreateSerializer(serializers.Serializer):
     config = serializers.DictField(required=False, help_text="The tenant's configuration (the plugin's config_schema).")
 
 
+class InstallConfigSerializer(serializers.Serializer):
+    config = serializers.DictField(help_text="The whole new configuration, as a JSON object (the plugin's config_schema).")
+
+
+class InstallUpgradeSerializer(serializers.Serializer):
+    config = serializers.DictField(required=False, allow_null=True,
+                                   help_text="A new configuration for the new version; omit it to keep the current one.")
+
+
 class ReleaseSerializer(serializers.ModelSerializer):
     agent = serializers.SlugField(source="slug", read_only=True)
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    stable_version = serializers.IntegerField(source="current_version.number", read_only=True, default=None)
+    stable_version = serializers.IntegerField(source="current_version.number", read_only=True, default=None, allow_null=True)
     weights = serializers.SerializerMethodField()
     guards = serializers.SerializerMethodField()
 

@@ -1,0 +1,97 @@
+"""OpenAPI: every operation documents the errors the API answers with, and the shape of their bodies.
+
+A drf-spectacular postprocessing hook, so no view repeats them: 400 (a field or parameter was wrong), 401 (no or a
+bad key), 403 (the role does not allow it), 404 (not found here; operations with a path parameter), 406 (an
+``Accept`` the API cannot produce), 413 (a body over the limit), 415 (a body that is not JSON or a form) and 429
+(throttled, with ``Retry-After``). Codes a view documents itself are kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+ERROR = "Error"
+VALIDATION_ERROR = "ValidationError"
+
+_SCHEMAS: dict[str, dict[str, Any]] = {
+    ERROR: {
+        "type": "object",
+        "description": "What was wrong and what to do about it.",
+        "properties": {"detail": {"type": "string"}},
+        "required": ["detail"],
+    },
+    VALIDATION_ERROR: {
+        "type": "object",
+        "description": (
+            "Each key names the field, query parameter or header that was wrong (``detail`` for the body as a whole, "
+            "``non_field_errors`` for a combination); each value lists the problems, or maps a nested key to them."
+        ),
+        "additionalProperties": {
+            "anyOf": [{"type": "string"}, {"type": "array", "items": {}}, {"type": "object"}],
+        },
+        "example": {"facts": ["Keys must match ^[A-Za-z][A-Za-z0-9_.:-]{0,63}$; got ''."]},
+    },
+}
+
+_RETRY_AFTER = {
+    "Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer", "minimum": 0}},
+}
+
+_ALWAYS: dict[str, tuple[str, str]] = {
+    "400": (VALIDATION_ERROR, "A field, query parameter or header was wrong (or the body is not valid JSON); the body names it."),
+    "401": (ERROR, "No valid API key (Authorization: Bearer <key>) or session."),
+    "403": (ERROR, "The key's role in this tenant does not allow this action."),
+    "406": (ERROR, "The Accept header asks for a format the API does not produce (it produces JSON)."),
+    "413": (ERROR, "The request body is larger than the documented limit (MAX_REQUEST_BODY_BYTES, 2.5 MB by default)."),
+    "429": (ERROR, "Too many requests for this key; retry after Retry-After seconds."),
+}
+_WITH_PATH_PARAMETER = {"404": (ERROR, "No such object among the tenants this key can see.")}
+_WITH_BODY = {"415": (ERROR, "The body is not application/json (or a form).")}
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _response(schema: str, description: str, status: str) -> dict[str, Any]:
+    response: dict[str, Any] = {"description": description, "content": {"application/json": {"schema": _ref(schema)}}}
+    if status == "429":
+        response["headers"] = dict(_RETRY_AFTER)
+    return response
+
+
+def _has_path_parameter(path_item: dict[str, Any], operation: dict[str, Any]) -> bool:
+    parameters = [*path_item.get("parameters", []), *operation.get("parameters", [])]
+    return any(p.get("in") == "path" for p in parameters)
+
+
+class ApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[misc]
+    """``tenants.auth.ApiKeyAuthentication`` in the schema (registered when config.urls imports this module)."""
+
+    target_class = "tenants.auth.ApiKeyAuthentication"
+    name = "apiKey"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "An API key of a tenant: Authorization: Bearer aok_..."}
+
+
+def document_error_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """Add the common error responses to every operation (codes an operation documents itself win)."""
+    result.setdefault("components", {}).setdefault("schemas", {}).update(_SCHEMAS)
+    for path_item in result.get("paths", {}).values():
+        for method, operation in path_item.items():
+            if method not in {"get", "post", "put", "patch", "delete"}:
+                continue
+            codes = dict(_ALWAYS)
+            if _has_path_parameter(path_item, operation):
+                codes.update(_WITH_PATH_PARAMETER)
+            if "requestBody" in operation:
+                codes.update(_WITH_BODY)
+            responses = operation.setdefault("responses", {})
+            for status, (schema, description) in codes.items():
+                existing = responses.get(status)
+                if existing is None or "content" not in existing:
+                    responses[status] = _response(schema, description, status)
+    return result
