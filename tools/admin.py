@@ -5,9 +5,11 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from agents.runtime import approval_policy
 from tenants.admin_mixins import TenantScopedAdmin
 from tools import services
 from tools.models import Tool
+from tools.serializers import WRITABLE_FIELDS, ToolSerializer
 
 
 @admin.register(Tool)
@@ -21,6 +23,50 @@ class ToolAdmin(TenantScopedAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         # The kill switch is flipped with the list actions (audited), and a plugin's link is the install's business.
         return ["enabled", "plugin_install", "created_at", "updated_at"] if obj is not None else ["plugin_install"]
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        """The API's checks, field by field, as form errors: the admin accepts no tool definition the API refuses."""
+        base = super().get_form(request, obj, change, **kwargs)
+        actor = self._actor(request)
+
+        class CheckedToolForm(base):  # type: ignore[valid-type,misc]
+            def _post_clean(self) -> None:
+                super()._post_clean()
+                if self.errors:
+                    return
+                current = Tool.objects.filter(pk=self.instance.pk).first()
+                writable = [f for f in WRITABLE_FIELDS if f in self.cleaned_data]
+                data = {f: self.cleaned_data[f] for f in writable if current is None or f in self.changed_data}
+                body = ToolSerializer(current, data=data, partial=current is not None,
+                                      context={"tenant": self.cleaned_data.get("tenant") or getattr(current, "tenant", None)})
+                if not body.is_valid():
+                    for name, problems in body.errors.items():
+                        self.add_error(name if name in self.fields else None, [str(p) for p in problems]
+                                       if isinstance(problems, list) else str(problems))
+                    return
+                if "approval_policy" in self.changed_data:
+                    for problem in approval_policy.policy_errors(self.cleaned_data.get("approval_policy") or {}):
+                        self.add_error("approval_policy", problem)
+                if current is not None:
+                    for problem in services.approval_loosening_refusal(tool=current, actor=actor, fields=self.cleaned_data,
+                                                                       changed=list(self.changed_data)):
+                        self.add_error(problem[0], problem[1])
+
+        return CheckedToolForm
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """Through the tool service: the same validation, the same floors and the same audit row as the API."""
+        actor = self._actor(request)
+        fields = {name: form.cleaned_data[name] for name in services.TOOL_FIELDS if name in form.cleaned_data}
+        if change:
+            saved = services.update_tool(tool=obj, actor=actor, **{k: v for k, v in fields.items() if k in form.changed_data})
+        else:
+            saved = services.create_tool(tenant=form.cleaned_data["tenant"], actor=actor, **fields)
+        obj.pk = saved.pk
+        obj._state.adding = False
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        services.delete_tool(tool=obj, actor=self._actor(request))
 
     @admin.action(description="Kill switch: switch the selected tools off", permissions=["change"])
     def switch_off(self, request: HttpRequest, queryset: Any) -> None:

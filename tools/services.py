@@ -88,6 +88,7 @@ def create_tool(*, tenant: Any, actor: Any, **fields: Any) -> Tool:
     from django.db import IntegrityError
 
     user = getattr(actor, "user", actor)
+    _check_policy(fields)
     _name_taken(tenant, fields["name"])
     try:
         with transaction.atomic():
@@ -114,6 +115,22 @@ def _approval_loosened(tool: Tool, fields: dict[str, Any], changed: list[str]) -
     return approval_policy.looser_fields(old, new, path="approval_policy")
 
 
+def _check_policy(fields: dict[str, Any]) -> None:
+    problems = approval_policy.policy_errors(fields.get("approval_policy") or {}, path="approval_policy")
+    if problems:
+        raise ToolRefused("; ".join(problems), field="approval_policy")
+
+
+def approval_loosening_refusal(*, tool: Tool, actor: Any, fields: dict[str, Any], changed: list[str]) -> list[tuple[str, str]]:
+    """``[(field, message)]`` when ``actor`` may not make this change to the tool's approval (empty: it may)."""
+    loosened = _approval_loosened(tool, fields, [c for c in changed if c in TOOL_FIELDS])
+    if not loosened or _owner_in_person(actor, tool.tenant_id):
+        return []
+    field = "approval_policy" if "approval_policy" in changed else "requires_approval"
+    return [(field, f"{loosened[0]}; only the tenant's owner, signed in (not with an API key), can loosen a tool's own "
+                    "approval policy.")]
+
+
 @transaction.atomic
 def update_tool(*, tool: Tool, actor: Any, **fields: Any) -> Tool:
     """Change a tool; a plugin's tool can only be switched on or off, a name in use by agents cannot change."""
@@ -130,13 +147,11 @@ def update_tool(*, tool: Tool, actor: Any, **fields: Any) -> Tool:
             raise ToolRefused(f"Agent versions list the tool by its name {current.name!r} ({', '.join(users)}); renaming it "
                               "would break them. Create a new tool with the new name instead.", field="name")
     if "approval_policy" in changed:
-        problems = approval_policy.policy_errors(fields["approval_policy"] or {}, path="approval_policy")
-        if problems:
-            raise ToolRefused("; ".join(problems), field="approval_policy")
+        _check_policy(fields)
+    refusal = approval_loosening_refusal(tool=current, actor=actor, fields=fields, changed=changed)
+    if refusal:
+        raise ToolRefused(refusal[0][1], field=refusal[0][0])
     loosened = _approval_loosened(current, fields, changed)
-    if loosened and not _owner_in_person(actor, current.tenant_id):
-        raise ToolRefused(f"{loosened[0]}; only the tenant's owner, signed in (not with an API key), can loosen a tool's own "
-                          "approval policy.", field="approval_policy" if "approval_policy" in changed else "requires_approval")
     before = {"requires_approval": current.requires_approval, "approval_policy": current.approval_policy}
     for key in changed:
         setattr(current, key, fields[key])
