@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as ModelValidationError
 from django.db.models import Exists, OuterRef
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -71,7 +71,11 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             OpenApiParameter("after", int, description="Return events with seq greater than this (default 0)."),
             OpenApiParameter("limit", int, description=f"Page size, at most {EVENTS_PAGE_MAX} (default 100)."),
         ],
-        responses={200: RunEventSerializer(many=True)},
+        responses={200: inline_serializer("RunEventPage", {
+            "run": serializers.UUIDField(), "status": serializers.CharField(), "events": RunEventSerializer(many=True),
+            "next_after": serializers.IntegerField(help_text="Pass as after= for the next page."),
+            "has_more": serializers.BooleanField(), "next": serializers.URLField(allow_null=True),
+        })},
     )
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: Any = None) -> Response:
@@ -90,7 +94,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             "next_after": next_after, "has_more": has_more, "next": next_url,
         })
 
-    @extend_schema(request=None, responses={202: RunSerializer})
+    @extend_schema(request=None, responses={202: RunSerializer, 409: None})
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: Any = None) -> Response:
         run = self.get_object()
@@ -200,6 +204,7 @@ class AgentVersionViewSet(TenantScopedViewSet):
             version = services.update_version(actor=self.actor, version=version, **fields)
         return Response(AgentVersionSerializer(self.versions(version.agent).get(pk=version.pk)).data)
 
+    @extend_schema(request=AgentVersionWriteSerializer, responses={200: AgentVersionSerializer, 409: None})
     def partial_update(self, request: Request, slug: str, number: int) -> Response:
         return self.update(request, slug, number, partial=True)
 

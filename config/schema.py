@@ -62,6 +62,13 @@ def _response(schema: str, description: str, status: str) -> dict[str, Any]:
     return response
 
 
+def _described(response: dict[str, Any], status: str) -> str:
+    description = response.get("description") or ""
+    if description and description != "No response body":
+        return str(description)
+    return "The object is in a state that does not allow this (e.g. a version a run used)." if status == "409" else "Refused."
+
+
 def _has_path_parameter(path_item: dict[str, Any], operation: dict[str, Any]) -> bool:
     parameters = [*path_item.get("parameters", []), *operation.get("parameters", [])]
     return any(p.get("in") == "path" for p in parameters)
@@ -94,4 +101,7 @@ def document_error_responses(result: dict[str, Any], generator: Any, request: An
                 existing = responses.get(status)
                 if existing is None or "content" not in existing:
                     responses[status] = _response(schema, description, status)
+            for status, response in responses.items():  # e.g. a view's ``409: None``: errors always have a body
+                if status.startswith("4") and "content" not in response:
+                    responses[status] = _response(ERROR, _described(response, status), status)
     return result
