@@ -11,6 +11,7 @@ of bytes and measures the nesting before decoding.
 from __future__ import annotations
 
 import codecs
+import io
 import re
 from itertools import accumulate
 from typing import Any
@@ -86,3 +87,26 @@ class JSONParser(parsers.JSONParser):
         if "\\u0000" in text and contains_nul(data):
             raise ParseError("Text in the body may not contain NUL (\\u0000) characters.")
         return data
+
+
+class FormParser(parsers.FormParser):
+    """Form bodies, bounded like JSON (DRF's own reads the whole stream, whatever its size)."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+        raw = read_bounded(stream, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+        return super().parse(io.BytesIO(raw), media_type, parser_context)
+
+
+class MultiPartParser(parsers.MultiPartParser):
+    """Multipart bodies, bounded by their declared length (Django bounds only the non-file fields)."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+        request = (parser_context or {}).get("request")
+        meta = getattr(request, "META", {}) if request is not None else {}
+        try:
+            declared = int(meta.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        if declared > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
+            raise RequestDataTooBig(too_big_message(settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
+        return super().parse(stream, media_type, parser_context)

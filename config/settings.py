@@ -13,13 +13,16 @@ from pathlib import Path
 
 from csp.constants import NONCE, NONE, SELF
 
-from config.env import env_bool, env_database, env_header, env_int, env_list, env_rate, env_redis, env_str, secret_key
+from config.env import env_bool, env_database, env_header, env_int, env_key, env_list, env_rate, env_redis, env_str, secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("AGENTOPS_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = secret_key("SECRET_KEY", debug=DEBUG, local_file=VAR_DIR / "secret_key")
+#: The audit chains' HMAC key (audit/chain.py). Never stored in the database: whoever can write the database but not
+#: read this cannot rewrite a sealed row. Default: derived from SECRET_KEY (a separate value is better).
+AUDIT_HMAC_KEY = env_key("AUDIT_HMAC_KEY")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -172,12 +175,8 @@ if PROMETHEUS_MULTIPROC_DIR:
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BODY_BYTES", 2_621_440, minimum=65_536)
 
 REST_FRAMEWORK = {
-    # JSON bounded in size and nesting depth (config/parsers.py); forms as DRF parses them.
-    "DEFAULT_PARSER_CLASSES": [
-        "config.parsers.JSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
-    ],
+    # Bodies bounded in size (DATA_UPLOAD_MAX_MEMORY_SIZE), JSON also in nesting depth (config/parsers.py).
+    "DEFAULT_PARSER_CLASSES": ["config.parsers.JSONParser", "config.parsers.FormParser", "config.parsers.MultiPartParser"],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "tenants.auth.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",

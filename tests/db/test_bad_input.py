@@ -50,6 +50,18 @@ def test_a_body_over_the_limit_is_a_413_with_a_json_error(world: World) -> None:
     assert not Run.objects.exists()
 
 
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "multipart/form-data; boundary=BoUnDaRy"])
+def test_a_form_body_over_the_limit_is_a_413_too(world: World, content_type: str) -> None:
+    if content_type.startswith("multipart"):
+        body = (b'--BoUnDaRy\r\nContent-Disposition: form-data; name="input"\r\n\r\n' + b"x" * (3 * 1024 * 1024)
+                + b'\r\n--BoUnDaRy--\r\n')
+    else:
+        body = b"agent=order-assistant&input=" + b"x" * (3 * 1024 * 1024)
+    response = client_for(world).post("/api/v1/runs", data=body, content_type=content_type)
+    assert response.status_code == 413, response.content[:300]
+    assert response.json()["detail"].startswith("The request body is larger than")
+
+
 def test_a_body_just_under_the_limit_still_reaches_validation(world: World) -> None:
     body = json.dumps({"agent": "order-assistant", "input": "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE - 100)})
     response = post_raw(client_for(world), "/api/v1/runs", body)
