@@ -1,19 +1,29 @@
-"""Hash-chaining of tool-call audit rows, per tenant.
+"""Keyed hash chains over the audit: tool-call rows (per tenant) and configuration changes (per tenant, and platform).
 
-When a row reaches its final status it is sealed: it gets the tenant's next ``chain_seq``, the
-previous row's hash, and its own hash over its content and that link. Editing or deleting a
-sealed row breaks the chain at that row, which ``manage.py verify_audit`` reports.
+When a tool-call row reaches its final status it is sealed: it gets the tenant's next ``chain_seq``, the
+previous row's hash, and its own HMAC-SHA256 over its content and that link. A configuration change is
+chained the moment it is written. The key (``settings.AUDIT_HMAC_KEY``, by default derived from
+``SECRET_KEY``) never enters the database, so whoever can write the database but not read the key can
+neither edit a row and recompute its hash nor forge a new chain. Deleting the newest rows and lowering the
+head is caught against an exported record of the heads (``export_heads`` / ``check_against``), kept where
+the database's writers cannot reach.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from audit.models import AuditChainHead, ToolCallAudit
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit.models import AuditChainHead, ConfigChainHead, ConfigChange, ToolCallAudit
 
 HASHED_FIELDS = (
     "tenant_id",
@@ -37,6 +47,18 @@ HASHED_FIELDS = (
     "chain_seq",
     "prev_hash",
 )
+CHANGE_FIELDS = ("tenant_id", "actor_id", "action", "target_type", "target_id", "target_repr", "chain", "chain_seq", "prev_hash")
+
+
+@cache
+def _key(label: str) -> bytes:
+    material = settings.AUDIT_HMAC_KEY or settings.SECRET_KEY
+    return hmac.new(material.encode(), f"agentops audit {label} v1".encode(), hashlib.sha256).digest()
+
+
+def _mac(label: str, data: dict[str, Any]) -> str:
+    payload = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hmac.new(_key(label), payload, hashlib.sha256).hexdigest()
 
 
 def digest(row: ToolCallAudit) -> str:
@@ -44,7 +66,14 @@ def digest(row: ToolCallAudit) -> str:
     data["run_id"] = str(data["run_id"]) if data["run_id"] is not None else None
     data["session_id"] = str(data["session_id"]) if data["session_id"] is not None else None
     data["created_at"] = row.created_at.isoformat(timespec="microseconds")
-    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return _mac("tool-call chain", data)
+
+
+def change_digest(row: ConfigChange) -> str:
+    data: dict[str, Any] = {name: getattr(row, name) for name in CHANGE_FIELDS}
+    data["details"] = row.details
+    data["created_at"] = row.created_at.isoformat(timespec="microseconds")
+    return _mac("config chain", data)
 
 
 def write_sealed(writes: list[Any], tenant_id: int) -> None:
@@ -84,36 +113,114 @@ def write_sealed(writes: list[Any], tenant_id: int) -> None:
     head.save(update_fields=["seq", "hash"])
 
 
+def change_chain(tenant_id: int | None) -> str:
+    return f"tenant:{tenant_id}" if tenant_id is not None else "platform"
+
+
+def append_change(row: ConfigChange) -> ConfigChange:
+    """Chain and write a new configuration change (in the caller's transaction, or its own)."""
+    row.created_at = timezone.now()
+    row.details = json.loads(json.dumps(row.details or {}, default=str))  # hash exactly what the JSON column will hold
+    row.chain = change_chain(row.tenant_id)
+    with transaction.atomic():
+        ConfigChainHead.objects.bulk_create([ConfigChainHead(chain=row.chain)], ignore_conflicts=True)
+        head = ConfigChainHead.objects.select_for_update().get(chain=row.chain)
+        head.seq += 1
+        row.chain_seq, row.prev_hash = head.seq, head.hash
+        row.row_hash = change_digest(row)
+        head.hash = row.row_hash
+        row.save()
+        head.save(update_fields=["seq", "hash"])
+    return row
+
+
 @dataclass(frozen=True)
 class Break:
-    tenant_id: int
+    chain: str
     row_id: int | None
     chain_seq: int
     reason: str
 
 
-def verify_tenant(tenant_id: int) -> tuple[int, Break | None]:
-    """Walk a tenant's sealed rows in chain order; return how many were checked and the first break."""
+def _walk(chain: str, rows: Iterable[Any], hasher: Any, head_seq: int | None) -> tuple[int, str, Break | None]:
     expected_prev = ""
     expected_seq = 1
     checked = 0
-    rows: Iterator[ToolCallAudit] = (
-        ToolCallAudit.objects.filter(tenant_id=tenant_id, chain_seq__isnull=False).order_by("chain_seq").iterator(chunk_size=2000)
-    )
     for row in rows:
-        assert row.chain_seq is not None
         if row.chain_seq != expected_seq:
-            return checked, Break(tenant_id, row.pk, expected_seq, f"row with chain_seq {expected_seq} is missing (deleted?)")
+            return checked, expected_prev, Break(chain, row.pk, expected_seq, f"row with chain_seq {expected_seq} is missing (deleted?)")
         if row.prev_hash != expected_prev:
-            return checked, Break(tenant_id, row.pk, row.chain_seq, "its link to the previous row does not match")
-        if digest(row) != row.row_hash:
-            return checked, Break(tenant_id, row.pk, row.chain_seq, "its content does not match its hash (edited?)")
+            return checked, expected_prev, Break(chain, row.pk, row.chain_seq, "its link to the previous row does not match")
+        if not hmac.compare_digest(hasher(row), row.row_hash):
+            return checked, expected_prev, Break(chain, row.pk, row.chain_seq,
+                                                 "its content does not match its keyed hash (edited, or rehashed without the key?)")
         expected_prev = row.row_hash
         expected_seq += 1
         checked += 1
+    if head_seq is not None and head_seq != checked:
+        return checked, expected_prev, Break(chain, None, checked + 1,
+                                             f"the chain head says {head_seq} rows, found {checked} (rows deleted at the end?)")
+    return checked, expected_prev, None
+
+
+def _tool_rows(tenant_id: int) -> Iterator[ToolCallAudit]:
+    return ToolCallAudit.objects.filter(tenant_id=tenant_id, chain_seq__isnull=False).order_by("chain_seq").iterator(chunk_size=2000)
+
+
+def verify_tenant(tenant_id: int) -> tuple[int, Break | None]:
+    """Walk a tenant's sealed tool-call rows in chain order; return how many were checked and the first break."""
     head = AuditChainHead.objects.filter(tenant_id=tenant_id).first()
-    if head is not None and head.seq != checked:
-        return checked, Break(
-            tenant_id, None, checked + 1, f"the chain head says {head.seq} rows, found {checked} (rows deleted at the end?)"
-        )
-    return checked, None
+    checked, _last, brk = _walk(f"tools:{tenant_id}", _tool_rows(tenant_id), digest, head.seq if head is not None else None)
+    return checked, brk
+
+
+def verify_changes(chain: str) -> tuple[int, Break | None]:
+    """Walk one configuration-change chain (``tenant:<id>`` or ``platform``)."""
+    head = ConfigChainHead.objects.filter(chain=chain).first()
+    rows = ConfigChange.objects.filter(chain=chain, chain_seq__isnull=False).order_by("chain_seq").iterator(chunk_size=2000)
+    checked, _last, brk = _walk(f"config:{chain}", rows, change_digest, head.seq if head is not None else None)
+    return checked, brk
+
+
+def unchained_changes(tenant_ids: Iterable[int] | None = None) -> int:
+    """Configuration changes written around ``append_change`` (no place in a chain): each one is suspect."""
+    rows = ConfigChange.objects.filter(chain_seq__isnull=True)
+    return (rows.filter(tenant_id__in=list(tenant_ids)) if tenant_ids is not None else rows).count()
+
+
+# --- exported heads: a small signed record kept elsewhere, to catch a deleted tail ----------------------------------
+
+
+def current_heads() -> dict[str, dict[str, Any]]:
+    heads = {f"tools:{h.tenant_id}": {"seq": h.seq, "hash": h.hash} for h in AuditChainHead.objects.all()}
+    heads.update({f"config:{h.chain}": {"seq": h.seq, "hash": h.hash} for h in ConfigChainHead.objects.all()})
+    return heads
+
+
+def export_heads() -> dict[str, Any]:
+    body = {"format": "agentops-audit-heads/1", "exported_at": timezone.now().isoformat(), "chains": current_heads()}
+    return {**body, "signature": _mac("exported heads", body)}
+
+
+def check_against(record: Any) -> list[str]:
+    """Problems with the database compared with an exported record (empty: every exported row is still there)."""
+    if not isinstance(record, dict) or not isinstance(record.get("chains"), dict) or "signature" not in record:
+        return ["the exported record is not an agentops audit-heads file"]
+    body = {k: v for k, v in record.items() if k != "signature"}
+    if not hmac.compare_digest(_mac("exported heads", body), str(record["signature"])):
+        return ["the exported record's signature does not match (the file was changed, or another key signed it)"]
+    problems: list[str] = []
+    for name, exported in sorted(record["chains"].items()):
+        kind, _, ident = name.partition(":")
+        seq, want = int(exported.get("seq", 0)), str(exported.get("hash", ""))
+        if seq == 0:
+            continue
+        if kind == "tools":
+            row = ToolCallAudit.objects.filter(tenant_id=ident, chain_seq=seq).only("row_hash").first()
+        else:
+            row = ConfigChange.objects.filter(chain=ident, chain_seq=seq).only("row_hash").first()
+        if row is None:
+            problems.append(f"{name}: row {seq} of the exported head is gone (rows deleted at the end of the chain?)")
+        elif not hmac.compare_digest(row.row_hash, want):
+            problems.append(f"{name}: row {seq} no longer has the exported hash (the chain was rewritten)")
+    return problems

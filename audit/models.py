@@ -83,12 +83,18 @@ class ConfigChange(AppendOnly):
     target_id = models.CharField(max_length=64, blank=True)
     target_repr = models.CharField(max_length=300, blank=True)
     details = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # The tamper-evident chain: per tenant, and one for platform changes (no tenant), in the order rows were written.
+    chain = models.CharField(max_length=32, default="", editable=False)
+    chain_seq = models.PositiveBigIntegerField(null=True, blank=True, editable=False)
+    prev_hash = models.CharField(max_length=64, blank=True, editable=False)
+    row_hash = models.CharField(max_length=64, blank=True, editable=False)
 
     objects = TenantScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["chain", "chain_seq"], name="config_change_chain_seq_unique")]
 
     def __str__(self) -> str:
         return f"{self.action} {self.target_repr}"
@@ -103,3 +109,14 @@ class AuditChainHead(models.Model):
 
     def __str__(self) -> str:
         return f"audit chain of tenant {self.tenant_id} at {self.seq}"
+
+
+class ConfigChainHead(models.Model):
+    """The last configuration change of a chain (``tenant:<id>`` or ``platform``): locked while a change is appended."""
+
+    chain = models.CharField(max_length=32, primary_key=True)
+    seq = models.PositiveBigIntegerField(default=0)
+    hash = models.CharField(max_length=64, default="")
+
+    def __str__(self) -> str:
+        return f"configuration chain {self.chain} at {self.seq}"

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from audit.chain import append_change
 from audit.models import ConfigChange
+from tenants.scoping import Actor
 
 
 def record_change(*, tenant: Any, actor: Any, action: str, target: Any = None, details: dict[str, Any] | None = None) -> ConfigChange:
+    if isinstance(actor, Actor):
+        actor = actor.user  # the person behind the request (an API key's owner); the services' other callers pass a user
     user = actor if getattr(actor, "is_authenticated", False) else None
-    return ConfigChange.objects.create(
+    return append_change(ConfigChange(
         tenant=tenant,
         actor=user,
         action=action,
@@ -17,4 +21,4 @@ def record_change(*, tenant: Any, actor: Any, action: str, target: Any = None, d
         target_id=str(getattr(target, "pk", "") or ""),
         target_repr=str(target)[:300] if target is not None else "",
         details=details or {},
-    )
+    ))

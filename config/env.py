@@ -120,3 +120,11 @@ def secret_key(name: str, *, debug: bool, local_file: Path) -> str:
     local_file.write_text(generated)
     local_file.chmod(0o600)
     return generated
+
+
+def env_key(name: str, *, min_length: int = 32) -> str:
+    """An optional secret key: empty when unset, at least ``min_length`` characters when set."""
+    value = _raw(name) or ""
+    if value and len(value) < min_length:
+        raise ImproperlyConfigured(f"{name} must be at least {min_length} characters long (a random string, kept outside the database).")
+    return value
