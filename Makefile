@@ -43,10 +43,10 @@ lint: $(VENV)/.dev-installed
 # Celery worker process; unset: the embedded default). When it ran on PostgreSQL/Redis, the live-stack
 # tests run a second time on the embedded default, so both run modes are exercised.
 test: $(VENV)/.dev-installed lint chromium
-	DEBUG=false SECRET_KEY=test-only-secret-key-0123456789abcdefghij $(VENV)/bin/pytest $(PYTEST_ARGS)
+	DEBUG=false HTTPS_ONLY=false SECRET_KEY=test-only-secret-key-0123456789abcdefghij $(VENV)/bin/pytest $(PYTEST_ARGS)
 	@if [ -n "$$REDIS_URL" ]; then \
 		echo "== live-stack tests again on the embedded default (SQLite, in-process worker) =="; \
-		env -u DATABASE_URL -u REDIS_URL DEBUG=false SECRET_KEY=test-only-secret-key-0123456789abcdefghij \
+		env -u DATABASE_URL -u REDIS_URL DEBUG=false HTTPS_ONLY=false SECRET_KEY=test-only-secret-key-0123456789abcdefghij \
 			$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS); \
 	fi
 

@@ -138,9 +138,21 @@ SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
-if not DEBUG:
-    SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
-    CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+#: Served over TLS (the default when DEBUG is off): http redirects to https, cookies are secure, HSTS is sent.
+#: HTTPS_ONLY=false only for plain http on a trusted network, such as the test suite on 127.0.0.1.
+HTTPS_ONLY = env_bool("HTTPS_ONLY", not DEBUG)
+if HTTPS_ONLY:
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]  # probes and the scraper, inside the network
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+#: Behind a TLS-terminating proxy: the header it sets to "https" (e.g. X-Forwarded-Proto). Trust it only if the
+#: proxy always sets (or strips) it; unset = the connection itself says whether it is TLS.
+_proxy_ssl_header = env_str("SECURE_PROXY_SSL_HEADER", "")
+if _proxy_ssl_header:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https")
 
 # One Content-Security-Policy for every page (django-csp): scripts and styles from our static files, or inline
 # only with the response's nonce (the API docs' style block); no inline event handlers, no eval, no framing.

@@ -129,7 +129,7 @@ def make_live_stack(extra_env: dict[str, str] | None = None) -> LiveStack:
     logdir = Path(tempfile.mkdtemp(prefix="agentops-live-"))
     env = dict(os.environ)
     env.update(
-        DATABASE_URL=_database_url(), DEBUG="false", SECRET_KEY=settings.SECRET_KEY, AGENTOPS_VAR_DIR=str(logdir),
+        DATABASE_URL=_database_url(), DEBUG="false", HTTPS_ONLY="false", SECRET_KEY=settings.SECRET_KEY, AGENTOPS_VAR_DIR=str(logdir),
         PYTHONUNBUFFERED="1", RUN_LEASE_SECONDS=os.environ.get("TEST_RUN_LEASE_SECONDS", "8"),
         # Test-only tools (slow ones, for durability tests), loaded like an operator's site-specific tools.
         AGENTOPS_EXTRA_TOOL_MODULES="tests.support.slow_tools",
