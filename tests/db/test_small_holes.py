@@ -108,7 +108,7 @@ def test_every_page_carries_one_csp_without_unsafe_inline_script(client: Any, wo
     response = client.get(path)
     assert response.status_code == 200, (path, response.status_code)
     policy = response["Content-Security-Policy"]
-    directives = dict((d.strip().split(" ", 1) + [""])[:2] for d in policy.split(";") if d.strip())
+    directives = dict([*d.strip().split(" ", 1), ""][:2] for d in policy.split(";") if d.strip())
     assert "'unsafe-inline'" not in directives["script-src"] and "'unsafe-eval'" not in directives["script-src"]
     assert directives["frame-ancestors"] == "'none'" and directives["object-src"] == "'none'"
 

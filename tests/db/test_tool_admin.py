@@ -31,7 +31,7 @@ def _form_data(client: Client, url: str, **changes: Any) -> dict[str, Any]:
     """The admin form as the page shows it (its current or initial values), with ``changes`` typed in."""
     form = client.get(url).context["adminform"].form
     data: dict[str, Any] = {}
-    for name, field in form.fields.items():
+    for name in form.fields:
         value = form[name].value()
         value = changes.get(name, value)
         if isinstance(value, (dict, list)):
