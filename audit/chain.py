@@ -50,9 +50,13 @@ HASHED_FIELDS = (
 CHANGE_FIELDS = ("tenant_id", "actor_id", "action", "target_type", "target_id", "target_repr", "chain", "chain_seq", "prev_hash")
 
 
-@cache
 def _key(label: str) -> bytes:
-    material = settings.AUDIT_HMAC_KEY or settings.SECRET_KEY
+    """The HMAC key for one use (``label``): derived from AUDIT_HMAC_KEY, or from SECRET_KEY when that is unset."""
+    return _derive(settings.AUDIT_HMAC_KEY or settings.SECRET_KEY, label)
+
+
+@cache
+def _derive(material: str, label: str) -> bytes:
     return hmac.new(material.encode(), f"agentops audit {label} v1".encode(), hashlib.sha256).digest()
 
 
@@ -191,10 +195,25 @@ def unchained_changes(tenant_ids: Iterable[int] | None = None) -> int:
 # --- exported heads: a small signed record kept elsewhere, to catch a deleted tail ----------------------------------
 
 
+def _chained(name: str) -> Any:
+    """The rows of one chain by its exported name (``tools:<tenant id>`` or ``config:<chain>``)."""
+    kind, _, ident = name.partition(":")
+    if kind == "tools":
+        return ToolCallAudit.objects.filter(tenant_id=int(ident), chain_seq__isnull=False)
+    return ConfigChange.objects.filter(chain=ident, chain_seq__isnull=False)
+
+
 def current_heads() -> dict[str, dict[str, Any]]:
-    heads = {f"tools:{h.tenant_id}": {"seq": h.seq, "hash": h.hash} for h in AuditChainHead.objects.all()}
-    heads.update({f"config:{h.chain}": {"seq": h.seq, "hash": h.hash} for h in ConfigChainHead.objects.all()})
-    return heads
+    """Per chain: the head's seq and hash, the head row's id and time, and how many rows the chain holds."""
+    heads = {f"tools:{h.tenant_id}": (h.seq, h.hash) for h in AuditChainHead.objects.all()}
+    heads.update({f"config:{h.chain}": (h.seq, h.hash) for h in ConfigChainHead.objects.all()})
+    out: dict[str, dict[str, Any]] = {}
+    for name, (seq, hash_) in sorted(heads.items()):
+        rows = _chained(name)
+        row = rows.filter(chain_seq=seq).only("pk", "created_at").first() if seq else None
+        out[name] = {"seq": seq, "hash": hash_, "rows": rows.count(), "row_id": row.pk if row is not None else None,
+                     "at": row.created_at.isoformat() if row is not None else None}
+    return out
 
 
 def export_heads() -> dict[str, Any]:
@@ -211,16 +230,16 @@ def check_against(record: Any) -> list[str]:
         return ["the exported record's signature does not match (the file was changed, or another key signed it)"]
     problems: list[str] = []
     for name, exported in sorted(record["chains"].items()):
-        kind, _, ident = name.partition(":")
-        seq, want = int(exported.get("seq", 0)), str(exported.get("hash", ""))
+        seq, want, count = int(exported.get("seq", 0)), str(exported.get("hash", "")), int(exported.get("rows", 0))
         if seq == 0:
             continue
-        if kind == "tools":
-            row = ToolCallAudit.objects.filter(tenant_id=ident, chain_seq=seq).only("row_hash").first()
-        else:
-            row = ConfigChange.objects.filter(chain=ident, chain_seq=seq).only("row_hash").first()
+        rows = _chained(name)
+        row = rows.filter(chain_seq=seq).only("pk", "row_hash").first()
+        where = f"row {seq} (audit row {exported.get('row_id')})"
         if row is None:
-            problems.append(f"{name}: row {seq} of the exported head is gone (rows deleted at the end of the chain?)")
+            problems.append(f"{name}: {where} of the exported head is gone (rows deleted at the end of the chain?)")
         elif not hmac.compare_digest(row.row_hash, want):
-            problems.append(f"{name}: row {seq} no longer has the exported hash (the chain was rewritten)")
+            problems.append(f"{name}: {where} no longer has the exported hash (the chain was rewritten)")
+        elif (now := rows.count()) < count:
+            problems.append(f"{name}: {now} rows where the exported record had {count} (rows deleted)")
     return problems

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import transaction
@@ -22,6 +23,7 @@ from django.db import transaction
 from audit import chain
 from audit.models import AuditChainHead, ConfigChainHead, ConfigChange, ToolCallAudit
 from audit.services import record_change
+from config.env import env_key
 from tests.factories import World, make_world
 
 pytestmark = pytest.mark.django_db
@@ -62,7 +64,11 @@ def test_an_untouched_audit_verifies_and_exports_its_heads(world: World, tmp_pat
     out = capsys.readouterr().out
     assert f"{world.tenant.slug} tool calls: OK, 5 rows" in out and f"{world.tenant.slug} config changes: OK" in out
     record = json.loads(heads.read_text())
-    assert record["chains"][f"tools:{world.tenant.pk}"]["seq"] == 5 and record["signature"]
+    tools = record["chains"][f"tools:{world.tenant.pk}"]
+    head_row = ToolCallAudit.objects.get(tenant=world.tenant, chain_seq=5)
+    assert tools["seq"] == tools["rows"] == 5 and tools["row_id"] == head_row.pk and tools["hash"] == head_row.row_hash
+    assert record["chains"][f"config:tenant:{world.tenant.pk}"]["rows"] == len(_rows(world, "config"))
+    assert record["exported_at"] and record["signature"]
     call_command("verify_audit", against=str(heads))
     assert "every exported head is still in place" in capsys.readouterr().out
 
@@ -75,41 +81,88 @@ def test_an_edited_middle_row_is_caught(world: World, capsys: Any, table: str) -
     assert f"BROKEN at audit row {middle.pk}" in _verify(world, capsys)
 
 
-@pytest.mark.parametrize("table", ["tools", "config"])
-@pytest.mark.parametrize("rehash", ["sha256", "wrong-key hmac"])
-def test_an_edit_rehashed_without_the_key_is_caught(world: World, capsys: Any, table: str, rehash: str) -> None:
+def _plain_sha256(label: str, data: dict[str, Any]) -> str:
+    """What an attacker computes without the key: the code's exact payload, hashed with no key at all."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def _wrong_key_hmac(label: str, data: dict[str, Any]) -> str:
+    """... or the code's exact payload under a guessed key."""
+    payload = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hmac.new(b"guessed-key-guessed-key-guessed-key", payload, hashlib.sha256).hexdigest()
+
+
+def _edit_and_rehash(world: World, table: str, monkeypatch: pytest.MonkeyPatch, mac: Any) -> Any:
+    """Edit the middle row, then recompute its hash and every later link and the head, the way the code does, with ``mac``."""
     rows = _rows(world, table)
     middle = rows[2]
     if table == "tools":
         middle.status = "error"
     else:
         middle.details = {"changed": ["approval_policy"]}
-    # the attacker recomputes the edited row's hash and every later link, the way the code does, but without the key
-    payload = (chain.HASHED_FIELDS if table == "tools" else chain.CHANGE_FIELDS)
     prev = middle.prev_hash
-    for row in rows[2:]:
-        row.prev_hash = prev
-        data = {name: str(getattr(row, name)) for name in payload}
-        blob = json.dumps(data, sort_keys=True).encode()
-        row.row_hash = (hashlib.sha256(blob).hexdigest() if rehash == "sha256"
-                        else hmac.new(b"guessed-key", blob, hashlib.sha256).hexdigest())
-        fields = {"prev_hash": row.prev_hash, "row_hash": row.row_hash}
-        fields.update({"status": row.status} if table == "tools" else {"details": row.details})
-        _model(table).objects.filter(pk=row.pk).update(**fields)
-        prev = row.row_hash
+    with monkeypatch.context() as m:
+        if mac is not None:
+            m.setattr(chain, "_mac", mac)
+        for row in rows[2:]:
+            row.prev_hash = prev
+            row.row_hash = chain.digest(row) if table == "tools" else chain.change_digest(row)
+            fields = {"prev_hash": row.prev_hash, "row_hash": row.row_hash}
+            fields.update({"status": row.status} if table == "tools" else {"details": row.details})
+            _model(table).objects.filter(pk=row.pk).update(**fields)
+            prev = row.row_hash
     if table == "tools":
         AuditChainHead.objects.filter(tenant=world.tenant).update(hash=prev)
     else:
         ConfigChainHead.objects.filter(chain=f"tenant:{world.tenant.pk}").update(hash=prev)
-    assert f"BROKEN at audit row {middle.pk}" in _verify(world, capsys)
+    return middle
 
 
 @pytest.mark.parametrize("table", ["tools", "config"])
-def test_a_deleted_middle_row_is_caught(world: World, capsys: Any, table: str) -> None:
+@pytest.mark.parametrize("mac", [_plain_sha256, _wrong_key_hmac], ids=["sha256", "wrong-key-hmac"])
+def test_an_edit_rehashed_without_the_key_is_caught(world: World, capsys: Any, monkeypatch: pytest.MonkeyPatch, table: str,
+                                                    mac: Any) -> None:
+    middle = _edit_and_rehash(world, table, monkeypatch, mac)
+    out = _verify(world, capsys)
+    assert f"BROKEN at audit row {middle.pk} (chain_seq 3)" in out and "keyed hash" in out
+
+
+@pytest.mark.parametrize("table", ["tools", "config"])
+def test_only_the_key_stands_between_an_edit_and_a_clean_chain(world: World, capsys: Any, monkeypatch: pytest.MonkeyPatch,
+                                                               table: str) -> None:
+    """The control for the test above: the same rewrite with the key passes, so what catches it there is the key alone."""
+    _edit_and_rehash(world, table, monkeypatch, None)
+    call_command("verify_audit", tenant=world.tenant.slug)
+    assert "BROKEN" not in capsys.readouterr().out
+
+
+def test_the_key_comes_from_audit_hmac_key(world: World, capsys: Any, settings: Any) -> None:
+    call_command("verify_audit", tenant=world.tenant.slug)
+    capsys.readouterr()
+    settings.AUDIT_HMAC_KEY = "another-audit-key-0123456789abcdefghijklmnop"
+    out = _verify(world, capsys)
+    assert f"{world.tenant.slug} tool calls: BROKEN" in out and f"{world.tenant.slug} config changes: BROKEN" in out
+
+
+def test_a_short_audit_hmac_key_stops_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUDIT_HMAC_KEY", "too-short")
+    with pytest.raises(ImproperlyConfigured, match="AUDIT_HMAC_KEY must be at least 32 characters"):
+        env_key("AUDIT_HMAC_KEY")
+    monkeypatch.setenv("AUDIT_HMAC_KEY", "k" * 32)
+    assert env_key("AUDIT_HMAC_KEY") == "k" * 32
+    monkeypatch.delenv("AUDIT_HMAC_KEY")
+    assert env_key("AUDIT_HMAC_KEY") == ""
+
+
+@pytest.mark.parametrize("table", ["tools", "config"])
+def test_a_deleted_middle_row_is_caught(world: World, tmp_path: Path, capsys: Any, table: str) -> None:
+    heads = tmp_path / "heads.json"
+    call_command("verify_audit", export_heads=str(heads))
     rows = _rows(world, table)
     _model(table).objects.filter(pk=rows[2].pk)._raw_delete(_model(table).objects.db)
-    out = _verify(world, capsys)
-    assert "chain_seq 3" in out and "missing (deleted?)" in out
+    out = _verify(world, capsys, against=heads)
+    assert f"BROKEN at audit row {rows[3].pk} (chain_seq 3): row with chain_seq 3 is missing (deleted?)" in out
+    assert f"{len(rows) - 1} rows where the exported record had {len(rows)} (rows deleted)" in out
 
 
 @pytest.mark.parametrize("table", ["tools", "config"])
@@ -128,7 +181,7 @@ def test_a_deleted_tail_with_the_head_lowered_is_caught_against_an_exported_reco
         ConfigChainHead.objects.filter(chain=f"tenant:{world.tenant.pk}").update(seq=3, hash=rows[2].row_hash)
     call_command("verify_audit", tenant=world.tenant.slug)  # without the record, nothing shows
     out = _verify(world, capsys, against=heads)
-    assert f"row {len(rows)} of the exported head is gone" in out
+    assert f"row {len(rows)} (audit row {rows[-1].pk}) of the exported head is gone" in out
 
 
 def test_a_tampered_export_is_caught(world: World, tmp_path: Path, capsys: Any) -> None:
