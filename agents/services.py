@@ -16,13 +16,13 @@ from django.utils import timezone
 
 from agents.lease import heartbeat_for
 from agents.models import ACTIVE_STATUSES, Agent, AgentVersion, Run, RunStatus, Session
-from agents.runtime.approval_policy import OVERRIDE_FLAG, flagged
 from agents.runtime.config import raw_input_patterns
 from agents.runtime.types import Event, TerminalReason
 from agents.store import event_rows, publish_after_commit, run_summary
 from audit.masking import mask_text, mask_value
 from audit.services import record_change
 from tenants.scoping import Actor
+from tools.approval_policy import OVERRIDE_FLAG, flagged
 from tools.approvals import FLOOR_OVERRIDE_ACTION, floor_for, loosening, recorded_overrides
 from tools.models import Tool
 

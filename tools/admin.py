@@ -5,9 +5,8 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from agents.runtime import approval_policy
 from tenants.admin_mixins import TenantScopedAdmin
-from tools import services
+from tools import approval_policy, services
 from tools.models import Tool
 from tools.serializers import WRITABLE_FIELDS, ToolSerializer
 

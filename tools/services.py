@@ -6,9 +6,9 @@ from typing import Any
 
 from django.db import transaction
 
-from agents.runtime import approval_policy
 from audit.services import record_change
 from tenants.scoping import Actor
+from tools import approval_policy
 from tools.models import Tool, ToolKind
 
 

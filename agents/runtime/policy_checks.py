@@ -6,9 +6,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agents.runtime.approval_policy import policy_errors as approval_policy_errors
 from agents.runtime.hooks import validate_hook_entries
 from agents.runtime.state import parse_strategies
+from tools.approval_policy import policy_errors as approval_policy_errors
 
 BUILTIN_HOOK_NAMES = ("model_call_limit", "tier_limit", "loop_detection", "budget")
 _NOTHING = object()

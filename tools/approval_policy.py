@@ -19,8 +19,8 @@ version may only make it stricter. "Looser", field by field:
 - ``four_eyes``: false when the floor says true is looser.
 
 Approved arguments can never be edited (the call runs with exactly the approved arguments), so
-there is no argument-edit field to loosen. Pure Python: the tool gateway and the version checks
-share it.
+there is no argument-edit field to loosen. Pure Python (no Django), in the tools layer, so the tool
+gateway, the tool service and the runtime's version checks all import it downward.
 """
 
 from __future__ import annotations
