@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -16,34 +14,16 @@ from audit.models import ConfigChange, ToolCallAudit
 from tenants import services as tenant_services
 from tenants.models import Role
 from tests.factories import World, make_user, make_world
-from tools.models import ApprovalRequest, Tool, ToolCategory, ToolKind
+from tests.support.refund_target import RefundTarget, add_refund_tool, serve_refund_target
+from tools.models import ApprovalRequest, Tool
 
 pytestmark = pytest.mark.integration
 
 
-class RefundTarget(BaseHTTPRequestHandler):
-    requests: list[dict[str, Any]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)) or 0)
-        RefundTarget.requests.append({"path": self.path, "key": self.headers.get("Idempotency-Key"), "body": body.decode()})
-        payload = json.dumps({"refund_id": f"R{len(RefundTarget.requests)}", "status": "refunded"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: Any) -> None:
-        return
-
-
 @pytest.fixture(scope="module")
 def target() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), RefundTarget)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serve_refund_target() as url:
+        yield url
 
 
 class Desk:
@@ -51,24 +31,7 @@ class Desk:
 
     def __init__(self, world: World, target: str) -> None:
         self.world = world
-        self.tool = Tool.objects.create(
-            tenant=world.tenant,
-            name="refund_order",
-            kind=ToolKind.HTTP,
-            category=ToolCategory.WRITE,
-            idempotent=False,
-            description="Refund an order (refund, 退款). Use only when the user asks for a refund of an order.",
-            parameters={
-                "type": "object",
-                "properties": {"order_id": {"type": "string", "pattern": "^O\\d{12}$"}},
-                "required": ["order_id"],
-                "additionalProperties": False,
-            },
-            config={"method": "POST", "url": target + "/refunds/{order_id}", "allow_hosts": ["127.0.0.1"]},
-            requires_approval=True,
-        )
-        world.version.tools = [*world.version.tools, "refund_order"]
-        world.version.save(update_fields=["tools"])
+        self.tool = add_refund_tool(world, target)
         self.approvers = []
         for n in range(2):
             user = make_user(f"{world.tenant.slug}-approver{n}")

@@ -9,11 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -24,7 +22,8 @@ from websockets.exceptions import ConnectionClosed
 from tenants import services as tenant_services
 from tenants.models import Role
 from tests.factories import make_user, make_world
-from tools.models import ApprovalRequest, Tool, ToolCategory, ToolKind
+from tests.support.refund_target import add_refund_tool, serve_refund_target
+from tools.models import ApprovalRequest
 
 pytestmark = pytest.mark.integration
 
@@ -34,26 +33,10 @@ PER_KIND = 10
 IDLE_SECONDS = float(os.environ.get("SOAK_IDLE_SECONDS", "62"))
 
 
-class _Target(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)) or 0)
-        payload = b'{"refund_id": "R1", "status": "refunded"}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: Any) -> None:
-        return
-
-
 @pytest.fixture(scope="module")
 def target() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Target)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serve_refund_target() as url:
+        yield url
 
 
 def _session_cookie(base_url: str, username: str) -> str:
@@ -106,16 +89,7 @@ def test_idle_sockets_of_every_kind_stay_open_for_a_minute_then_get_the_next_eve
 ) -> None:
     with django_db_blocker.unblock():
         world = make_world()
-        Tool.objects.create(
-            tenant=world.tenant, name="refund_order", kind=ToolKind.HTTP, category=ToolCategory.WRITE, idempotent=False,
-            description="Refund an order (refund, 退款). Use only when the user asks for a refund of an order.",
-            parameters={"type": "object", "properties": {"order_id": {"type": "string", "pattern": "^O\\d{12}$"}},
-                        "required": ["order_id"], "additionalProperties": False},
-            config={"method": "POST", "url": target + "/refunds/{order_id}", "allow_hosts": ["127.0.0.1"]},
-            requires_approval=True,
-        )
-        world.version.tools = [*world.version.tools, "refund_order"]
-        world.version.save(update_fields=["tools"])
+        add_refund_tool(world, target)
         approver = make_user(f"{world.tenant.slug}-approver")
         tenant_services.set_membership(tenant=world.tenant, user=approver, role=Role.APPROVER, actor=None)
         _key, approver_key = tenant_services.create_api_key(
