@@ -116,6 +116,9 @@ class Session(TenantOwned):
     usage = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Erasure (a data-subject request): inputs, messages and outputs are gone; the audit keeps a tombstone.
+    erased_at = models.DateTimeField(null=True, blank=True)
+    erased_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     objects = TenantScopedQuerySet.as_manager()
 
@@ -182,6 +185,18 @@ class Run(TenantOwned):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     crash_count = models.PositiveSmallIntegerField(default=0)
 
+    # Exactly-once acceptance: the client's Idempotency-Key (unique per tenant) and a digest of the request body.
+    idempotency_key = models.CharField(max_length=255, blank=True, default="")
+    request_digest = models.CharField(max_length=64, blank=True, default="")
+
+    # Needs attention: something an operator must check by hand (a write whose outcome is unknown, ...).
+    needs_attention = models.BooleanField(default=False, db_index=True)
+    attention_reasons = models.JSONField(default=list, blank=True)
+    attention_resolved_at = models.DateTimeField(null=True, blank=True)
+    attention_resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    attention_resolution = models.TextField(blank=True)
+
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -192,6 +207,10 @@ class Run(TenantOwned):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["tenant", "-created_at"]), models.Index(fields=["status", "lease_expires_at"])]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "idempotency_key"], condition=~models.Q(idempotency_key=""),
+                                    name="run_idempotency_key_per_tenant"),
+        ]
 
     def __str__(self) -> str:
         return f"run {self.id}"

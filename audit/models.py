@@ -36,6 +36,7 @@ class ToolCallStatus(models.TextChoices):
     REJECTED = "rejected", "Rejected"
     EGRESS_DENIED = "egress_denied", "Egress denied"
     OUTCOME_UNKNOWN = "outcome_unknown", "Outcome unknown"
+    RATE_LIMITED = "rate_limited", "Rate limited"
 
 
 class ToolCallAudit(AppendOnly, TenantOwned):
@@ -47,6 +48,9 @@ class ToolCallAudit(AppendOnly, TenantOwned):
     api_key = models.ForeignKey("tenants.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     step = models.PositiveIntegerField(default=0)
     call_id = models.CharField(max_length=100)
+    # Every id the model gave this call, first attempt first: a resumed step gets a new id from the model,
+    # and the message log holds the last one. Join the transcript on any of them.
+    attempt_call_ids = models.JSONField(default=list, blank=True)
     span_id = models.CharField(max_length=32, blank=True)
     tool_name = models.CharField(max_length=200)
     arguments_summary = models.TextField(blank=True, help_text="Masked.")

@@ -35,6 +35,8 @@ class Tool(TenantOwned):
     requires_approval = models.BooleanField(default=False)
     enabled = models.BooleanField(default=True, help_text="The kill switch: a disabled tool is refused at once.")
     timeout_seconds = models.FloatField(default=10.0)
+    rate_limit_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Calls per minute per tenant for this tool; empty means no limit.")
     result_fields = models.JSONField(default=list, blank=True, help_text="Whitelist of result fields; empty keeps all.")
     summary_template = models.TextField(blank=True)
     result_size_cap = models.PositiveIntegerField(default=8000)
