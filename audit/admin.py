@@ -14,6 +14,8 @@ class ToolCallAuditAdmin(TenantScopedAdmin):
     list_select_related = ["tenant"]
     search_fields = ["run__id", "tool_name", "call_id"]
     date_hierarchy = "created_at"
+    # Every id the model gave the call (a crash-resumed write has several); shown read-only like every field here.
+    readonly_fields = ["attempt_call_ids"]
 
 
 @admin.register(ConfigChange)

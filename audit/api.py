@@ -32,11 +32,19 @@ class ToolCallAuditSerializer(serializers.ModelSerializer):
     class Meta:
         model = ToolCallAudit
         fields = [
-            "id", "created_at", "tenant", "run", "agent", "version", "session", "user", "api_key", "step", "call_id", "span_id",
+            "id", "created_at", "tenant", "run", "agent", "version", "session", "user", "api_key", "step", "call_id",
+            "attempt_call_ids", "span_id",
             "tool_name", "arguments_summary", "arguments_hash", "status", "error", "latency_ms", "result_size",
             "idempotency_key", "chain_seq", "prev_hash", "row_hash",
         ]
         read_only_fields = fields
+
+    attempt_call_ids = serializers.ListField(
+        child=serializers.CharField(), read_only=True,
+        help_text="Every id the model gave this call, first attempt first; the last is the one in the run's message log "
+                  "(a step resumed after a crash gets a new id). Join a run's tool messages on tool_call_id in this list. "
+                  "Empty on rows written before it was recorded.",
+    )
 
     def get_version(self, row: ToolCallAudit) -> int | None:
         return row.version.number if row.version is not None else None

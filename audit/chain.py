@@ -7,6 +7,12 @@ chained the moment it is written. The key (``settings.AUDIT_HMAC_KEY``, by defau
 neither edit a row and recompute its hash nor forge a new chain. Deleting the newest rows and lowering the
 head is caught against an exported record of the heads (``export_heads`` / ``check_against``), kept where
 the database's writers cannot reach.
+
+A tool-call row's digest covers ``HASHED_FIELDS`` and its time, and, when the row has any,
+``attempt_call_ids`` (every id the model gave the call; a crash-resumed write has two or more). Rows
+written before that field existed hold an empty list and are hashed exactly as they were (the key is
+left out of the payload), so their stored hashes still verify; every row written since holds at least
+one id, so emptying, editing or adding ids changes its payload and breaks the chain there.
 """
 
 from __future__ import annotations
@@ -70,6 +76,9 @@ def digest(row: ToolCallAudit) -> str:
     data["run_id"] = str(data["run_id"]) if data["run_id"] is not None else None
     data["session_id"] = str(data["session_id"]) if data["session_id"] is not None else None
     data["created_at"] = row.created_at.isoformat(timespec="microseconds")
+    attempts = getattr(row, "attempt_call_ids", None)  # absent on the historical model of migration 0004
+    if attempts:  # empty on rows sealed before the field existed: their payload (and hash) stays as it was
+        data["attempt_call_ids"] = list(attempts)
     return _mac("tool-call chain", data)
 
 
@@ -101,6 +110,8 @@ def write_sealed(writes: list[Any], tenant_id: int) -> None:
             fields = {
                 name: getattr(row, name)
                 for name in (
+                    "call_id",  # the resumed attempt's id: the one the committed message log carries
+                    "attempt_call_ids",
                     "status",
                     "error",
                     "latency_ms",

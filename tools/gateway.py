@@ -37,9 +37,31 @@ from tools.shaping import shape_result
 BULKHEAD_SIZE = 4
 #: After this many invalid calls in a row to one tool, the model is told to stop trying.
 MAX_REPAIRS = 2
+#: Call ids are kept up to this length in ``attempt_call_ids`` (``call_id`` itself holds 100 characters).
+MAX_CALL_ID = 256
 _bulkheads: dict[str, threading.BoundedSemaphore] = {}
 _bulkheads_lock = threading.Lock()
 _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="tool")
+
+
+def attempt_ids(started: ToolCallAudit, call_id: str) -> list[str]:
+    """The ids of every attempt of a write, first first, ending with ``call_id`` (this attempt's).
+
+    A step resumed after a crash asks the model again, which names the same call with a new id; the
+    message log holds only the last attempt's. The completed row's ``call_id`` is that last id and
+    ``attempt_call_ids`` lists them all, so the transcript joins on ``tool_call_id IN attempt_call_ids``.
+    """
+    ids = [str(i) for i in (started.attempt_call_ids or [started.call_id]) if i]
+    current = call_id[:MAX_CALL_ID]
+    return ids if ids and ids[-1] == current else [*ids, current]
+
+
+def _note_attempt(started: ToolCallAudit, call_id: str) -> None:
+    """Record a resumed attempt's id on its ``started`` row at once, so a further crash does not lose it."""
+    ids = attempt_ids(started, call_id)
+    if ids != list(started.attempt_call_ids or []):
+        ToolCallAudit.objects.filter(pk=started.pk, status=ToolCallStatus.STARTED).update(attempt_call_ids=ids)
+        started.attempt_call_ids = ids
 
 
 def _bulkhead(key: str) -> threading.BoundedSemaphore:
@@ -261,6 +283,7 @@ class ToolGateway:
         if previous is not None:
             s.started_row = previous
             s.idempotency_key = previous.idempotency_key
+            _note_attempt(previous, s.call.id)
             if not tool.idempotent:
                 s.stage("execute", False, reason="outcome unknown after a crash", idempotency_key=previous.idempotency_key)
                 return self._fail(
@@ -297,6 +320,7 @@ class ToolGateway:
             api_key_id=run.api_key_id,
             step=s.ctx.step,
             call_id=s.call.id[:100],
+            attempt_call_ids=[s.call.id[:MAX_CALL_ID]],
             span_id=s.ctx.span_id,
             tool_name=s.call.name[:200],
             arguments_summary=summarize_arguments(arguments, sensitive),
@@ -314,6 +338,7 @@ class ToolGateway:
         row = self._row(s, outcome.status.value, error=error, latency_ms=latency_ms, result_size=len(outcome.content.encode()))
         if s.started_row is not None:
             row.created_at = s.started_row.created_at  # completing the started row keeps its time
+            row.attempt_call_ids = attempt_ids(s.started_row, s.call.id)
         self.audit_buffer.append(AuditWrite(row, started_pk=s.started_row.pk if s.started_row is not None else None))
         tool = s.tool
         outcome.trace.append(

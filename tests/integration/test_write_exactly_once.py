@@ -191,6 +191,17 @@ def _the_one_audit_row(world: World, run_id: str) -> ToolCallAudit:
     return row
 
 
+def _assert_audit_joins_transcript(run_id: str) -> None:
+    """Every audit row of the run joins a tool message of its log: ``tool_call_id in attempt_call_ids`` (issue #13, 4)."""
+    tool_ids = [m.message.get("tool_call_id") for m in RunMessage.objects.filter(run_id=run_id) if m.message.get("role") == "tool"]
+    rows = list(ToolCallAudit.objects.filter(run_id=run_id))
+    assert rows
+    for row in rows:
+        assert row.attempt_call_ids and row.attempt_call_ids[-1] == row.call_id, (row.call_id, row.attempt_call_ids)
+        joined = [i for i in tool_ids if i in row.attempt_call_ids]
+        assert len(joined) == 1, (row.tool_name, row.status, row.attempt_call_ids, tool_ids)
+
+
 def _tool_messages(run_id: str) -> list[str]:
     return [str(m.message.get("content", "")) for m in RunMessage.objects.filter(run_id=run_id) if m.message.get("role") == "tool"]
 
@@ -211,6 +222,7 @@ def test_a_non_idempotent_write_cut_off_by_a_kill_is_not_repeated_and_reported_o
     told = [c for c in _tool_messages(run_id) if "not repeated" in c]
     assert len(told) == 1, _tool_messages(run_id)
     _assert_whole_trace(run_id)
+    _assert_audit_joins_transcript(run_id)
 
 
 def test_an_idempotent_write_cut_off_by_a_kill_is_repeated_with_the_same_key(
@@ -230,3 +242,4 @@ def test_an_idempotent_write_cut_off_by_a_kill_is_repeated_with_the_same_key(
     assert row.idempotency_key == requests[0]["key"]
     assert not [c for c in _tool_messages(run_id) if "not repeated" in c]
     _assert_whole_trace(run_id)
+    _assert_audit_joins_transcript(run_id)
