@@ -64,6 +64,11 @@ def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None 
     if session is not None and session.agent_id != agent.pk:
         raise RunRefused(f"Session {session.pk} belongs to another agent; start a new session for {agent.slug!r}.",
                          field="session")
+    if session is not None:
+        # Locked: a concurrent start on this session, or its erasure (agents/erasure.py), waits for this transaction.
+        session = Session.objects.select_for_update().get(pk=session.pk)
+        if session.erased_at is not None:
+            raise RunRefused(f"Session {session.pk} was erased; omit the field to start a new session.", field="session")
     if session is not None and Run.objects.filter(session=session, status__in=ACTIVE_STATUSES).exists():
         raise RunRefused("This session already has a run in progress; wait for it to finish or cancel it.", field="session")
     session_id = session.pk if session is not None else uuid.uuid4()
