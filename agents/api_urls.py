@@ -3,10 +3,12 @@ from rest_framework.routers import SimpleRouter
 
 from agents.api import AgentVersionViewSet, AgentViewSet, RunViewSet
 from agents.provider_api import ProviderViewSet
+from agents.session_api import SessionViewSet
 from tools.approval_api import ApprovalViewSet
 
 router = SimpleRouter(trailing_slash="")
 router.register("runs", RunViewSet, basename="run")
+router.register("sessions", SessionViewSet, basename="session")
 router.register("agents", AgentViewSet, basename="agent")
 router.register("approvals", ApprovalViewSet, basename="approval")
 router.register("providers", ProviderViewSet, basename="provider")
