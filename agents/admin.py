@@ -4,9 +4,11 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
 from agents import services as agent_services
+from agents.erasure import ERASE_ACTION, ErasureRefused, erase_session
 from agents.models import Agent, AgentVersion, Run, RunEvent, Session
 from marketplace.admin_inlines import ReleaseWeightInline
 from tenants.admin_mixins import TenantScopedAdmin
@@ -84,9 +86,38 @@ class AgentVersionAdmin(TenantScopedAdmin):
 
 @admin.register(Session)
 class SessionAdmin(ReadOnlyAdmin):
-    list_display = ["id", "agent", "tenant", "turns", "model_calls", "created_at"]
+    list_display = ["id", "agent", "tenant", "turns", "model_calls", "created_at", "erased_at"]
     list_filter = ["tenant"]
     list_select_related = ["agent", "tenant"]
+    actions = ["erase_sessions"]
+
+    def get_actions(self, request: HttpRequest) -> Any:
+        actions = super().get_actions(request)
+        if self._actor(request).tenant_ids(ERASE_ACTION) == []:
+            actions.pop("erase_sessions", None)  # only owners (and superusers) erase
+        return actions
+
+    @admin.action(description="Erase the selected sessions (a data-subject request; irreversible)")
+    def erase_sessions(self, request: HttpRequest, queryset: Any) -> Any:
+        """After a confirmation page with a reason: the same service as the API's DELETE (agents/erasure.py)."""
+        actor = self._actor(request)
+        allowed = list(queryset.for_actor(actor, ERASE_ACTION).select_related("agent", "tenant"))
+        reason = request.POST.get("reason", "").strip()
+        if request.POST.get("confirmed") != "yes" or not reason:
+            return TemplateResponse(request, "admin/agents/session/erase_confirmation.html", {
+                **self.admin_site.each_context(request), "title": "Erase sessions", "opts": self.model._meta,
+                "sessions": allowed, "skipped": queryset.count() - len(allowed), "missing_reason": "confirmed" in request.POST,
+            })
+        erased = 0
+        for session in allowed:
+            try:
+                result = erase_session(actor=actor, session=session, reason=reason, via="admin")
+            except ErasureRefused as exc:
+                self.message_user(request, f"{session}: {exc}", messages.ERROR)
+            else:
+                erased += 0 if result.already else 1
+        self.message_user(request, f"Erased {erased} session(s); the audit keeps a tombstone of each (session.erased).")
+        return None
 
 
 @admin.register(Run)

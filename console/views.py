@@ -17,7 +17,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from agents.models import RunEvent
+from agents.models import RunEvent, Session
 from audit.models import ToolCallAudit
 from console import queries
 from tenants.scoping import Actor, actor_for_user
@@ -68,7 +68,12 @@ def _visible_run(actor: Actor, run_id: Any) -> Any:
 
 
 def _tool_calls(actor: Actor, run: Any) -> dict[str, dict[str, Any]]:
-    """Masked argument summaries of the run's tool calls, from their audit rows, keyed by span id."""
+    """Masked argument summaries of the run's tool calls, from their audit rows, keyed by span id.
+
+    None for a run of an erased session: its audit rows are kept (append-only), but the trace shows nothing of them.
+    """
+    if Session.objects.filter(pk=run.session_id, erased_at__isnull=False).exists():
+        return {}
     rows = (
         ToolCallAudit.objects.for_actor(actor).filter(run_id=run.pk)
         .order_by("id").values("span_id", "call_id", "tool_name", "arguments_summary", "status", "latency_ms")[:TOOL_CALLS_MAX]
