@@ -34,6 +34,7 @@ _VERSION_RE = re.compile(r"^\d+(\.\d+){0,3}([.-]?[A-Za-z0-9]+)?$")
 TOOL_OVERRIDE_FIELDS = frozenset({
     "category", "idempotent", "required_scopes", "timeout_seconds", "result_fields",
     "summary_template", "result_size_cap", "sensitive_fields", "description",
+    "rate_limit_per_minute",  # calls per minute per tenant; a floor: a tenant may lower it, never raise or remove it
 })
 
 
@@ -123,6 +124,12 @@ def validate_spec(spec: PluginSpec, registry: Any) -> None:
         if unknown:
             raise PluginDeclarationError(f"{where}: tool {ref.key!r} overrides unknown field(s) {', '.join(sorted(unknown))}; "
                                          f"allowed: {', '.join(sorted(TOOL_OVERRIDE_FIELDS))}.")
+        if "rate_limit_per_minute" in ref.overrides:
+            from tools.rate_limits import value_problem
+
+            problem = value_problem(ref.overrides["rate_limit_per_minute"])
+            if problem:
+                raise PluginDeclarationError(f"{where}: tool {ref.key!r} rate_limit_per_minute: {problem}")
         name = registry.get(ref.key).name
         if name in names:
             raise PluginDeclarationError(f"{where}: tools {names[name]!r} and {ref.key!r} are both named {name!r}.")

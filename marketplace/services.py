@@ -156,6 +156,10 @@ def _apply_tools(install: PluginInstall, plugin: Plugin, user: Any) -> list[str]
         # The tenant's own row for the very same function: the plugin adopts it.
     for entry in plugin.tools:
         overrides = dict(entry.get("overrides") or {})
+        own = existing.get(entry["name"])
+        declared, kept = overrides.get("rate_limit_per_minute"), own.rate_limit_per_minute if own is not None else None
+        if declared is not None and kept is not None and own.plugin_install_id == install.pk and kept < declared:
+            overrides["rate_limit_per_minute"] = kept  # the tenant lowered the plugin's limit: a refresh keeps it lower
         install_python_tool(tenant=install.tenant, key=entry["key"], actor=user, plugin_install=install,
                             requires_approval=bool(entry.get("requires_approval")), **overrides)
     dropped = list(Tool.objects.filter(plugin_install=install).exclude(name__in=names))

@@ -13,7 +13,8 @@ from tools.serializers import WRITABLE_FIELDS, ToolSerializer
 
 @admin.register(Tool)
 class ToolAdmin(TenantScopedAdmin):
-    list_display = ["name", "tenant", "kind", "category", "requires_approval", "enabled", "plugin_install", "updated_at"]
+    list_display = ["name", "tenant", "kind", "category", "requires_approval", "rate_limit_per_minute", "enabled", "plugin_install",
+                    "updated_at"]
     list_filter = ["tenant", "kind", "category", "enabled", "requires_approval"]
     list_select_related = ["tenant", "plugin_install"]
     search_fields = ["name", "description"]
@@ -50,6 +51,10 @@ class ToolAdmin(TenantScopedAdmin):
                     for problem in services.approval_loosening_refusal(tool=current, actor=actor, fields=self.cleaned_data,
                                                                        changed=list(self.changed_data)):
                         self.add_error(problem[0], problem[1])
+                    if "rate_limit_per_minute" in self.changed_data:  # a plugin's limit is a floor
+                        refusal = services.rate_limit_refusal(tool=current, value=self.cleaned_data.get("rate_limit_per_minute"))
+                        if refusal:
+                            self.add_error("rate_limit_per_minute", refusal)
 
         return CheckedToolForm
 

@@ -8,7 +8,7 @@ from django.db import transaction
 
 from audit.services import record_change
 from tenants.scoping import Actor
-from tools import approval_policy
+from tools import approval_policy, rate_limits
 from tools.models import Tool, ToolKind
 
 
@@ -57,8 +57,10 @@ class ToolRefused(Exception):
 TOOL_FIELDS = (
     "name", "description", "kind", "parameters", "output_schema", "config", "category", "idempotent", "required_scopes",
     "requires_approval", "enabled", "timeout_seconds", "result_fields", "summary_template", "result_size_cap", "sensitive_fields",
-    "approval_policy",
+    "approval_policy", "rate_limit_per_minute",
 )
+#: What may change on a plugin's tool: the kill switch, and its rate limit within the plugin's (a floor).
+PLUGIN_TOOL_FIELDS = frozenset({"enabled", "rate_limit_per_minute"})
 
 
 def _versions_listing(tool: Tool, *, current_only: bool) -> list[str]:
@@ -89,6 +91,7 @@ def create_tool(*, tenant: Any, actor: Any, **fields: Any) -> Tool:
 
     user = getattr(actor, "user", actor)
     _check_policy(fields)
+    _check_rate_limit(fields)
     _name_taken(tenant, fields["name"])
     try:
         with transaction.atomic():
@@ -131,15 +134,47 @@ def approval_loosening_refusal(*, tool: Tool, actor: Any, fields: dict[str, Any]
                     "approval policy.")]
 
 
+def declared_rate_limit(tool: Tool) -> int | None:
+    """The rate limit the installed plugin declares for its tool (None: the plugin sets none, or it is the tenant's own)."""
+    install = tool.plugin_install
+    plugin = getattr(install, "plugin", None) if install is not None else None
+    for entry in (plugin.tools if plugin is not None else None) or []:
+        if entry.get("name") == tool.name:
+            value = (entry.get("overrides") or {}).get(rate_limits.FIELD)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return None
+
+
+def rate_limit_refusal(*, tool: Tool, value: Any) -> str:
+    """Why ``value`` may not be the tool's rate limit (empty: it may). A plugin's declared limit is a floor for the tenant."""
+    problem = rate_limits.value_problem(value)
+    if problem or tool.plugin_install_id is None:
+        return problem
+    return rate_limits.floor_problem(tool_name=tool.name, plugin=tool.plugin_install.plugin_key,
+                                     declared=declared_rate_limit(tool), value=value)
+
+
+def _check_rate_limit(fields: dict[str, Any]) -> None:
+    problem = rate_limits.value_problem(fields.get(rate_limits.FIELD))
+    if problem:
+        raise ToolRefused(problem, field=rate_limits.FIELD)
+
+
 @transaction.atomic
 def update_tool(*, tool: Tool, actor: Any, **fields: Any) -> Tool:
-    """Change a tool; a plugin's tool can only be switched on or off, a name in use by agents cannot change."""
+    """Change a tool; a plugin's tool can only be switched on or off and its rate limit lowered, a name in use by agents
+    cannot change."""
     user = getattr(actor, "user", actor)
-    current = Tool.objects.select_for_update(of=("self",)).select_related("tenant", "plugin_install").get(pk=tool.pk)
+    current = Tool.objects.select_for_update(of=("self",)).select_related("tenant", "plugin_install__plugin").get(pk=tool.pk)
     changed = sorted(k for k, v in fields.items() if k in TOOL_FIELDS and getattr(current, k) != v)
-    if current.plugin_install_id is not None and set(changed) - {"enabled"}:
+    if current.plugin_install_id is not None and set(changed) - PLUGIN_TOOL_FIELDS:
         raise ToolRefused(f"The tool {current.name} comes from the plugin {current.plugin_install.plugin_key!r}: it changes with "
-                          "the plugin. You can only switch it off or on here (enabled).", field=(set(changed) - {"enabled"}).pop())
+                          "the plugin. You can only switch it off or on here (enabled), or lower its rate limit "
+                          "(rate_limit_per_minute).", field=sorted(set(changed) - PLUGIN_TOOL_FIELDS)[0])
+    if rate_limits.FIELD in changed:
+        refusal = rate_limit_refusal(tool=current, value=fields[rate_limits.FIELD])
+        if refusal:
+            raise ToolRefused(refusal, field=rate_limits.FIELD)
     if "name" in changed:
         _name_taken(current.tenant, fields["name"], exclude=current.pk)
         users = _versions_listing(current, current_only=False)

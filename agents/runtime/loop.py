@@ -67,6 +67,7 @@ FAILED_TOOL_STATUSES = frozenset(
         ToolStatus.EGRESS_DENIED,
         ToolStatus.OUTCOME_UNKNOWN,
         ToolStatus.DUPLICATE_BLOCKED,
+        ToolStatus.RATE_LIMITED,
     }
 )
 

@@ -130,6 +130,7 @@ class ToolStatus(StrEnum):
     REJECTED = "rejected"
     EGRESS_DENIED = "egress_denied"
     OUTCOME_UNKNOWN = "outcome_unknown"
+    RATE_LIMITED = "rate_limited"
 
 
 @dataclass(frozen=True)
