@@ -19,6 +19,7 @@ from agents.llm.ratelimit import Bucket, buckets_for
 #: The largest limit one can set (a bigger one is no limit in practice; leave the field empty instead).
 MAX_PER_MINUTE = 100_000
 FIELD = "rate_limit_per_minute"
+RANGE_MESSAGE = f"Must be a whole number of calls per minute from 1 to {MAX_PER_MINUTE}, or empty for no limit."
 
 
 def value_problem(value: Any) -> str:
@@ -26,8 +27,7 @@ def value_problem(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PER_MINUTE:
-        return (f"Must be a whole number of calls per minute from 1 to {MAX_PER_MINUTE}, or empty for no limit; "
-                f"got {value!r}.")
+        return f"{RANGE_MESSAGE[:-1]}; got {value!r}."
     return ""
 
 

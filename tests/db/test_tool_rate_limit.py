@@ -92,7 +92,8 @@ def test_the_api_sets_shows_and_clears_a_tenant_tools_limit_audited(world: World
     assert api.patch("/api/v1/tools/query_order", {"rate_limit_per_minute": None}, format="json").json()[
         "rate_limit_per_minute"] is None
     schema = api.get("/api/schema/?format=json").json()
-    assert "rate_limit_per_minute" in schema["components"]["schemas"]["Tool"]["properties"]
+    field = schema["components"]["schemas"]["Tool"]["properties"]["rate_limit_per_minute"]
+    assert (field["minimum"], field["maximum"], field.get("nullable")) == (1, 100_000, True), field
 
 
 # -- the admin, through the tool service --------------------------------------------------------------------------
