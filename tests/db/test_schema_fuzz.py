@@ -86,7 +86,7 @@ def test_the_api_fuzzes_clean_against_its_own_schema() -> None:
 
 
 def _seed(world: Any) -> dict[str, dict[str, Any]]:
-    """Objects of the world's tenant for the operations that address one, by path prefix: a run, an install, a change."""
+    """Objects of the world's tenant for the operations that address one, by path prefix: a run, its session, an install, a change."""
     actor = actor_for_api_key(world.key)
     run = run_services.start_run(actor=actor, agent=world.agent, text="where is order O202411280001?")
     install = marketplace_services.install_plugin(tenant=world.tenant, plugin_key="order-desk", actor=actor, config=None)
@@ -94,7 +94,7 @@ def _seed(world: Any) -> dict[str, dict[str, Any]]:
     agent = {"slug": world.agent.slug, "number": world.version.number}
     return {
         "/api/v1/agents/": agent, "/api/v1/releases/": agent, "/api/v1/plugins/": {"key": "order-desk"},
-        "/api/v1/tools/": {"id": "query_order"}, "/api/v1/runs/": {"id": str(run.pk)},
+        "/api/v1/tools/": {"id": "query_order"}, "/api/v1/runs/": {"id": str(run.pk)}, "/api/v1/sessions/": {"id": str(run.session_id)},
         "/api/v1/plugin-installs/": {"id": install.pk}, "/api/v1/audit/changes/": {"id": change.pk if change else 1},
     }
 
