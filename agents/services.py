@@ -14,6 +14,7 @@ from django.db.models import Case, F, PositiveSmallIntegerField, Q, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from agents import attention
 from agents.lease import heartbeat_for
 from agents.models import ACTIVE_STATUSES, Agent, AgentVersion, Run, RunStatus, Session
 from agents.runtime.config import raw_input_patterns
@@ -173,6 +174,7 @@ def execute_run(run_id: str) -> None:
     try:
         if run.crash_count >= MAX_CRASHES:
             with transaction.atomic():
+                attention.mark_abandoned(run, crash_loop=True)  # an operator checks what it did (agents/attention.py)
                 finish_without_worker(run, TerminalReason.ERROR, f"crash_loop: the run's worker died {run.crash_count} times")
             return
         loop = build_loop(run, token)
@@ -183,6 +185,7 @@ def execute_run(run_id: str) -> None:
         with transaction.atomic():
             current = Run.objects.select_for_update().get(pk=run_id)
             if current.status != RunStatus.FINISHED and current.lease_token == token:
+                attention.mark_abandoned(current, crash_loop=False)  # only if it left a write started
                 finish_without_worker(current, TerminalReason.ERROR, f"internal error: {type(exc).__name__}")
     finally:
         release_lease(run_id, token)

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agents import live, metrics, otel
+from agents import attention, live, metrics, otel
 from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
 from agents.runtime.protocols import Checkpoint, StepAck, StepRecord
 from agents.runtime.types import Event, Phase, Usage
@@ -52,6 +52,7 @@ def run_summary(run: Run | dict[str, Any]) -> dict[str, Any]:
         "terminal_reason": get("terminal_reason") or None,
         "step": get("step"),
         "usage": get("usage") or {},
+        "needs_attention": bool(get("needs_attention", False)),
     }
 
 
@@ -78,6 +79,16 @@ def publish_after_commit(run: Run, rows: list[RunEvent], summary: dict[str, Any]
     otel.observe_committed(run, rows)  # spans on commit, from the same rows; off without OTEL_EXPORTER_OTLP_ENDPOINT (agents/otel.py)
     run_id, tenant_id = run.pk, run.tenant_id
     transaction.on_commit(lambda: live.publish_run_events(run_id=run_id, tenant_id=tenant_id, frames=frames, summary=summary))
+
+
+def _with_attention_events(events: list[Event], reasons: list[dict[str, Any]], writes: list[Any]) -> list[Event]:
+    """The step's events with a ``run.needs_attention`` event per reason, under its tool call, before ``run.finished``."""
+    if not reasons:
+        return events
+    spans = {w.started_pk: w.row.span_id for w in writes if w.started_pk is not None and w.row.span_id}
+    marks = attention.events_for(reasons, spans=spans)
+    end = next((i for i, e in enumerate(events) if e.type == "run.finished"), len(events))
+    return [*events[:end], *marks, *events[end:]]
 
 
 class DjangoRunStore:
@@ -112,13 +123,16 @@ class DjangoRunStore:
             locked = (
                 Run.objects.select_for_update()
                 .filter(pk=run.pk)
-                .values("last_seq", "message_count", "step", "lease_token", "cancel_requested")
+                .values("last_seq", "message_count", "step", "lease_token", "cancel_requested", "attention_reasons")
                 .first()
             )
             if locked is None or locked["lease_token"] != self.lease_token or locked["step"] != record.step - 1:
                 self.audit_buffer.clear()
                 return StepAck(lease_lost=True)
-            rows = event_rows(run, locked["last_seq"] + 1, record.step, record.events)
+            # A write whose outcome is unknown marks the run for an operator, with this step (agents/attention.py).
+            reasons = attention.reasons_for_writes(self.audit_buffer, at=now)
+            events = _with_attention_events(record.events, reasons, self.audit_buffer)
+            rows = event_rows(run, locked["last_seq"] + 1, record.step, events)
             RunEvent.objects.bulk_create(rows)
             if record.appended_messages:
                 RunMessage.objects.bulk_create(
@@ -141,6 +155,8 @@ class DjangoRunStore:
                 "lease_expires_at": now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS),
                 "updated_at": now,
             }
+            if reasons:
+                changes.update(needs_attention=True, attention_reasons=attention.with_reasons(locked["attention_reasons"], reasons))
             if finished:
                 changes.update(
                     terminal_reason=record.terminal_reason.value if record.terminal_reason else "error",
