@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as ModelValidationError
 from django.db.models import Exists, OuterRef
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -14,13 +15,14 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from agents import services
+from agents import attention, services
 from agents.models import Agent, AgentVersion, Run, RunEvent, Session
 from agents.serializers import (
     AgentCreateSerializer,
     AgentSerializer,
     AgentVersionSerializer,
     AgentVersionWriteSerializer,
+    ResolveAttentionSerializer,
     RunCreateSerializer,
     RunEventSerializer,
     RunSerializer,
@@ -37,11 +39,27 @@ class NewestFirst(CursorPages):
 
 
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
-    queryset = Run.objects.select_related("agent", "version")
+    queryset = Run.objects.select_related("agent", "version", "attention_resolved_by")
     serializer_class = RunSerializer
     pagination_class = NewestFirst
-    scope_actions = {**TenantScopedViewSet.scope_actions, "cancel": "operate", "events": "view"}
+    scope_actions = {**TenantScopedViewSet.scope_actions, "cancel": "operate", "events": "view",
+                     "resolve_attention": attention.RESOLVE_ACTION}
     throttle_scopes = {"create": "run_create"}  # RUN_CREATE_THROTTLE_RATE per key, on top of the API-wide rate
+
+    @extend_schema(parameters=[OpenApiParameter(
+        "needs_attention", bool,
+        description="true: only runs an operator must check (needs_attention); false: only the others.",
+    )])
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
+
+    def filter_queryset(self, queryset: Any) -> Any:
+        queryset = super().filter_queryset(queryset)
+        if self.action == "list":
+            wanted = _boolean(self.request.query_params.get("needs_attention"), "needs_attention")
+            if wanted is not None:
+                queryset = queryset.filter(needs_attention=wanted)
+        return queryset
 
     @extend_schema(request=RunCreateSerializer, responses={202: RunSerializer})
     def create(self, request: Request) -> Response:
@@ -103,6 +121,37 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         except services.RunRefused as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(RunSerializer(run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
+
+
+    @extend_schema(request=ResolveAttentionSerializer, responses={200: RunSerializer, 409: None})
+    @action(detail=True, methods=["post"], url_path="resolve-attention")
+    def resolve_attention(self, request: Request, pk: Any = None) -> Response:
+        """Say what you checked of a run that needs attention: it no longer does (the reasons stay; audited)."""
+        run = self.get_object()
+        body = ResolveAttentionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            run = attention.resolve_attention(actor=self.actor, run=run, note=body.validated_data["note"], via="api")
+        except attention.AttentionRefused as exc:
+            if exc.field:
+                raise serializers.ValidationError({exc.field: [str(exc)]}) from None
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        except DjangoPermissionDenied as exc:
+            raise exceptions.PermissionDenied(str(exc)) from None
+        return Response(RunSerializer(self.get_queryset().get(pk=run.pk), context={"request": request}).data)
+
+
+_TRUE, _FALSE = frozenset({"true", "1"}), frozenset({"false", "0"})
+
+
+def _boolean(raw: str | None, name: str) -> bool | None:
+    if raw is None or raw == "":
+        return None
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise exceptions.ValidationError({name: [f"Must be true or false; got {raw!r}."]})
 
 
 def _non_negative_int(raw: str | None, name: str, default: int) -> int:

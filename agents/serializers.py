@@ -59,13 +59,28 @@ class RunSerializer(serializers.ModelSerializer):
     session = serializers.UUIDField(source="session_id", read_only=True)
     links = serializers.SerializerMethodField()
     injection_flags = serializers.SerializerMethodField(help_text="Prompt-injection patterns found in the input (flag mode).")
+    needs_attention = serializers.BooleanField(
+        read_only=True,
+        help_text="An operator must check something this run did (e.g. a write whose outcome is unknown); "
+                  "POST resolve-attention once checked.",
+    )
+    attention_reasons = serializers.ListField(
+        child=serializers.DictField(), read_only=True,
+        help_text='Why it was marked, oldest first, kept after resolution: e.g. {"kind": "outcome_unknown", "tool": ..., '
+                  '"call_id": ..., "step": ..., "audit_id": ..., "at": ...}. Kinds: outcome_unknown, write_timeout, '
+                  "unfinished_write, crash_loop.",
+    )
+    attention_resolved_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    attention_resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    attention_resolution = serializers.CharField(read_only=True, help_text="What the operator who resolved it checked.")
 
     class Meta:
         model = Run
         fields = [
             "id", "status", "terminal_reason", "agent", "version", "session", "input", "output", "error",
             "usage", "step", "last_seq", "cancel_requested", "created_at", "started_at", "finished_at",
-            "injection_flags", "links",
+            "injection_flags", "needs_attention", "attention_reasons", "attention_resolved_at", "attention_resolved_by",
+            "attention_resolution", "links",
         ]
         read_only_fields = fields
 
@@ -81,6 +96,14 @@ class RunSerializer(serializers.ModelSerializer):
             "events": f"{base}api/v1/runs/{run.pk}/events",
             "ws": f"{ws_base}ws/runs/{run.pk}/",
         }
+
+
+class ResolveAttentionSerializer(serializers.Serializer):
+    note = serializers.CharField(
+        max_length=2000, trim_whitespace=True,
+        help_text="What you checked and found (e.g. the refund was made once at the payment provider). Kept on the run "
+                  "and in the audit; personal data in it is masked.",
+    )
 
 
 class RunEventSerializer(serializers.ModelSerializer):

@@ -9,10 +9,12 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 
+from agents.attention import AttentionCollector
 from agents.metrics import ApprovalQueueCollector
 
 _database_gauges = CollectorRegistry()  # no auto-describe: collecting queries the database, so only at scrape time
 _database_gauges.register(ApprovalQueueCollector())
+_database_gauges.register(AttentionCollector())
 
 
 def _authorized(request: HttpRequest) -> bool:
