@@ -3,10 +3,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
+from agents import attention
 from agents import services as agent_services
 from agents.erasure import ERASE_ACTION, ErasureRefused, erase_session
 from agents.models import Agent, AgentVersion, Run, RunEvent, Session
@@ -122,18 +124,63 @@ class SessionAdmin(ReadOnlyAdmin):
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
-    list_display = ["id", "agent", "version__number", "status", "terminal_reason", "step", "tenant", "created_at", "finished_at", "trace"]
-    list_filter = ["status", "terminal_reason", "tenant"]
+    list_display = ["id", "agent", "version__number", "status", "terminal_reason", "attention", "step", "tenant", "created_at",
+                    "finished_at", "trace"]
+    list_filter = ["needs_attention", "status", "terminal_reason", "tenant"]
     list_select_related = ["agent", "version", "tenant"]
     search_fields = ["id", "input"]
     date_hierarchy = "created_at"
+    actions = ["resolve_attention"]
+
+    class Media:
+        css = {"all": ["agents/admin.css"]}
 
     @admin.display(description="trace")
     def trace(self, obj: Run) -> str:
         return format_html('<a href="/console/runs/{}/">trace</a>', obj.pk)
 
+    @admin.display(description="attention", ordering="needs_attention")
+    def attention(self, obj: Run) -> str:
+        if obj.needs_attention:
+            kinds = ", ".join(sorted({str(r.get("kind")) for r in attention.open_reasons(obj)})) or "needs attention"
+            return format_html('<span class="attention-badge" title="{}">needs attention</span>', kinds)
+        if obj.attention_resolved_at is not None:
+            return format_html('<span class="attention-resolved" title="resolved {}">resolved</span>',
+                               f"{obj.attention_resolved_at:%Y-%m-%d %H:%M}")
+        return ""
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return [*super().get_readonly_fields(request, obj), "trace"]
+        return [*super().get_readonly_fields(request, obj), "trace", "attention"]
+
+    def get_actions(self, request: HttpRequest) -> Any:
+        actions = super().get_actions(request)
+        if self._actor(request).tenant_ids(attention.RESOLVE_ACTION) == []:
+            actions.pop("resolve_attention", None)  # viewers and approvers look, operators resolve
+        return actions
+
+    @admin.action(description="Resolve attention (say what you checked)")
+    def resolve_attention(self, request: HttpRequest, queryset: Any) -> Any:
+        """After a page asking what was checked: the same service as the API's resolve-attention (agents/attention.py)."""
+        actor = self._actor(request)
+        allowed = list(queryset.for_actor(actor, attention.RESOLVE_ACTION).filter(needs_attention=True)
+                       .select_related("agent", "tenant"))
+        note = request.POST.get("note", "").strip()
+        if request.POST.get("confirmed") != "yes" or not note:
+            return TemplateResponse(request, "admin/agents/run/resolve_attention.html", {
+                **self.admin_site.each_context(request), "title": "Resolve attention", "opts": self.model._meta,
+                "runs": [(run, attention.open_reasons(run)) for run in allowed], "skipped": queryset.count() - len(allowed),
+                "missing_note": "confirmed" in request.POST, "note_max": attention.NOTE_MAX_CHARS,
+            })
+        resolved = 0
+        for run in allowed:
+            try:
+                attention.resolve_attention(actor=actor, run=run, note=note, via="admin")
+            except (attention.AttentionRefused, PermissionDenied) as exc:
+                self.message_user(request, f"{run}: {exc}", messages.ERROR)
+            else:
+                resolved += 1
+        self.message_user(request, f"Resolved {resolved} run(s); the audit records it (run.attention_resolved).")
+        return None
 
 
 @admin.register(RunEvent)
