@@ -95,6 +95,7 @@ def run_row(run: Run, *, now: dt.datetime | None = None) -> dict[str, Any]:
         "created_at": run.created_at.isoformat(),
         "created_text": timezone.localtime(run.created_at).strftime("%Y-%m-%d %H:%M:%S"),
         "input_preview": run.input[:120],
+        "needs_attention": bool(run.needs_attention),
     }
 
 
@@ -122,13 +123,14 @@ def _date(raw: str | None) -> dt.date | str | None:
 @dataclass
 class RunFilters:
     """The run list's GET parameters: ``agent``, ``version``, ``user`` (ids), ``status``, ``reason``,
-    ``day`` and ``since`` (YYYY-MM-DD, UTC)."""
+    ``day`` and ``since`` (YYYY-MM-DD, UTC), ``attention`` (1: only runs that need attention, 0: only the others)."""
 
     agent: int | None = None
     version: int | None = None
     user: int | None = None
     status: str = ""
     reason: str = ""
+    attention: str = ""
     day: dt.date | None = None
     since: dt.date | None = None
     errors: list[str] = field(default_factory=list)
@@ -152,6 +154,11 @@ class RunFilters:
             f.errors.append(f"reason must be one of {', '.join(TERMINAL_REASONS)}; got {reason!r}. The filter was ignored.")
         else:
             f.reason = reason
+        attention = params.get("attention", "")
+        if attention and attention not in ("0", "1"):
+            f.errors.append(f"attention must be 1 (needs attention) or 0; got {attention!r}. The filter was ignored.")
+        else:
+            f.attention = attention
         for name in ("day", "since"):
             value = _date(params.get(name))
             if value == "bad":
@@ -171,6 +178,8 @@ class RunFilters:
             runs = runs.filter(status=self.status)
         if self.reason:
             runs = runs.filter(terminal_reason=self.reason)
+        if self.attention:
+            runs = runs.filter(needs_attention=self.attention == "1")
         if self.day is not None:
             start = dt.datetime.combine(self.day, dt.time.min, tzinfo=dt.UTC)
             runs = runs.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1))
@@ -181,7 +190,7 @@ class RunFilters:
     def params(self) -> dict[str, str]:
         raw = {
             "agent": self.agent, "version": self.version, "user": self.user, "status": self.status,
-            "reason": self.reason, "day": self.day, "since": self.since,
+            "reason": self.reason, "attention": self.attention, "day": self.day, "since": self.since,
         }
         return {k: str(v) for k, v in raw.items() if v not in (None, "")}
 

@@ -11,5 +11,6 @@ urlpatterns = [
     path("runs/", views.run_list, name="runs"),
     path("runs/<uuid:run_id>/", views.run_trace, name="run"),
     path("runs/<uuid:run_id>/tool-calls.json", views.run_tool_calls, name="run-tool-calls"),
+    path("runs/<uuid:run_id>/resolve-attention/", views.resolve_attention, name="run-resolve-attention"),
     path("spend/", views.spend, name="spend"),
 ]

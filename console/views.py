@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
+from agents import attention
 from agents.models import RunEvent, Session
 from audit.models import ToolCallAudit
 from console import queries
@@ -91,11 +93,29 @@ def run_trace(request: HttpRequest, run_id: Any) -> HttpResponse:
         "nav": "runs",
         "run": run,
         "row": queries.run_row(run),
+        "attention_reasons": attention.open_reasons(run) if run.needs_attention else [],
+        "can_resolve": run.needs_attention and actor.can(attention.RESOLVE_ACTION, run.tenant_id),
+        "note_max": attention.NOTE_MAX_CHARS,
         "events": events,
         "tool_calls": _tool_calls(actor, run),
         "last_seq": events[-1]["seq"] if events else 0,
         "ws_path": f"/ws/runs/{run.pk}/",
     })
+
+
+@login_required
+@require_POST
+def resolve_attention(request: HttpRequest, run_id: Any) -> HttpResponse:
+    """The run page's form: an operator says what they checked (agents/attention.py, as the API and the admin)."""
+    actor = _actor(request)
+    run = _visible_run(actor, run_id)
+    try:  # a viewer's PermissionDenied is Django's 403
+        attention.resolve_attention(actor=actor, run=run, note=request.POST.get("note", ""), via="console")
+    except attention.AttentionRefused as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Resolved: the run no longer needs attention (recorded in the audit).")
+    return redirect("console:run", run_id=run.pk)
 
 
 @login_required

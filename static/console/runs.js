@@ -33,6 +33,7 @@
     if (f.filterUser && String(row.user_id) !== f.filterUser) return false;
     if (f.filterStatus && row.status !== f.filterStatus) return false;
     if (f.filterReason && row.terminal_reason !== f.filterReason) return false;
+    if (f.filterAttention && String(row.needs_attention ? 1 : 0) !== f.filterAttention) return false;
     var day = String(row.created_at || "").slice(0, 10);
     if (f.filterDay && day !== f.filterDay) return false;
     if (f.filterSince && day < f.filterSince) return false;
@@ -49,6 +50,12 @@
     var status = cell("status");
     status.textContent = "";
     status.appendChild(badge("status", row.status));
+    if (row.needs_attention) {
+      var flag = el("span", "badge attention", "needs attention");
+      flag.title = "An operator must check this run";
+      status.appendChild(document.createTextNode(" "));
+      status.appendChild(flag);
+    }
     var reason = cell("terminal_reason");
     reason.textContent = "";
     if (row.terminal_reason) reason.appendChild(badge("reason", row.terminal_reason));

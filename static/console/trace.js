@@ -300,6 +300,17 @@
       if (p.missing && p.missing.length) kv(row.meta, "missing", short(p.missing, 120));
       return;
     }
+    if (type === "run.needs_attention" || type === "run.attention_resolved") {
+      var needs = type === "run.needs_attention";
+      row = markRow(frame, "approval", needs ? "needs attention: " + (p.kind || "") : "attention resolved", parent);
+      if (needs) row.li.classList.add("failed");
+      kv(row.meta, "tool", p.tool);
+      kv(row.meta, "call", p.call_id);
+      kv(row.meta, "by", p.resolved_by);
+      if (p.message) textBlock(row.details, "what to check", p.message);
+      showAttention(needs);
+      return;
+    }
     // Anything else, including events this page does not know yet: shown generically.
     var kind = type.indexOf("approval") >= 0 || p.approval_id ? "approval" : "other";
     row = markRow(frame, kind, type, parent);
@@ -340,18 +351,35 @@
     }, 300);
   }
 
+  // The "needs attention" badge next to the status follows run.needs_attention / run.attention_resolved events.
+  function showAttention(needs) {
+    var statusCell = document.getElementById("run-status");
+    var flag = document.getElementById("run-attention");
+    if (!statusCell) return;
+    if (needs && !flag) {
+      flag = el("span", "badge attention", "needs attention");
+      flag.id = "run-attention";
+      statusCell.appendChild(document.createTextNode(" "));
+      statusCell.appendChild(flag);
+    } else if (!needs && flag) {
+      flag.remove();
+    }
+  }
+
   function finishRun(reason) {
     finished = true;
     root.dataset.status = "finished";
     root.dataset.finished = "true";
     var statusCell = document.getElementById("run-status");
     if (statusCell) {
+      var flagged = !!document.getElementById("run-attention");
       statusCell.textContent = "";
       statusCell.appendChild(el("span", "badge status-finished", "finished"));
       if (reason) {
         statusCell.appendChild(document.createTextNode(" "));
         statusCell.appendChild(el("span", "badge reason-" + String(reason).replace(/[^a-z_]/g, ""), reason));
       }
+      if (flagged) showAttention(true);
     }
     setStatus("finished", "finished");
     if (socket) socket.close(1000);
