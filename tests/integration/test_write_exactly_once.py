@@ -221,6 +221,12 @@ def test_a_non_idempotent_write_cut_off_by_a_kill_is_not_repeated_and_reported_o
     assert row.idempotency_key == _requests_for("O202411280011")[0]["key"]
     told = [c for c in _tool_messages(run_id) if "not repeated" in c]
     assert len(told) == 1, _tool_messages(run_id)
+    # and the run, though it finished with a final answer, needs an operator's attention, naming that call (issue #13, 5)
+    assert body["needs_attention"] is True, body
+    [reason] = body["attention_reasons"]
+    assert (reason["kind"], reason["tool"], reason["call_id"]) == ("outcome_unknown", "refund_order", row.call_id)
+    assert reason["audit_id"] == row.pk
+    assert RunEvent.objects.filter(run_id=run_id, type="run.needs_attention").count() == 1
     _assert_whole_trace(run_id)
     _assert_audit_joins_transcript(run_id)
 
@@ -241,5 +247,6 @@ def test_an_idempotent_write_cut_off_by_a_kill_is_repeated_with_the_same_key(
     assert row.status == "ok", (row.status, row.error)
     assert row.idempotency_key == requests[0]["key"]
     assert not [c for c in _tool_messages(run_id) if "not repeated" in c]
+    assert body["needs_attention"] is False and body["attention_reasons"] == [], "replayed with its key: nothing to check"
     _assert_whole_trace(run_id)
     _assert_audit_joins_transcript(run_id)
