@@ -1,8 +1,9 @@
-"""API-wide error shape: every error says what was wrong and what is expected; never a bare 500."""
+"""API-wide error shape: every error says what was wrong and what is expected; never a bare 500 (an outage is a 503)."""
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -15,6 +16,7 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from config import outages
 from config.parsers import too_big_message
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     known = _client_error(exc)
     if known is not None:
         return known
+    dependency = outages.dependency_down(exc)
+    if dependency is not None:  # the database or Redis is down: a 503 the client retries, not a 500
+        outages.log_outage(context.get("request"), dependency, exc)
+        return Response(outages.body(dependency), status=status.HTTP_503_SERVICE_UNAVAILABLE, headers=outages.headers())
     log.exception("unhandled error in %s", context.get("view").__class__.__name__, exc_info=exc)
     return Response(
         {"detail": "Something went wrong on our side; the error was logged. Please retry or contact an operator."},
@@ -68,7 +74,11 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    """``handler500``: under ``/api/`` the API's JSON error, elsewhere the page."""
+    """``handler500``: under ``/api/`` the API's JSON error, elsewhere the page; a dependency that is down (raised
+    outside any view, e.g. in a middleware) is the 503 of ``config/outages.py``."""
+    outage = outages.outage_response(request, sys.exc_info()[1])  # called while Django handles the exception
+    if outage is not None:
+        return outage
     if _is_api(request):
         return JsonResponse({"detail": "Something went wrong on our side; the error was logged. Please retry or contact an operator."},
                             status=500)

@@ -1,4 +1,4 @@
-"""``/healthz``: database, broker and channel layer, each with its own verdict."""
+"""``/healthz``: database, broker, channel layer and workers, each with its own verdict; ``down`` names the failing ones."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
+from config import outages
 from config.celery import app
 from config.workers import WORKER_BEAT_SECONDS, seen_workers
 
@@ -83,10 +84,12 @@ def _channel_layer() -> str:
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
-    """503 when a dependency the server needs is down; 200 ``degraded`` when only the workers are missing."""
+    """503 (with ``Retry-After``) when a dependency the server needs is down, named in ``down``; 200 ``degraded`` when
+    only the workers are missing."""
     checks = {"database": _timed(_database), "broker": _timed(_broker), "channel_layer": _timed(_channel_layer),
               "workers": _timed(_workers)}
-    serving = all(c["ok"] for name, c in checks.items() if name != "workers")
-    status = "unavailable" if not serving else "ok" if checks["workers"]["ok"] else "degraded"
-    body = {"status": status, "mode": "embedded" if settings.EMBEDDED else "production", "checks": checks}
-    return JsonResponse(body, status=200 if serving else 503)
+    down = [name for name, check in checks.items() if not check["ok"]]
+    serving = not [name for name in down if name != "workers"]
+    status = "unavailable" if not serving else "ok" if not down else "degraded"
+    body = {"status": status, "mode": "embedded" if settings.EMBEDDED else "production", "down": down, "checks": checks}
+    return JsonResponse(body, status=200 if serving else 503, headers=None if serving else outages.headers())

@@ -2,8 +2,9 @@
 
 A drf-spectacular postprocessing hook, so no view repeats them: 400 (a field or parameter was wrong), 401 (no or a
 bad key), 403 (the role does not allow it), 404 (not found here; operations with a path parameter), 406 (an
-``Accept`` the API cannot produce), 413 (a body over the limit), 415 (a body that is not JSON or a form) and 429
-(throttled, with ``Retry-After``). Codes a view documents itself are kept.
+``Accept`` the API cannot produce), 413 (a body over the limit), 415 (a body that is not JSON or a form), 429
+(throttled, with ``Retry-After``) and 503 (the database or Redis is down, with ``Retry-After``: config/outages.py).
+Codes a view documents itself are kept.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
 ERROR = "Error"
 VALIDATION_ERROR = "ValidationError"
+UNAVAILABLE = "DependencyUnavailable"
 
 _SCHEMAS: dict[str, dict[str, Any]] = {
     ERROR: {
@@ -33,6 +35,25 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
         },
         "example": {"facts": ["Keys must match ^[A-Za-z][A-Za-z0-9_.:-]{0,63}$; got ''."]},
     },
+    UNAVAILABLE: {
+        "type": "object",
+        "description": "A dependency is down (config/outages.py); retry after Retry-After seconds, with the same Idempotency-Key.",
+        "properties": {
+            "detail": {"type": "string"},
+            "error": {
+                "type": "object",
+                "properties": {
+                    "code": {"type": "string", "enum": ["dependency_unavailable"]},
+                    "message": {"type": "string"},
+                    "dependency": {"type": "string", "enum": ["database", "redis"]},
+                },
+                "required": ["code", "message", "dependency"],
+            },
+        },
+        "required": ["detail", "error"],
+        "example": {"detail": "The database is unavailable; retry shortly.", "error": {
+            "code": "dependency_unavailable", "message": "The database is unavailable; retry shortly.", "dependency": "database"}},
+    },
 }
 
 _RETRY_AFTER = {
@@ -46,6 +67,7 @@ _ALWAYS: dict[str, tuple[str, str]] = {
     "406": (ERROR, "The Accept header asks for a format the API does not produce (it produces JSON)."),
     "413": (ERROR, "The request body is larger than the documented limit (MAX_REQUEST_BODY_BYTES, 2.5 MB by default)."),
     "429": (ERROR, "Too many requests for this key; retry after Retry-After seconds."),
+    "503": (UNAVAILABLE, "The database or Redis is unavailable; retry after Retry-After seconds."),
 }
 _WITH_PATH_PARAMETER = {"404": (ERROR, "No such object among the tenants this key can see.")}
 _WITH_BODY = {"415": (ERROR, "The body is not application/json (or a form).")}
@@ -57,7 +79,7 @@ def _ref(name: str) -> dict[str, Any]:
 
 def _response(schema: str, description: str, status: str) -> dict[str, Any]:
     response: dict[str, Any] = {"description": description, "content": {"application/json": {"schema": _ref(schema)}}}
-    if status == "429":
+    if status in ("429", "503"):
         response["headers"] = dict(_RETRY_AFTER)
     return response
 

@@ -1,0 +1,108 @@
+"""A dependency that is down is a 503 with ``Retry-After``, never a 500 (issue #13).
+
+With PostgreSQL or Redis unreachable, a request fails with the driver's connection error. This module says which
+dependency that was (:func:`dependency_down`) and answers for every entry point, in one shape:
+
+- the API: ``config.api.exception_handler`` (DRF catches a view's exceptions before any middleware sees them);
+- every other view (console, approvals, admin, ``/healthz``): :class:`OutageMiddleware`'s ``process_exception``;
+- anything raised in a middleware: ``config.api.server_error`` (``handler500``, when ``DEBUG`` is off).
+
+The body is the API's error shape plus a machine-readable part::
+
+    {"detail": "The database is unavailable; retry shortly.",
+     "error": {"code": "dependency_unavailable", "message": "...", "dependency": "database"}}
+
+``dependency`` is ``database`` or ``redis`` (the Celery broker, the cache behind rate limits, the channel layer).
+Pages that are not the API get a short HTML page with the same status and header.
+
+Exceptions are matched by their classes' module and name (through ``raise ... from`` causes), so neither redis nor
+kombu is imported here: settings import this module's users, and importing redis loads the OpenTelemetry SDK.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.deprecation import MiddlewareMixin
+from django.utils.html import escape
+
+log = logging.getLogger(__name__)
+
+#: Seconds a client should wait before retrying (the ``Retry-After`` header).
+RETRY_AFTER_SECONDS = 5
+
+DATABASE, REDIS = "database", "redis"
+
+_KNOWN: dict[tuple[str, str], str] = {
+    ("django.db.utils", "OperationalError"): DATABASE,
+    ("django.db.utils", "InterfaceError"): DATABASE,
+    ("psycopg", "OperationalError"): DATABASE,  # the driver's own, should one escape Django's wrapper
+    ("psycopg", "InterfaceError"): DATABASE,
+    ("redis.exceptions", "ConnectionError"): REDIS,  # and its subclasses (BusyLoadingError, ...)
+    ("redis.exceptions", "TimeoutError"): REDIS,
+    ("kombu.exceptions", "OperationalError"): REDIS,  # Celery's publish when the broker is unreachable
+}
+
+_MESSAGES = {
+    DATABASE: "The database is unavailable; retry shortly.",
+    REDIS: "Redis (the broker, cache and channel layer) is unavailable; retry shortly.",
+}
+
+
+def dependency_down(exc: BaseException | None) -> str | None:
+    """``"database"`` or ``"redis"`` when ``exc`` (or an exception it was raised from) says that one is unreachable."""
+    for _ in range(8):  # a short chain of explicit causes; never loop on a cycle
+        if exc is None:
+            return None
+        for klass in type(exc).__mro__:
+            found = _KNOWN.get((klass.__module__, klass.__qualname__))
+            if found is not None:
+                return found
+        exc = exc.__cause__
+    return None
+
+
+def body(dependency: str) -> dict[str, Any]:
+    message = _MESSAGES[dependency]
+    return {"detail": message, "error": {"code": "dependency_unavailable", "message": message, "dependency": dependency}}
+
+
+def headers() -> dict[str, str]:
+    return {"Retry-After": str(RETRY_AFTER_SECONDS), "Cache-Control": "no-store"}
+
+
+def log_outage(request: HttpRequest | None, dependency: str, exc: BaseException) -> None:
+    path = request.path if request is not None else "?"
+    log.warning("%s unavailable: %s %s answered 503 (%s: %s)", dependency, getattr(request, "method", "?"), path,
+                type(exc).__name__, exc)
+
+
+def _wants_json(request: HttpRequest) -> bool:
+    if request.path.startswith(("/api/", "/healthz", "/metrics")):
+        return True
+    accept = request.headers.get("Accept", "")
+    return "json" in accept or "html" not in accept
+
+
+def outage_response(request: HttpRequest, exc: BaseException | None) -> HttpResponse | None:
+    """The 503 for ``exc`` if it is an outage, else None."""
+    dependency = dependency_down(exc)
+    if exc is None or dependency is None:
+        return None
+    log_outage(request, dependency, exc)
+    if _wants_json(request):
+        return JsonResponse(body(dependency), status=503, headers=headers())
+    message = escape(_MESSAGES[dependency])
+    page = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Temporarily unavailable</title></head>"
+            f"<body><h1>Temporarily unavailable</h1><p>{message}</p><p>This page will work again once it is back; "
+            f"reload in {RETRY_AFTER_SECONDS} seconds.</p></body></html>")
+    return HttpResponse(page, status=503, headers=headers(), content_type="text/html; charset=utf-8")
+
+
+class OutageMiddleware(MiddlewareMixin):
+    """A view (not the API's, DRF answers those itself) that failed because a dependency is down answers 503."""
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        return outage_response(request, exception)
