@@ -9,13 +9,13 @@ from typing import Any
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as ModelValidationError
 from django.db.models import Exists, OuterRef
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from agents import attention, services
+from agents import acceptance, attention, services
 from agents.models import Agent, AgentVersion, Run, RunEvent, Session
 from agents.serializers import (
     AgentCreateSerializer,
@@ -61,8 +61,31 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
                 queryset = queryset.filter(needs_attention=wanted)
         return queryset
 
-    @extend_schema(request=RunCreateSerializer, responses={202: RunSerializer})
+    @extend_schema(
+        request=RunCreateSerializer,
+        parameters=[
+            OpenApiParameter(
+                acceptance.IDEMPOTENCY_HEADER, acceptance.KEY_SCHEMA, OpenApiParameter.HEADER, required=False,
+                description=(f"A key of yours for this request ({acceptance.KEY_RULE}), sent again on every retry of it. "
+                             "Per tenant, kept with the run. The same key with the same body returns the run it created "
+                             f"({acceptance.REPLAYED_HEADER}: true), even for requests that race; with a different "
+                             "body it is a 422. Without it, a retry after a lost answer may create a second run."),
+            ),
+            OpenApiParameter(acceptance.REPLAYED_HEADER, str, OpenApiParameter.HEADER, response=[202], enum=["true"],
+                             description="Present when an earlier request with this Idempotency-Key created the run."),
+        ],
+        responses={
+            202: OpenApiResponse(RunSerializer, description=(
+                "The run is accepted (its row is committed) and will run; if the queue was unreachable, the sweeper "
+                "enqueues it within SWEEP_QUEUED_AFTER_SECONDS. Never create it again.")),
+            422: OpenApiResponse(description="The Idempotency-Key was first used with a different request body."),
+        },
+    )
     def create(self, request: Request) -> Response:
+        try:
+            key = acceptance.parse_key(request.headers.get(acceptance.IDEMPOTENCY_HEADER))
+        except acceptance.KeyInvalid as exc:
+            raise serializers.ValidationError({acceptance.IDEMPOTENCY_HEADER: [str(exc)]}) from None
         body = RunCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -79,10 +102,15 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
                 message = f"No session {data['session']} in this tenant. Omit the field to start a new one."
                 raise serializers.ValidationError({"session": [message]})
         try:
-            run = services.start_run(actor=self.actor, agent=agent, text=data["input"], session=session, facts=data.get("facts"))
+            accepted = acceptance.accept_run(actor=self.actor, agent=agent, text=data["input"], session=session,
+                                             facts=data.get("facts"), idempotency_key=key)
         except services.RunRefused as exc:
             raise serializers.ValidationError({exc.field or "non_field_errors": [str(exc)]}) from None
-        return Response(RunSerializer(run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
+        except acceptance.KeyReused as exc:
+            raise _Unprocessable(str(exc)) from None
+        headers = {acceptance.REPLAYED_HEADER: "true"} if accepted.replayed else {}
+        return Response(RunSerializer(accepted.run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED,
+                        headers=headers)
 
     @extend_schema(
         parameters=[
@@ -269,6 +297,11 @@ class AgentVersionViewSet(TenantScopedViewSet):
 class _Conflict(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
     default_code = "conflict"
+
+
+class _Unprocessable(exceptions.APIException):
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_code = "idempotency_key_reused"
 
 
 @contextmanager

@@ -57,8 +57,12 @@ def version_for_new_run(agent: Agent, session_id: Any = None) -> AgentVersion:
 
 @transaction.atomic
 def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None = None,
-              facts: dict[str, Any] | None = None) -> Run:
-    """Create the run and its session (if new) in this transaction; enqueue its task on commit."""
+              facts: dict[str, Any] | None = None, idempotency_key: str = "", request_digest: str = "") -> Run:
+    """Create the run and its session (if new) in this transaction; enqueue its task on commit (best effort).
+
+    ``idempotency_key`` and ``request_digest`` are stored on the run (unique per tenant: a second run with the key
+    raises ``IntegrityError``); ``agents.acceptance.accept_run`` sets them and answers retries.
+    """
     from tools.guardrails import screen_run_input  # the prompt-injection filter: block, or flag in facts
 
     facts = screen_run_input(agent=agent, text=text, facts=facts)
@@ -84,15 +88,21 @@ def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None 
     run = Run.objects.create(
         tenant_id=agent.tenant_id, agent=agent, version=version, session=session,
         created_by=actor.user, api_key=actor.api_key, input=text, facts=facts or {},
+        idempotency_key=idempotency_key, request_digest=request_digest,
     )
     enqueue_run(run.pk)
     return run
 
 
 def enqueue_run(run_id: Any) -> None:
-    from agents.tasks import execute_run_task
+    """Enqueue the run's task when this transaction commits, best effort: the committed row is the outbox.
 
-    transaction.on_commit(lambda: execute_run_task.delay(str(run_id)))
+    A broker that is down is logged and counted, never raised into the caller (``agents.acceptance.deliver``);
+    the run stays queued and the sweeper enqueues it later (``agents/sweeper.py``).
+    """
+    from agents.acceptance import deliver
+
+    transaction.on_commit(lambda: deliver(run_id))
 
 
 def finish_without_worker(run: Run, reason: TerminalReason, text: str) -> None:
