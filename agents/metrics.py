@@ -26,7 +26,10 @@ and caveats:
 - the directory must be emptied by the deployment *before* the processes start (e.g. a systemd
   ``ExecStartPre`` or the container entrypoint), never by a running process: a process's files
   stay summed after it exits, which is what counters want, and a restart resets them;
-- only counters and histograms are defined here (gauges would need a multiprocess mode).
+- counters and histograms need nothing more; the one gauge kept in process memory
+  (``agentops_tool_calls_overrunning``, moved by the tool gateway itself) is declared ``multiprocess_mode="livesum"``: the
+  live processes' values are summed, and a process that exits drops its own file (a killed one's
+  stays until the directory is emptied at the next start).
 
 We chose this over a metrics port per worker because one scrape target then shows the whole
 system, and the live-stack tests can check the worker's counters through the server's
@@ -35,13 +38,15 @@ system, and the live-stack tests can check the worker's counters through the ser
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import threading
 from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +67,30 @@ TOOL_DURATION = Histogram(
     "agentops_tool_call_duration_seconds", "Tool call latency as audited by the tool gateway, by tool.", ["tool"],
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+# Not derived from committed events: process state, moved by the tool gateway's bulkheads (tools/bulkhead.py) as it happens.
+TOOL_OVERRUNNING = Gauge(
+    "agentops_tool_calls_overrunning",
+    "Tool calls still running after their timeout (each holds one of its tool's bulkhead slots until it ends), by tool.",
+    ["tool"], multiprocess_mode="livesum",
+)
+TOOL_OVERRUNS = Counter(
+    "agentops_tool_call_overruns", "Tool calls still running when their timeout passed (each was sent its cancel signal), by tool.",
+    ["tool"],
+)
+TOOL_KILLED = Counter(
+    "agentops_tool_calls_killed", "Process-isolated tool calls whose process was killed at the timeout, by tool.", ["tool"],
+)
+
+
+def _forget_live_gauges() -> None:
+    """At exit, in multiprocess mode, drop this process's live gauge files: its overrunning calls end with it."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(os.getpid())
+
+
+atexit.register(_forget_live_gauges)
 
 _agent_slugs: dict[int, str] = {}
 _agent_slugs_lock = threading.Lock()
