@@ -2,12 +2,16 @@
 
 An executor gets the Tool row, the validated arguments and an ExecContext, and returns the raw
 result (any JSON-able value) or raises. The gateway around it owns timeouts, bulkheads, shaping
-and audit; executors only do the call.
+and audit; executors only do the call, and end it by ``ctx.deadline`` where they can (an HTTP
+request is bounded by it, a process-isolated Python tool is killed at it, a cooperative one sees
+``ctx.cancel``).
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +31,14 @@ class ExecContext:
     idempotency_key: str | None = None
     #: Outbound hosts/CIDRs this call may reach besides the public internet (operator allow-list).
     egress_allow: tuple[str, ...] = field(default_factory=tuple)
+    #: Set by the gateway when the call's time is up; a long-running executor stops when it sees it (``tools.cancel``).
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    #: ``time.monotonic()`` at which the gateway stops waiting for the call (None: no deadline).
+    deadline: float | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel.is_set()
 
 
 class ToolFailure(Exception):
@@ -43,7 +55,13 @@ Executor = Callable[[Tool, dict[str, Any], ExecContext], Any]
 def run_python(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
     from tools.pyfunc import registry
 
-    return registry.call(str(tool.config.get("function", "")), arguments)
+    key = str(tool.config.get("function", ""))
+    if tool.config.get("isolation") == "process":  # in a child process, killed at the deadline (tools.isolation)
+        from tools.isolation import run_in_process
+
+        deadline = ctx.deadline if ctx.deadline is not None else time.monotonic() + float(tool.timeout_seconds)
+        return run_in_process(key, arguments, deadline=deadline, label=tool.name)
+    return registry.call(key, arguments)
 
 
 def resolve_secret(name: str) -> str:
@@ -85,6 +103,7 @@ def run_http(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
             resolve_secret=resolve_secret,
             allow=allow,
             sensitive_fields=tool.sensitive_fields or (),
+            deadline=ctx.deadline,
         )
     except EgressDenied as exc:
         raise ToolFailure("egress_denied", f"The call was blocked before it left: {exc.reason}") from None

@@ -15,6 +15,24 @@ Google-style docstring::
         \"\"\"
 
 The registry is frozen after start-up (``registry.freeze()``): later registrations are refused.
+
+Timeouts. The gateway waits ``timeout_seconds`` for a call, then tells the model there was no
+result. It cannot stop the function's thread: a function that runs on keeps one of its tool's
+bulkhead slots until it returns. A function that may run long checks the call's cancel signal,
+set at the timeout (:mod:`tools.cancel`)::
+
+    from tools.cancel import check_cancelled, current_cancel
+
+    @tool("reports.build")
+    def build(month: str) -> dict:
+        for page in pages(month):
+            check_cancelled()            # raises ToolCancelled once the call's time is up
+            render(page)
+        current_cancel().wait(2.0)       # a sleep that ends early when the call is cancelled
+
+A function that cannot check (a blocking C call, a library that may never return) runs in a
+child process instead, killed at the timeout: the tool's config ``{"isolation": "process"}``
+(:mod:`tools.isolation`; JSON arguments in, a picklable result out, no database).
 """
 
 from __future__ import annotations
@@ -549,6 +567,14 @@ def tool(
     registry: PythonToolRegistry | None = None,
     **extra: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register a function as a tool in ``registry`` (default: the module-level one)."""
+    """Register a function as a tool in ``registry`` (default: the module-level one).
+
+    The function runs on a thread of the tool gateway, which stops waiting at the tool's
+    ``timeout_seconds``. If it may take long, let it stop when the call's time is up: call
+    ``tools.cancel.check_cancelled()`` between units of work (it raises ``ToolCancelled``), or
+    test ``tools.cancel.cancelled()``, and wait with ``tools.cancel.current_cancel().wait(seconds)``
+    rather than ``time.sleep``. Until it returns it holds one of its tool's bulkhead slots. A
+    function that cannot check belongs in a child process: tool config ``{"isolation": "process"}``.
+    """
     target = registry if registry is not None else globals()["registry"]
     return target.tool(key, name=name, category=category, idempotent=idempotent, description=description, **extra)
