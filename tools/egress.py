@@ -12,7 +12,9 @@ the exception holds for that port only (:func:`parse_allow_entry`, :func:`allow_
 Enforcement happens at connect time: :class:`GuardedTransport` resolves, validates, and then
 connects to the *validated IP* (Host header and TLS SNI keep the original name), so there is no
 DNS-rebinding window between the check and the connection. :func:`guarded_client` builds an
-``httpx.Client`` on that transport that follows redirects itself, checking every hop.
+``httpx.Client`` on that transport that follows redirects itself, checking every hop. Given a
+``deadline``, every connect, TLS handshake, read and write of the client waits at most the time
+left until it (:class:`DeadlineBackend`), so a slow or trickling server cannot hold a call past it.
 """
 
 from __future__ import annotations
@@ -20,15 +22,19 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import ssl
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpcore
 import httpx
 
 __all__ = [
     "ALLOW_ENTRY_FORMS",
     "AllowEntry",
+    "DeadlineBackend",
     "EgressDenied",
     "EgressPolicy",
     "GuardedClient",
@@ -438,6 +444,72 @@ def check_url(
 # --------------------------------------------------------------------------- transport
 
 
+class DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every operation waits at most the time left until ``deadline``."""
+
+    def __init__(self, inner: httpcore.NetworkStream, deadline: float) -> None:
+        self._inner = inner
+        self._deadline = deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _time_left(self._deadline, timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _time_left(self._deadline, timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        left = _time_left(self._deadline, timeout, httpcore.ConnectTimeout)
+        return DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, left), self._deadline)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's network backend with every timeout cut to the time left until ``deadline`` (``time.monotonic()``)."""
+
+    def __init__(self, inner: httpcore.NetworkBackend, deadline: float) -> None:
+        self._inner = inner
+        self._deadline = deadline
+
+    def connect_tcp(
+        self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        left = _time_left(self._deadline, timeout, httpcore.ConnectTimeout)
+        return DeadlineStream(self._inner.connect_tcp(host, port, left, local_address, socket_options), self._deadline)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        left = _time_left(self._deadline, timeout, httpcore.ConnectTimeout)
+        return DeadlineStream(self._inner.connect_unix_socket(path, left, socket_options), self._deadline)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(min(seconds, max(0.0, self._deadline - time.monotonic())))
+
+
+def _time_left(deadline: float, timeout: float | None, error: type[Exception]) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise error("the call's deadline has passed")
+    return left if timeout is None else min(timeout, left)
+
+
+def _bound_by_deadline(transport: httpx.HTTPTransport, deadline: float) -> None:
+    """Put ``transport``'s connection pool on a :class:`DeadlineBackend` (httpx takes no backend argument)."""
+    pool = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if backend is None:  # pragma: no cover - an httpx/httpcore whose internals moved; the tests would say so
+        raise RuntimeError("cannot bound this httpx transport by a deadline")
+    pool._network_backend = DeadlineBackend(backend, deadline)  # type: ignore[union-attr]
+
+
 class GuardedTransport(httpx.HTTPTransport):
     """An ``HTTPTransport`` that resolves each request's host once, validates every address,
     and connects to the validated IP. The ``Host`` header and TLS SNI keep the original name.
@@ -451,12 +523,15 @@ class GuardedTransport(httpx.HTTPTransport):
         *,
         allow: EgressPolicy | Iterable[str] | None = None,
         resolver: Resolver | None = None,
+        deadline: float | None = None,
         **transport_kwargs: Any,
     ) -> None:
         transport_kwargs.pop("proxy", None)  # a proxy would make the pinned IP meaningless
         transport_kwargs.pop("uds", None)
         super().__init__(**transport_kwargs)
         self.policy = EgressPolicy.coerce(allow, resolver)
+        #: ``time.monotonic()`` by which every exchange through this transport ends (None: the timeouts alone).
+        self.deadline = deadline
         self._transport_kwargs = transport_kwargs
         self._pools: dict[tuple[str, str, int], httpx.HTTPTransport] = {}
         #: Every (host, ip, port) this transport connected to, in order (for tests and audit).
@@ -466,10 +541,14 @@ class GuardedTransport(httpx.HTTPTransport):
         pool = self._pools.get(key)
         if pool is None:
             pool = httpx.HTTPTransport(**self._transport_kwargs)
+            if self.deadline is not None:
+                _bound_by_deadline(pool, self.deadline)
             self._pools[key] = pool
         return pool
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.deadline is not None and time.monotonic() >= self.deadline:  # e.g. after a redirect: resolve nothing more
+            raise httpx.ConnectTimeout("the call's deadline has passed", request=request)
         target = self.policy.check(request.url)
         pinned_url = request.url.copy_with(host=target.ip)
         extensions = dict(request.extensions)
@@ -508,11 +587,12 @@ class GuardedClient(httpx.Client):
         follow_redirects: bool = True,
         sensitive_headers: Iterable[str] = (),
         transport_kwargs: dict[str, Any] | None = None,
+        deadline: float | None = None,
         **client_kwargs: Any,
     ) -> None:
         for forbidden in ("transport", "mounts", "proxy", "trust_env", "follow_redirects"):
             client_kwargs.pop(forbidden, None)
-        self.guard = GuardedTransport(allow=allow, resolver=resolver, **(transport_kwargs or {}))
+        self.guard = GuardedTransport(allow=allow, resolver=resolver, deadline=deadline, **(transport_kwargs or {}))
         super().__init__(transport=self.guard, trust_env=False, follow_redirects=False, **client_kwargs)
         self.guard_follow_redirects = follow_redirects
         self.guard_max_redirects = max_redirects
@@ -589,15 +669,20 @@ def guarded_client(
     max_redirects: int = DEFAULT_MAX_REDIRECTS,
     follow_redirects: bool = True,
     sensitive_headers: Iterable[str] = (),
+    deadline: float | None = None,
     **client_kwargs: Any,
 ) -> GuardedClient:
-    """An egress-guarded ``httpx.Client``; use it as a context manager."""
+    """An egress-guarded ``httpx.Client``; use it as a context manager.
+
+    ``deadline`` (``time.monotonic()``): no connect, read or write of this client waits past it.
+    """
     return GuardedClient(
         allow=allow,
         resolver=resolver,
         max_redirects=max_redirects,
         follow_redirects=follow_redirects,
         sensitive_headers=sensitive_headers,
+        deadline=deadline,
         timeout=timeout,
         **client_kwargs,
     )

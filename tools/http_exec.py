@@ -264,8 +264,14 @@ def execute_http_tool(
     resolver: Resolver | None = None,
     sensitive_fields: Iterable[str] = (),
     transport_kwargs: dict[str, Any] | None = None,
+    deadline: float | None = None,
 ) -> HttpResult:
     """Send the request described by ``spec`` with ``arguments`` through the egress guard.
+
+    The whole exchange (connecting, every redirect, sending, the headers and the body) ends by
+    ``spec.timeout`` seconds from now, or by ``deadline`` (``time.monotonic()``) if that is
+    sooner: every socket operation waits at most the time left, and the connection is closed
+    when it runs out. (Only the DNS lookup is not bounded: ``getaddrinfo`` cannot be interrupted.)
 
     Raises :class:`EgressDenied` (policy), :class:`ToolTimeout` (no result in time),
     :class:`SecretUnavailable` / :class:`HttpToolError` (could not execute). A non-2xx reply is
@@ -280,12 +286,14 @@ def execute_http_tool(
         sensitive_fields=sensitive_fields,
     )
     safe_target = f"{spec.method} {request.preview['url']}"
-    deadline_s = float(spec.timeout)
     started = time.monotonic()
+    ends = started + float(spec.timeout) if deadline is None else min(started + float(spec.timeout), deadline)
+    deadline_s = max(0.0, ends - started)
     try:
         with guarded_client(
             allow=allow,
-            timeout=deadline_s,
+            timeout=max(deadline_s, 0.001),
+            deadline=ends,
             resolver=resolver,
             max_redirects=spec.max_redirects,
             sensitive_headers=request.secret_headers,
@@ -304,7 +312,7 @@ def execute_http_tool(
                 size = 0
                 truncated = False
                 for chunk in response.iter_bytes():
-                    if time.monotonic() - started > deadline_s:
+                    if time.monotonic() > ends:
                         raise httpx.ReadTimeout("overall deadline exceeded", request=http_request)
                     chunks.append(chunk)
                     size += len(chunk)
@@ -318,7 +326,7 @@ def execute_http_tool(
         raise
     except httpx.TimeoutException:
         raise ToolTimeout(
-            f"{safe_target} timed out after {deadline_s:g}s; no result was obtained. Do not tell the user it succeeded."
+            f"{safe_target} timed out after {round(deadline_s, 2):g}s; no result was obtained. Do not tell the user it succeeded."
         ) from None
     except httpx.TooManyRedirects:
         raise HttpToolError(f"{safe_target}: too many redirects (more than {spec.max_redirects})") from None
