@@ -33,8 +33,17 @@ Shape (every section and field is optional; missing ones take :data:`DEFAULT_POL
       "model": {"fallbacks": ["backup/gpt-4o-mini", "demo/planner"],     # tried in order after the
                 "task_models": {"summarize": "openai/gpt-4o-mini"}},      # version's model; per task class
       "hooks": [{"name": "flag", "kind": "set_state", "position": "before_agent", "values": {"vip_path": true}},
-                {"name": "escalated", "kind": "stop_when", "key": "escalated", "equals": true, "message": "..."}]
+                {"name": "escalated", "kind": "stop_when", "key": "escalated", "equals": true, "message": "..."},
+                {"name": "pii", "kind": "acme.redact_pii", "config": {"mask": "***"}}],     # an installed extension
+      "interceptors": {"model": [{"kind": "acme.tag_request", "config": {}}],               # wrap every model call
+                       "tool": [{"kind": "acme.trim_result", "config": {"max_chars": 2000}}]}  # and every tool call
     }
+
+Hook and interceptor kinds come from one table (:mod:`agents.runtime.plugins`): the built-in hook kinds
+and the classes installed packages contribute through entry points, as far as the platform allows them.
+An entry naming a contributed kind has ``kind`` and ``config`` (checked against the class's config model)
+and, for a hook, ``name``. The table is ``extensions=`` of :func:`check_policy`, :func:`parse_policy` and
+:func:`build_runtime`, by default the process-wide :func:`~agents.runtime.plugins.default_registry`.
 
 Session inputs the Django side puts in the initial ``Checkpoint.state``: ``session_model_calls``
 (int) and ``session_usage`` (``{"input_tokens", "output_tokens", "cost", "wall_seconds"}``) of the
@@ -54,10 +63,11 @@ from typing import Any
 
 from agents.runtime.budgets import BudgetGuard, BudgetLimits, CallGuard
 from agents.runtime.compaction import DEFAULT_IDENTIFIER_PATTERNS, Compactor, Compression, ContextEditing, Summarization
-from agents.runtime.hooks import Hook, build_hooks
+from agents.runtime.hooks import Hook
 from agents.runtime.interceptors import ModelInterceptor, ToolInterceptor
 from agents.runtime.limits import LoopDetection, ModelCallLimit, TierLimit
 from agents.runtime.loop import AgentConfig, AgentLoop
+from agents.runtime.plugins import ExtensionRegistry, default_registry
 from agents.runtime.policy_checks import BUILTIN_HOOK_NAMES as BUILTIN_HOOK_NAMES
 from agents.runtime.policy_checks import Checker, check_document
 from agents.runtime.protocols import EventSink, ModelClient, RunStore, ToolExecutor
@@ -108,6 +118,7 @@ DEFAULT_POLICY: dict[str, Any] = {
     "approvals": {"stop_on_rejection": False, "tools": {}},
     "input_masking": {"raw": []},
     "hooks": [],
+    "interceptors": {"model": [], "tool": []},
     "model": {"fallbacks": [], "task_models": {}},
 }
 
@@ -151,8 +162,9 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def check_policy(data: Any) -> list[str]:
-    """Every problem of a policy document (empty list: valid)."""
+def check_policy(data: Any, *, extensions: ExtensionRegistry | None = None) -> list[str]:
+    """Every problem of a policy document (empty list: valid). Hook and interceptor kinds are looked up in
+    ``extensions`` (default: the process-wide table)."""
     if not isinstance(data, dict):
         return [f"policy: must be a JSON object, got {_type_name(data)}"]
     c = Checker()
@@ -161,7 +173,7 @@ def check_policy(data: Any) -> list[str]:
     doc = _merge(DEFAULT_POLICY, data)
     if doc["version"] != 1:
         c.fail("version", "must be 1", doc["version"])
-    check_document(c, doc, DEFAULT_POLICY)
+    check_document(c, doc, DEFAULT_POLICY, default_registry() if extensions is None else extensions)
     _check_input_masking(c, doc["input_masking"])
     return [e.replace("policy.", "", 1) if e.startswith("policy.") else e for e in c.errors]
 
@@ -181,9 +193,9 @@ def raw_input_patterns(policy: Mapping[str, Any] | None) -> tuple[str, ...]:
     return tuple(str(name) for name in raw if name in RAW_INPUT_PATTERNS)
 
 
-def parse_policy(data: Any) -> RuntimePolicy:
+def parse_policy(data: Any, *, extensions: ExtensionRegistry | None = None) -> RuntimePolicy:
     """Validate a policy document; raise :class:`PolicyError` listing every problem."""
-    errors = check_policy(data)
+    errors = check_policy(data, extensions=extensions)
     if errors:
         raise PolicyError(errors)
     return RuntimePolicy(_merge(DEFAULT_POLICY, data))
@@ -221,12 +233,18 @@ def build_runtime(
     policy: RuntimePolicy,
     config: AgentConfig,
     *,
+    extensions: ExtensionRegistry | None = None,
     extra_hooks: Sequence[Hook] = (),
     model_interceptors: Sequence[ModelInterceptor] = (),
     tool_interceptors: Sequence[ToolInterceptor] = (),
 ) -> Runtime:
     """``config`` carries model, prompt, tools, prices and window; the policy fills in the rest.
-    Extra Python hooks/interceptors (custom code) run after the built-ins."""
+
+    The policy's hooks and interceptors are instantiated from ``extensions`` (default: the process-wide
+    table; raises :class:`~agents.runtime.plugins.ExtensionError` if one cannot be built). Order: the
+    built-ins, then the policy's, then the extra Python hooks/interceptors (custom code); the first model
+    interceptor is the outermost, so the policy's see the request after context editing and compression."""
+    table = default_registry() if extensions is None else extensions
     doc = policy.document
     limits, budgets, ctx = doc["limits"], doc["budgets"], doc["context"]
     window = ctx["context_window"] or config.context_window
@@ -243,7 +261,7 @@ def build_runtime(
         hooks.append(TierLimit(dict(tiers["table"]), tiers["default_tier"], tiers["scope"], tiers["exit_behavior"], tiers["message"]))
     if ld["enabled"]:
         hooks.append(LoopDetection(ld["max_repeats"], ld["max_consecutive_failures"], ld["message"]))
-    hooks += build_hooks(doc["hooks"])
+    hooks += table.build_hooks(doc["hooks"])
     hooks += extra_hooks
     guards: list[CallGuard] = [BudgetGuard(_limits(budgets["run"]), _limits(budgets["session"]))]
     s, e, p = ctx["summarization"], ctx["editing"], ctx["compression"]
@@ -267,7 +285,9 @@ def build_runtime(
         compactors.append(compression)
         interceptors.append(compression)
     schema, _ = parse_strategies(doc["state"]["strategies"], path="state.strategies")
-    return Runtime(config, hooks, interceptors + list(model_interceptors), list(tool_interceptors), guards, compactors, schema)
+    interceptors += table.build_model_interceptors(doc["interceptors"]["model"])
+    tool_chain = [*table.build_tool_interceptors(doc["interceptors"]["tool"]), *tool_interceptors]
+    return Runtime(config, hooks, interceptors + list(model_interceptors), tool_chain, guards, compactors, schema)
 
 
 def _limits(node: Mapping[str, Any]) -> BudgetLimits:

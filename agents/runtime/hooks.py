@@ -6,8 +6,10 @@ state but cannot change the outcome). A hook returns a :class:`HookResult` (or `
 ``updates`` are merged into the state by the key's strategy; ``jump_to=END`` stops the run
 gracefully with ``message`` for the user and ``terminal_reason`` (default ``limit_reached``).
 
-Hooks come from two places: the agent version's JSON policy (built through :data:`HOOK_KINDS`)
-and Python objects passed to :class:`~agents.runtime.loop.AgentLoop`. Names are unique per agent.
+Hooks come from two places: the agent version's JSON policy (its ``hooks`` entries name a kind from
+the extension table, :mod:`agents.runtime.plugins`: the built-in kinds of :data:`HOOK_KINDS` and the
+hook classes installed packages contribute) and Python objects passed to
+:class:`~agents.runtime.loop.AgentLoop`. Names are unique per agent.
 """
 
 from __future__ import annotations
@@ -136,10 +138,12 @@ class StopWhenHook:
 
 @dataclass(frozen=True)
 class HookKind:
-    """A registry entry: ``validate(params, path) -> errors`` then ``build(name, params) -> Hook``."""
+    """A built-in kind: ``validate(params, path) -> errors`` then ``build(name, params) -> Hook``; ``schema``
+    (JSON Schema of the entry's fields) is what ``manage.py list_extensions`` shows."""
 
     validate: Callable[[Mapping[str, Any], str], list[str]]
     build: Callable[[str, Mapping[str, Any]], Hook]
+    schema: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _check_params(params: Mapping[str, Any], path: str, allowed: set[str], required: set[str]) -> list[str]:
@@ -174,45 +178,38 @@ def _validate_stop_when(params: Mapping[str, Any], path: str) -> list[str]:
     return errors
 
 
+_NAME_AND_KIND: dict[str, Any] = {"name": {"type": "string", "minLength": 1}, "kind": {"type": "string"}}
+
 HOOK_KINDS: Mapping[str, HookKind] = MappingProxyType(
     {
         "set_state": HookKind(
             _validate_set_state,
             lambda name, p: SetStateHook(name, HookPosition(p["position"]), dict(p["values"])),
+            {
+                "type": "object",
+                "properties": {
+                    **_NAME_AND_KIND,
+                    "position": {"enum": [p.value for p in HookPosition]},
+                    "values": {"type": "object", "description": "state keys to set (never messages or '_' keys)"},
+                },
+                "required": ["name", "kind", "position", "values"],
+                "additionalProperties": False,
+            },
         ),
         "stop_when": HookKind(
             _validate_stop_when,
             lambda name, p: StopWhenHook(name, str(p["key"]), p["equals"], str(p["message"])),
+            {
+                "type": "object",
+                "properties": {
+                    **_NAME_AND_KIND,
+                    "key": {"type": "string", "minLength": 1},
+                    "equals": {"description": "any JSON value"},
+                    "message": {"type": "string", "minLength": 1},
+                },
+                "required": ["name", "kind", "key", "equals", "message"],
+                "additionalProperties": False,
+            },
         ),
     }
 )
-
-
-def validate_hook_entries(entries: Any, *, path: str = "hooks", reserved: Sequence[str] = ()) -> list[str]:
-    """Save-time validation of the policy's ``hooks`` list, including name clashes with built-ins."""
-    if not isinstance(entries, list):
-        return [f"{path}: must be a list of hook objects, got {type(entries).__name__}"]
-    errors: list[str] = []
-    names: list[str] = []
-    for index, entry in enumerate(entries):
-        where = f"{path}[{index}]"
-        if not isinstance(entry, dict):
-            errors.append(f"{where}: must be an object with name, kind and the kind's fields")
-            continue
-        name, kind = entry.get("name"), entry.get("kind")
-        if not isinstance(name, str) or not name:
-            errors.append(f"{where}.name: must be a non-empty string, got {name!r}")
-        else:
-            names.append(name)
-            if name in reserved:
-                errors.append(f"{where}.name: {name!r} is the name of a built-in hook of this agent; choose another name")
-        if kind not in HOOK_KINDS:
-            errors.append(f"{where}.kind: unknown hook kind {kind!r}; expected one of {sorted(HOOK_KINDS)}")
-            continue
-        errors += HOOK_KINDS[str(kind)].validate(entry, where)
-    return errors + check_hook_names(names, path=path)
-
-
-def build_hooks(entries: Sequence[Mapping[str, Any]]) -> list[Hook]:
-    """Build validated hook entries (call :func:`validate_hook_entries` first)."""
-    return [HOOK_KINDS[str(e["kind"])].build(str(e["name"]), e) for e in entries]

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agents.runtime.hooks import validate_hook_entries
+from agents.runtime.plugins import ExtensionRegistry, Role
 from agents.runtime.state import parse_strategies
 from tools.approval_policy import policy_errors as approval_policy_errors
 
@@ -73,8 +73,9 @@ class Checker:
             self.fail(f"{path}.{key}", "must be a list of non-empty strings", value)
 
 
-def check_document(c: Checker, doc: dict[str, Any], d: dict[str, Any]) -> None:
-    """Check a document merged over the defaults ``d``; problems go to ``c.errors``."""
+def check_document(c: Checker, doc: dict[str, Any], d: dict[str, Any], extensions: ExtensionRegistry) -> None:
+    """Check a document merged over the defaults ``d``; problems go to ``c.errors``. Hooks and interceptors
+    name kinds of ``extensions`` (the built-in and installed ones the platform allows)."""
     if c.fields(doc["state"], "state", d["state"]):
         strategies = doc["state"].get("strategies")
         if isinstance(strategies, dict):
@@ -108,7 +109,10 @@ def check_document(c: Checker, doc: dict[str, Any], d: dict[str, Any]) -> None:
         else:
             for name, entry in overrides.items():
                 c.errors += approval_policy_errors(entry, path=f"approvals.tools.{name}", allow_override=True)
-    c.errors += validate_hook_entries(doc["hooks"], path="hooks", reserved=BUILTIN_HOOK_NAMES)
+    c.errors += extensions.check_entries(Role.HOOK, doc["hooks"], path="hooks", reserved=BUILTIN_HOOK_NAMES)
+    if c.fields(doc["interceptors"], "interceptors", d["interceptors"]):
+        c.errors += extensions.check_entries(Role.MODEL_INTERCEPTOR, doc["interceptors"]["model"], path="interceptors.model")
+        c.errors += extensions.check_entries(Role.TOOL_INTERCEPTOR, doc["interceptors"]["tool"], path="interceptors.tool")
     _check_model(c, doc["model"], d["model"])
 
 
