@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.extensions import registry as extension_registry
 from agents.models import Run, Turn
 from agents.runtime.config import build_runtime, parse_policy, raw_input_patterns
 from agents.runtime.context import ContextInput, assemble_context
@@ -89,7 +90,8 @@ def build_loop(run: Run, lease_token: str) -> AgentLoop:
     tools = visible_tools(run)
     enabled = [t for t in tools if t.enabled]
     info = model_info_for(run)
-    policy = parse_policy(run.version.policy or {})
+    extensions = extension_registry()  # the hook/interceptor kinds the platform allows (entry points + built-ins)
+    policy = parse_policy(run.version.policy or {}, extensions=extensions)
     tier_table = (run.tenant.settings or {}).get("tiers")
     if tier_table and not policy.document["limits"]["tiers"]["table"]:
         policy.document["limits"]["tiers"]["table"] = tier_table
@@ -101,7 +103,7 @@ def build_loop(run: Run, lease_token: str) -> AgentLoop:
         output_price_per_million=info.price_out_per_1m if info else 0.0,
         context_window=info.context_window if info else 128_000,
     )
-    runtime = build_runtime(policy, config)
+    runtime = build_runtime(policy, config, extensions=extensions)  # instantiates the policy's hooks and interceptors
     audit_buffer: list[Any] = []
     store = DjangoRunStore(run, lease_token, initial=lambda: initial_checkpoint(run, info), audit_buffer=audit_buffer)
     gateway = ToolGateway(run=run, tools=tools, audit_buffer=audit_buffer, grants=session_grants(run),

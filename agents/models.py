@@ -65,18 +65,22 @@ class AgentVersion(TenantOwned):
         """Refuse what would fail at run time (the admin and the API both come through here).
 
         The policy is validated by the runtime's own parser (every error names its field path, e.g.
-        a hook writing ``messages``) and stored normalised, with every default filled in.
+        a hook writing ``messages``) and stored normalised, with every default filled in. Hook and
+        interceptor kinds must be in the platform's extension table (built-in or installed and allowed),
+        and a contributed kind's ``config`` must match its schema.
         """
+        from agents.extensions import registry
         from agents.runtime.config import check_policy, parse_policy
 
         if self.is_locked:
             return  # history: nothing may change (the admin shows it read-only, the API answers 409)
         errors: dict[str, list[str]] = {}
-        policy_errors = check_policy(self.policy)
+        extensions = registry()
+        policy_errors = check_policy(self.policy, extensions=extensions)
         if policy_errors:
             errors["policy"] = policy_errors
         else:
-            self.policy = parse_policy(self.policy).document
+            self.policy = parse_policy(self.policy, extensions=extensions).document
         tool_errors = self.tool_errors()
         if tool_errors:
             errors["tools"] = tool_errors
