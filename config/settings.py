@@ -73,6 +73,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "config.outages.OutageMiddleware",  # a view failing on a database or Redis outage answers 503 + Retry-After
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -327,6 +328,13 @@ CELERY_BEAT_SCHEDULE = {
 #: extra tools with ``@tools.pyfunc.tool`` at start-up, e.g. ``acme_tools.crm,acme_tools.billing``.
 #: Install them for a tenant afterwards (admin or ``tools.services.install_python_tool``).
 AGENTOPS_EXTRA_TOOL_MODULES = env_list("AGENTOPS_EXTRA_TOOL_MODULES", [])
+
+# --- Hook and interceptor extensions (agents/runtime/plugins.py) ----------------------------
+#: Which hook/interceptor kinds installed packages contribute (entry-point groups agentops.hooks,
+#: agentops.model_interceptors, agentops.tool_interceptors) versions may name: kinds or patterns,
+#: comma-separated, e.g. "acme.redact_pii,acme.*". Default "*": every installed one; empty: none.
+#: Built-in kinds are always allowed. `manage.py list_extensions` shows the table.
+AGENTOPS_ALLOWED_EXTENSIONS = env_list("AGENTOPS_ALLOWED_EXTENSIONS", ["*"])
 
 # --- Tools ------------------------------------------------------------------------------
 #: Hosts and CIDRs tools may reach although they are private (e.g. "10.0.4.0/24,billing.internal").

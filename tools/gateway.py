@@ -1,6 +1,6 @@
 """The tool gateway: every tool call of every run goes through this one pipeline.
 
-resolve → authorize → validate → duplicate guard → approval gate → execute → shape → audit.
+resolve → authorize → validate → duplicate guard → rate limit → approval gate → execute → shape → audit.
 
 Each stage leaves an entry in the trace and each call exactly one audit row. Whatever goes
 wrong becomes a ToolOutcome the model can read, never an exception into the loop.
@@ -14,9 +14,8 @@ as ``outcome_unknown`` to the model and the operator.
 
 from __future__ import annotations
 
-import threading
+import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,20 +27,16 @@ from django.utils import timezone
 from agents.runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from audit.masking import mask_value, summarize_arguments
 from audit.models import ToolCallAudit, ToolCallStatus
+from tools import bulkhead, rate_limits
 from tools.arguments import arguments_hash, parse_arguments
 from tools.executors import ExecContext, ToolFailure, executor_for
-from tools.models import Tool, ToolCategory
+from tools.models import ApprovalRequest, Tool, ToolCategory
 from tools.shaping import shape_result
 
-#: At most this many calls of one tool run at once in a process (a bulkhead per tool).
-BULKHEAD_SIZE = 4
 #: After this many invalid calls in a row to one tool, the model is told to stop trying.
 MAX_REPAIRS = 2
 #: Call ids are kept up to this length in ``attempt_call_ids`` (``call_id`` itself holds 100 characters).
 MAX_CALL_ID = 256
-_bulkheads: dict[str, threading.BoundedSemaphore] = {}
-_bulkheads_lock = threading.Lock()
-_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="tool")
 
 
 def attempt_ids(started: ToolCallAudit, call_id: str) -> list[str]:
@@ -62,11 +57,6 @@ def _note_attempt(started: ToolCallAudit, call_id: str) -> None:
     if ids != list(started.attempt_call_ids or []):
         ToolCallAudit.objects.filter(pk=started.pk, status=ToolCallStatus.STARTED).update(attempt_call_ids=ids)
         started.attempt_call_ids = ids
-
-
-def _bulkhead(key: str) -> threading.BoundedSemaphore:
-    with _bulkheads_lock:
-        return _bulkheads.setdefault(key, threading.BoundedSemaphore(BULKHEAD_SIZE))
 
 
 @dataclass
@@ -105,6 +95,7 @@ class ToolGateway:
         grants: set[str] | None = None,
         approvals: Any = None,
         tool_policy: Any = None,
+        bucket_store: Any = None,
     ) -> None:
         self.run = run
         self.tools = {t.name: t for t in tools}
@@ -114,12 +105,14 @@ class ToolGateway:
         self.approvals = approvals
         self.tool_policy = tool_policy
         self.invalid_streak: dict[str, int] = {}
+        self.bucket_store = bucket_store  # None: the process's store, shared with the model gateway (Redis with REDIS_URL)
 
     # -- the pipeline ---------------------------------------------------------------------
 
     def execute(self, call: ToolCall, ctx: ToolContext) -> ToolOutcome:
         s = _Call(call, ctx)
-        for stage in (self._resolve, self._authorize, self._validate, self._guard_duplicates, self._approval_gate):
+        stages = (self._resolve, self._authorize, self._validate, self._guard_duplicates, self._rate_limit, self._approval_gate)
+        for stage in stages:
             outcome = stage(s)
             if outcome is not None:
                 return self._audit(s, outcome)
@@ -216,6 +209,53 @@ class ToolGateway:
             f"{earlier.created_at:%H:%M:%S} UTC (status {earlier.status}). Do not repeat it; tell the user it was already done.",
         )
 
+    def _rate_limit(self, s: _Call) -> ToolOutcome | None:
+        """Calls per minute per tenant per tool (``Tool.rate_limit_per_minute``), see :mod:`tools.rate_limits`.
+
+        Here, after the duplicate guard and before the approval gate: a call refused earlier (unknown, not allowed,
+        invalid, a duplicate) never runs and spends nothing; a limited call never creates an approval request and
+        never runs. A call admitted once is not counted again when it comes back: the dispatch of its approval
+        request, or the resumed attempt of a write whose ``started`` row a crash left behind.
+        """
+        tool = s.tool
+        assert tool is not None
+        limit = tool.rate_limit_per_minute
+        if not limit:
+            return None
+        counted = self._admitted_before(s, tool)
+        if counted:
+            s.stage("rate_limit", True, limit_per_minute=limit, counted=False, reason=counted)
+            return None
+        if self.bucket_store is None:
+            from agents.model_clients import bucket_store
+
+            self.bucket_store = bucket_store()
+        try:
+            wait, _short = self.bucket_store.take(rate_limits.buckets(self.run.tenant_id, tool.name, limit))
+        except Exception as exc:  # the shared store is unreachable: no call goes past a limit nobody could check
+            s.stage("rate_limit", False, limit_per_minute=limit, reason=f"the rate limit could not be checked ({type(exc).__name__})")
+            return self._fail(s, ToolStatus.ERROR, f"The tool {tool.name} was not called: its rate limit could not be checked "
+                                                   "just now. Try again later or continue without it.")
+        if wait > 0:
+            retry_in = max(1, math.ceil(wait)) if math.isfinite(wait) else 60
+            s.stage("rate_limit", False, limit_per_minute=limit, retry_in_seconds=retry_in)
+            return self._fail(s, ToolStatus.RATE_LIMITED, rate_limits.model_message(tool.name, limit, retry_in))
+        s.stage("rate_limit", True, limit_per_minute=limit)
+        return None
+
+    def _admitted_before(self, s: _Call, tool: Tool) -> str:
+        """Why this call was already counted against its tool's limit; empty when it was not."""
+        same_call = Q(call_id=s.call.id[:100]) | Q(tool_name=tool.name, arguments_hash=s.args_hash)
+        if tool.category == ToolCategory.WRITE and ToolCallAudit.objects.filter(
+            same_call, run_id=self.run.pk, step=s.ctx.step, status=ToolCallStatus.STARTED
+        ).exists():
+            return "the resumed attempt of a write cut off by a crash"
+        if self.approvals is not None and ApprovalRequest.objects.filter(run_id=self.run.pk).filter(
+            Q(call_id=s.call.id[:100]) | Q(tool_name=tool.name, arguments_hash=s.args_hash, step=s.ctx.step)
+        ).exists():
+            return "counted when its approval was requested"
+        return ""
+
     def _approval_gate(self, s: _Call) -> ToolOutcome | None:
         if self.approvals is None:
             return None
@@ -235,6 +275,18 @@ class ToolGateway:
             unknown = self._begin_write(s)
             if unknown is not None:
                 return unknown
+        # The call runs on a worker thread holding a slot of its tool's bulkhead until it really ends, past its
+        # timeout too (tools/bulkhead.py); at the timeout its cancel signal is set and the model is told at once.
+        timeout = float(tool.timeout_seconds)
+        try:
+            executor = executor_for(tool.kind)
+            slot = bulkhead.admit(f"{tool.tenant_id}:{tool.name}", label=tool.name, wait=timeout)
+        except bulkhead.BulkheadFull as full:
+            s.stage("execute", False, reason=f"bulkhead full ({full.reason})", running=full.running, overrunning=full.overrunning)
+            return self._fail(s, ToolStatus.ERROR, full.model_message(tool.name, timeout))
+        except ToolFailure as exc:
+            s.stage("execute", False, reason=exc.status)
+            return self._fail(s, ToolStatus(exc.status), str(exc))
         context = ExecContext(
             tenant_id=self.run.tenant_id,
             run=self.run,
@@ -242,25 +294,26 @@ class ToolGateway:
             call_id=s.call.id,
             span_id=s.ctx.span_id,
             idempotency_key=s.idempotency_key or None,
+            cancel=slot.cancel,
+            deadline=time.monotonic() + timeout,
         )
-        with _bulkhead(f"{tool.tenant_id}:{tool.name}"):
-            future = _pool.submit(executor_for(tool.kind), tool, s.arguments, context)
-            try:
-                result = future.result(timeout=tool.timeout_seconds)
-            except FutureTimeout:
-                future.cancel()
-                s.stage("execute", False, reason="timeout", timeout_seconds=tool.timeout_seconds)
-                return self._fail(
-                    s,
-                    ToolStatus.TIMEOUT,
-                    f"No result was obtained from {tool.name} within {tool.timeout_seconds:g} s. Do not tell the user it succeeded.",
-                )
-            except ToolFailure as exc:
-                s.stage("execute", False, reason=exc.status)
-                return self._fail(s, ToolStatus(exc.status), str(exc))
-            except Exception as exc:
-                s.stage("execute", False, reason=type(exc).__name__)
-                return self._fail(s, ToolStatus.ERROR, f"The tool {tool.name} failed: {exc}")
+        future = slot.run(executor, tool, s.arguments, context)
+        try:
+            result = future.result(timeout=timeout)
+        except FutureTimeout:
+            slot.overran()
+            s.stage("execute", False, reason="timeout", timeout_seconds=tool.timeout_seconds)
+            return self._fail(
+                s,
+                ToolStatus.TIMEOUT,
+                f"No result was obtained from {tool.name} within {tool.timeout_seconds:g} s. Do not tell the user it succeeded.",
+            )
+        except ToolFailure as exc:
+            s.stage("execute", False, reason=exc.status)
+            return self._fail(s, ToolStatus(exc.status), str(exc))
+        except Exception as exc:
+            s.stage("execute", False, reason=type(exc).__name__)
+            return self._fail(s, ToolStatus.ERROR, f"The tool {tool.name} failed: {exc}")
         s.stage("execute", True, idempotency_key=s.idempotency_key or None)
         shaped = shape_result(
             result,

@@ -13,7 +13,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from rest_framework import serializers
 
+from tools import rate_limits
 from tools.egress import allow_list_problems
+from tools.isolation import isolation_problems
 from tools.models import Tool, ToolKind
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -25,6 +27,7 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 WRITABLE_FIELDS = (
     "name", "description", "kind", "parameters", "output_schema", "config", "category", "idempotent", "required_scopes",
     "requires_approval", "enabled", "timeout_seconds", "result_fields", "summary_template", "result_size_cap", "sensitive_fields",
+    "rate_limit_per_minute",
 )
 
 
@@ -93,6 +96,8 @@ def config_problems(kind: str, config: Any, parameters: dict[str, Any], *, tenan
         add("allow_hosts", "only a platform administrator may let a tool reach private addresses (Django admin); "
                            "leave allow_hosts as it is")
 
+    for message in isolation_problems(kind, config):
+        add("isolation", message)
     properties = set((parameters or {}).get("properties") or {})
     if kind == ToolKind.PYTHON:
         from tools.pyfunc import registry
@@ -169,7 +174,12 @@ class ToolSerializer(serializers.ModelSerializer):
         fields = ["id", "tenant", *WRITABLE_FIELDS, "plugin", "created_at", "updated_at"]
         read_only_fields = ["id", "tenant", "plugin", "created_at", "updated_at"]
         extra_kwargs = {"parameters": {"required": False}, "config": {"required": False},
-                        "timeout_seconds": {"required": False}}
+                        "timeout_seconds": {"required": False},
+                        "rate_limit_per_minute": {
+                            "required": False, "min_value": 1, "max_value": rate_limits.MAX_PER_MINUTE,
+                            "error_messages": {"min_value": rate_limits.RANGE_MESSAGE, "max_value": rate_limits.RANGE_MESSAGE},
+                            "help_text": f"Calls per minute per tenant for this tool (1 to {rate_limits.MAX_PER_MINUTE}); null "
+                                         "means no limit. On a plugin's tool you may lower the plugin's limit, not raise it."}}
         # Uniqueness per tenant is the service's check (with a message naming the tenant).
         validators: list[Any] = []
 
@@ -199,6 +209,12 @@ class ToolSerializer(serializers.ModelSerializer):
     def validate_timeout_seconds(self, value: float) -> float:
         if not 0 < value <= MAX_TIMEOUT_SECONDS:
             raise serializers.ValidationError(f"Must be more than 0 and at most {MAX_TIMEOUT_SECONDS:g} seconds.")
+        return value
+
+    def validate_rate_limit_per_minute(self, value: int | None) -> int | None:
+        problem = rate_limits.value_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
         return value
 
     def validate_result_size_cap(self, value: int) -> int:
