@@ -35,9 +35,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents.models import Run, RunEvent
-from agents.runtime.types import Event
 from audit.masking import mask_text
 from audit.services import record_change
+from runtime.types import Event
 from tenants.scoping import Actor
 
 #: The tenant action resolving needs: the operators who run the tenant's agents (owners too).

@@ -6,15 +6,15 @@ from typing import Any
 
 from agents.extensions import registry as extension_registry
 from agents.models import Run, Turn
-from agents.runtime.config import build_runtime, parse_policy, raw_input_patterns
-from agents.runtime.context import ContextInput, assemble_context
-from agents.runtime.context import Turn as ContextTurn
-from agents.runtime.loop import AgentConfig, AgentLoop
-from agents.runtime.protocols import Checkpoint
-from agents.runtime.types import ToolSpec
 from agents.store import DjangoRunStore
 from audit.masking import mask_text
 from marketplace.access import tool_allowed_for
+from runtime.config import build_runtime, parse_policy, raw_input_patterns
+from runtime.context import ContextInput, assemble_context
+from runtime.context import Turn as ContextTurn
+from runtime.loop import AgentConfig, AgentLoop
+from runtime.protocols import Checkpoint
+from runtime.types import ToolSpec
 from tools.approvals import ApprovalGate
 from tools.gateway import ToolGateway
 from tools.models import Tool

@@ -1,4 +1,4 @@
-"""The Django side of the extension table (:mod:`agents.runtime.plugins`): the platform's allow-list, the
+"""The Django side of the extension table (:mod:`runtime.plugins`): the platform's allow-list, the
 start-up check that reports broken extensions, and what ``manage.py list_extensions`` shows.
 
 Installed packages contribute hook and interceptor classes through the entry-point groups
@@ -16,8 +16,8 @@ from django.conf import settings
 from django.core.checks import Tags, register
 from django.core.checks import Warning as CheckWarning
 
-from agents.runtime import plugins
-from agents.runtime.plugins import ExtensionRegistry
+from runtime import plugins
+from runtime.plugins import ExtensionRegistry
 
 SETTING = "AGENTOPS_ALLOWED_EXTENSIONS"
 

@@ -31,10 +31,6 @@ from typing import Any
 
 from django.conf import settings
 
-from agents.llm import GatewayConfig, ModelGateway, ModelInfo, ProviderConfig, ProviderError, RateLimit
-from agents.llm.breaker import CircuitBreaker
-from agents.llm.openai_client import split_model
-from agents.llm.ratelimit import Bucket, BucketStore, LocalBucketStore, RedisBucketStore
 from agents.models import Provider
 from agents.providers import (
     BUILTIN_PROVIDER,
@@ -46,9 +42,13 @@ from agents.providers import (
     guarded_client_for,
     provider_config,
 )
-from agents.runtime.config import parse_policy
-from agents.runtime.protocols import ModelClient
-from agents.runtime.types import ModelRequest, ModelResponse
+from llm import GatewayConfig, ModelGateway, ModelInfo, ProviderConfig, ProviderError, RateLimit
+from llm.breaker import CircuitBreaker
+from llm.openai_client import split_model
+from llm.ratelimit import Bucket, BucketStore, LocalBucketStore, RedisBucketStore
+from runtime.config import parse_policy
+from runtime.protocols import ModelClient
+from runtime.types import ModelRequest, ModelResponse
 
 log = logging.getLogger(__name__)
 

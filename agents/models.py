@@ -70,7 +70,7 @@ class AgentVersion(TenantOwned):
         and a contributed kind's ``config`` must match its schema.
         """
         from agents.extensions import registry
-        from agents.runtime.config import check_policy, parse_policy
+        from runtime.config import check_policy, parse_policy
 
         if self.is_locked:
             return  # history: nothing may change (the admin shows it read-only, the API answers 409)

@@ -11,7 +11,6 @@ from typing import Any
 
 from django.db import transaction
 
-from agents.llm import ConnectionCheck, ModelGateway
 from agents.models import Provider
 from agents.providers import (
     SecretError,
@@ -25,6 +24,7 @@ from agents.providers import (
     secret_reference,
 )
 from audit.services import record_change
+from llm import ConnectionCheck, ModelGateway
 from tenants.models import Tenant
 from tenants.scoping import Actor
 

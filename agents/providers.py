@@ -16,7 +16,7 @@ when saved, and rows saved before this rule are refused when used. A reference t
 used, whether the variable is missing or the reference is not allowed, gives the same message.
 
 Egress. A tenant's own OpenAI-compatible provider is called through the tools' SSRF guard
-(``tools/egress.py``): no loopback, private, link-local or metadata address unless listed in
+(``egress/guard.py``): no loopback, private, link-local or metadata address unless listed in
 ``PROVIDER_EGRESS_ALLOW`` (comma-separated hosts/CIDRs, each optionally with ``:port``). The client
 connects to the address it validated, for every request (no DNS-rebinding window), and a tenant
 provider's error messages never quote the target's response body. Shared providers and the environment
@@ -46,8 +46,8 @@ from urllib.parse import urlsplit
 from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
 
-from agents.llm import ModelInfo, OpenAICompatibleClient, ProviderConfig, RateLimit
 from agents.models import Provider, ProviderKind
+from llm import ModelInfo, OpenAICompatibleClient, ProviderConfig, RateLimit
 
 BUILTIN_PROVIDER = "demo"
 ENV_PROVIDER = "openai"
@@ -358,7 +358,7 @@ def guarded_client_for(provider: Provider, config: ProviderConfig) -> OpenAIComp
     """The SDK client of a tenant's own OpenAI-compatible provider, on an egress-guarded HTTP client; else None."""
     if provider.tenant_id is None or config.kind != "openai_compatible":
         return None
-    from tools.egress import guarded_client
+    from egress.guard import guarded_client
 
     client = guarded_client(allow=egress_allow(), timeout=config.timeout)
     return OpenAICompatibleClient(config, http_client=client, show_error_bodies=False)

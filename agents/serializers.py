@@ -8,7 +8,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from agents.models import Agent, AgentVersion, Run, RunEvent
-from agents.runtime.state import LLM_CALL_COUNT, LOOP_DETECTION, MESSAGES, SESSION_MODEL_CALLS, SESSION_USAGE
+from runtime.state import LLM_CALL_COUNT, LOOP_DETECTION, MESSAGES, SESSION_MODEL_CALLS, SESSION_USAGE
 
 #: A fact's key: a letter, then letters, digits, ``_ . : -``; 64 characters at most (keys starting with ``_`` are the loop's).
 FACT_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]{0,63}$")

@@ -17,13 +17,13 @@ from django.utils import timezone
 from agents import attention
 from agents.lease import heartbeat_for
 from agents.models import ACTIVE_STATUSES, Agent, AgentVersion, Run, RunStatus, Session
-from agents.runtime.config import raw_input_patterns
-from agents.runtime.types import Event, TerminalReason
 from agents.store import event_rows, publish_after_commit, run_summary
 from audit.masking import mask_text, mask_value
 from audit.services import record_change
+from runtime.approval_policy import OVERRIDE_FLAG, flagged
+from runtime.config import raw_input_patterns
+from runtime.types import Event, TerminalReason
 from tenants.scoping import Actor
-from tools.approval_policy import OVERRIDE_FLAG, flagged
 from tools.approvals import FLOOR_OVERRIDE_ACTION, floor_for, loosening, recorded_overrides
 from tools.models import Tool
 

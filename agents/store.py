@@ -18,10 +18,10 @@ from django.utils import timezone
 
 from agents import attention, live, metrics, otel
 from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
-from agents.runtime.protocols import Checkpoint, StepAck, StepRecord
-from agents.runtime.types import Event, Phase, Usage
 from audit.chain import write_sealed
 from audit.masking import mask_value
+from runtime.protocols import Checkpoint, StepAck, StepRecord
+from runtime.types import Event, Phase, Usage
 
 
 def _when(at: float) -> dt.datetime:
@@ -92,7 +92,7 @@ def _with_attention_events(events: list[Event], reasons: list[dict[str, Any]], w
 
 
 class DjangoRunStore:
-    """Implements ``agents.runtime.protocols.RunStore`` for one run held under a lease."""
+    """Implements ``runtime.protocols.RunStore`` for one run held under a lease."""
 
     def __init__(self, run: Run, lease_token: str, *, initial: Callable[[], Checkpoint], audit_buffer: list[Any]) -> None:
         self.run = run

@@ -173,7 +173,7 @@ def summary(name: str, samples: list[float], share: tuple[float, float], per: in
 def measure_calls(world: World, calls: int, warmup: int) -> list[dict[str, Any]]:
     from django.db import connection
 
-    from agents.runtime.types import ToolCall, ToolContext, ToolStatus
+    from runtime.types import ToolCall, ToolContext, ToolStatus
     from tools.executors import ExecContext, run_python
 
     noop_tool = next(t for t in world.tools if t.name == "noop")
@@ -217,7 +217,7 @@ def measure_calls(world: World, calls: int, warmup: int) -> list[dict[str, Any]]
 
 
 def measure_audit(world: World, batches: int, warmup: int) -> list[dict[str, Any]]:
-    from agents.runtime.types import ToolCall, ToolContext
+    from runtime.types import ToolCall, ToolContext
 
     rows: list[Any] = []
     gw = gateway(world, production=False, buffer=rows)

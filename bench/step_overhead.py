@@ -211,8 +211,8 @@ def measure_run(world: World, history_messages: int) -> tuple[float, list[Slice]
 
     from agents import model_clients, services
     from agents.models import Run
-    from agents.runtime.scripted import ScriptedModel, call, say
     from agents.store import DjangoRunStore
+    from runtime.scripted import ScriptedModel, call, say
 
     run = new_run(world, history_messages)
     meter = Meter(connection)

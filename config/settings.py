@@ -331,7 +331,7 @@ CELERY_BEAT_SCHEDULE = {
 #: Install them for a tenant afterwards (admin or ``tools.services.install_python_tool``).
 AGENTOPS_EXTRA_TOOL_MODULES = env_list("AGENTOPS_EXTRA_TOOL_MODULES", [])
 
-# --- Hook and interceptor extensions (agents/runtime/plugins.py) ----------------------------
+# --- Hook and interceptor extensions (runtime/plugins.py) ----------------------------
 #: Which hook/interceptor kinds installed packages contribute (entry-point groups agentops.hooks,
 #: agentops.model_interceptors, agentops.tool_interceptors) versions may name: kinds or patterns,
 #: comma-separated, e.g. "acme.redact_pii,acme.*". Default "*": every installed one; empty: none.

@@ -18,7 +18,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from agents.models import Agent, AgentVersion, Run, RunStatus
-from agents.runtime.types import TerminalReason
+from runtime.types import TerminalReason
 from tenants.models import Membership
 from tenants.scoping import Actor
 

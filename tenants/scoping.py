@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
+from config.errors import Forbidden, NotFound
+
 if TYPE_CHECKING:
     from tenants.models import ApiKey, Tenant
 
@@ -49,6 +51,15 @@ class Actor:
         if self.is_superuser:
             return None
         return sorted(tid for tid in self.roles if self.can(action, tid))
+
+    def require(self, action: str, tenant_id: int) -> None:
+        """Raise unless the actor may do ``action`` in the tenant: a tenant it has no role in is not found
+        (a foreign tenant's object is a 404 everywhere), a role without the action is forbidden."""
+        if self.can(action, tenant_id):
+            return
+        if not self.is_superuser and tenant_id not in self.roles:
+            raise NotFound("No such object.")
+        raise Forbidden(f"Your role in this tenant does not allow {action!r}.")
 
     @property
     def user_id(self) -> int | None:

@@ -5,8 +5,9 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from runtime import approval_policy
 from tenants.admin_mixins import TenantScopedAdmin
-from tools import approval_policy, services
+from tools import services
 from tools.models import Tool
 from tools.serializers import WRITABLE_FIELDS, ToolSerializer
 

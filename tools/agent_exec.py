@@ -63,7 +63,7 @@ def _run_child(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
     from agents import services
     from agents.engine import build_loop
     from agents.models import Agent, Run, RunStatus
-    from agents.runtime.types import TerminalReason
+    from runtime.types import TerminalReason
     from tenants.scoping import Actor
 
     parent = ctx.run

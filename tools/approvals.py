@@ -18,12 +18,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agents import metrics
-from agents.runtime.types import ToolCall, ToolContext, ToolStatus
 from audit.masking import mask_value
 from audit.models import ConfigChange
 from audit.services import record_change
-from tenants.scoping import Actor
-from tools.approval_policy import (
+from runtime.approval_policy import (
     DEFAULT_APPROVER_ROLES,
     DEFAULT_EXPIRY_SECONDS,
     describe,
@@ -34,7 +32,9 @@ from tools.approval_policy import (
     stricter,
     strip_flag,
 )
-from tools.approval_policy import policy_errors as policy_errors
+from runtime.approval_policy import policy_errors as policy_errors
+from runtime.types import ToolCall, ToolContext, ToolStatus
+from tenants.scoping import Actor
 from tools.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Tool, ToolKind
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from tools.egress import allow_list_problems
+from egress.guard import allow_list_problems
 
 
 class ToolsConfig(AppConfig):

@@ -89,7 +89,7 @@ def http_spec(tool: Tool) -> Any:
 
 
 def run_http(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
-    from tools.egress import EgressDenied, check_url
+    from egress.guard import EgressDenied, check_url
     from tools.http_exec import HttpToolError, SecretUnavailable, ToolTimeout, execute_http_tool, render_request
 
     spec, allow = http_spec(tool), egress_allow_list(tool, ctx)

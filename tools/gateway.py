@@ -24,9 +24,9 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from agents.runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from audit.masking import mask_value, summarize_arguments
 from audit.models import ToolCallAudit, ToolCallStatus
+from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from tools import bulkhead, rate_limits
 from tools.arguments import arguments_hash, parse_arguments
 from tools.executors import ExecContext, ToolFailure, executor_for
@@ -84,7 +84,7 @@ class _Call:
 
 
 class ToolGateway:
-    """Implements ``agents.runtime.protocols.ToolExecutor`` for one run."""
+    """Implements ``runtime.protocols.ToolExecutor`` for one run."""
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import httpx
 
 from audit.masking import MASK, is_sensitive_key, mask_text, mask_value
-from tools.egress import EgressDenied, EgressPolicy, Resolver, guarded_client
+from egress.guard import EgressDenied, EgressPolicy, Resolver, guarded_client
 
 __all__ = [
     "EgressDenied",

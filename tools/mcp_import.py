@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import transaction
 
-from tools.egress import allow_list_problems
+from egress.guard import allow_list_problems
 from tools.executors import ExecContext, ToolFailure, resolve_secret
 from tools.models import Tool, ToolCategory, ToolKind
 
@@ -244,8 +244,8 @@ def with_session(server: dict[str, Any], work: Callable[[Any], Awaitable[T]], *,
     from mcp import Client, StdioServerParameters
 
     if server.get("url"):
-        from tools.egress import EgressDenied, check_url
-        from tools.egress_async import guarded_async_client
+        from egress.async_guard import guarded_async_client
+        from egress.guard import EgressDenied, check_url
 
         policy = [*settings.TOOL_EGRESS_ALLOW, *allow, *server.get("allow_hosts", [])]
         try:

@@ -1,7 +1,7 @@
 """Per-tool rate limits: calls per minute per tenant per tool (``Tool.rate_limit_per_minute``; empty = no limit).
 
 The tool gateway's ``rate_limit`` stage takes one request from a token bucket keyed (tenant, tool), in the
-model gateway's bucket machinery (:mod:`agents.llm.ratelimit`): the Redis Lua bucket when ``REDIS_URL`` is
+model gateway's bucket machinery (:mod:`llm.ratelimit`): the Redis Lua bucket when ``REDIS_URL`` is
 set, so every worker process shares the budget, in process memory otherwise. A bucket holds a minute's
 worth (a quiet minute allows a burst of N) and refills N per minute.
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.llm.config import RateLimit
-from agents.llm.ratelimit import Bucket, buckets_for
+from llm.config import RateLimit
+from llm.ratelimit import Bucket, buckets_for
 
 #: The largest limit one can set (a bigger one is no limit in practice; leave the field empty instead).
 MAX_PER_MINUTE = 100_000

@@ -13,8 +13,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from rest_framework import serializers
 
+from egress.guard import allow_list_problems
 from tools import rate_limits
-from tools.egress import allow_list_problems
 from tools.isolation import isolation_problems
 from tools.models import Tool, ToolKind
 

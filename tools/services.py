@@ -7,8 +7,9 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import record_change
+from runtime import approval_policy
 from tenants.scoping import Actor
-from tools import approval_policy, rate_limits
+from tools import rate_limits
 from tools.models import Tool, ToolKind
 
 

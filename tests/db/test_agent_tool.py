@@ -14,9 +14,9 @@ from django.db import transaction
 
 from agents import services
 from agents.models import Agent, AgentVersion, Run, RunStatus
-from agents.runtime.types import ToolCall, ToolContext, ToolStatus
 from audit.chain import write_sealed
 from audit.models import ToolCallAudit
+from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_world
 from tools.agent_exec import DEFAULT_PARAMETERS, MAX_AGENT_DEPTH

@@ -13,9 +13,9 @@ from rest_framework.test import APIClient
 from agents import services
 from agents.engine import approval_overrides, session_grants
 from agents.models import AgentVersion
-from agents.runtime.types import ToolCall, ToolContext, ToolStatus
 from audit.models import ConfigChange
 from marketplace.services import install_plugin
+from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key

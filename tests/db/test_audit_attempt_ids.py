@@ -21,10 +21,10 @@ from rest_framework.test import APIClient
 
 from agents import services
 from agents.models import RunMessage
-from agents.runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from audit import chain
 from audit.chain import verify_tenant, write_sealed
 from audit.models import ToolCallAudit
+from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_world
 from tools.gateway import AuditWrite, ToolGateway

@@ -15,9 +15,9 @@ from django.db import transaction
 
 import tests.support.tools  # noqa: F401 - registers the test tools
 from agents import services
-from agents.runtime.types import ToolCall, ToolContext, ToolStatus
 from audit.chain import verify_tenant, write_sealed
 from audit.models import ToolCallAudit
+from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_world
 from tools.gateway import AuditWrite, ToolGateway

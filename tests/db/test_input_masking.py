@@ -17,9 +17,9 @@ from rest_framework.test import APIClient
 
 from agents import model_clients, services
 from agents.models import AgentVersion, Run, RunMessage, Session, Turn
-from agents.runtime.scripted import ScriptedModel, say
-from agents.runtime.types import ModelRequest, ModelResponse
 from audit.models import ConfigChange
+from runtime.scripted import ScriptedModel, say
+from runtime.types import ModelRequest, ModelResponse
 from tests.factories import World, make_world
 
 pytestmark = pytest.mark.django_db

@@ -14,9 +14,9 @@ from django.db import transaction
 from django.test import override_settings
 
 from agents import services
-from agents.runtime.types import ToolCall, ToolContext, ToolStatus
 from audit.chain import write_sealed
 from audit.models import ConfigChange, ToolCallAudit
+from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_world
 from tests.support.recording_sink import RecordingSink

@@ -29,11 +29,11 @@ from rest_framework.test import APIClient
 from agents import attention, model_clients, services
 from agents.engine import build_loop
 from agents.models import Run, RunEvent
-from agents.runtime.scripted import ScriptedModel, call, say
 from agents.store import DjangoRunStore
 from audit.chain import verify_changes
 from audit.models import ConfigChange, ToolCallAudit
 from config.metrics_view import _database_gauges
+from runtime.scripted import ScriptedModel, call, say
 from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import actor_for_user

@@ -23,8 +23,8 @@ from rest_framework.test import APIClient
 from agents import model_clients, services
 from agents.extensions import unavailable_extensions
 from agents.models import AgentVersion, Run, Session
-from agents.runtime.scripted import ScriptedModel, say
-from agents.runtime.types import ModelRequest, ModelResponse
+from runtime.scripted import ScriptedModel, say
+from runtime.types import ModelRequest, ModelResponse
 from tenants.scoping import actor_for_user
 from tests.factories import World, make_world
 from tests.support import extension_dist

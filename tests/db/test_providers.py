@@ -11,12 +11,12 @@ from django.core.management import call_command
 from rest_framework.test import APIClient
 
 from agents import model_clients
-from agents.llm import ProviderAuthError
 from agents.models import Agent, AgentVersion, Provider, Run, Session
 from agents.providers import decrypt_secret
-from agents.runtime.config import check_policy
-from agents.runtime.types import ModelRequest, TerminalReason
 from audit.models import ConfigChange
+from llm import ProviderAuthError
+from runtime.config import check_policy
+from runtime.types import ModelRequest, TerminalReason
 from tests.factories import World, make_user, make_world
 from tests.support.fake_openai import FakeOpenAI, server_error, text
 from tests.unit.runtime.helpers import harness

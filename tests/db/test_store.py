@@ -23,12 +23,12 @@ from rest_framework.test import APIClient
 from agents import model_clients, services
 from agents.engine import build_loop
 from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
-from agents.runtime.protocols import StepRecord
-from agents.runtime.scripted import ScriptedModel, call, say
-from agents.runtime.types import Event, ModelRequest, ModelResponse, Phase, Usage
 from agents.store import DjangoRunStore
 from agents.sweeper import stranded_runs, sweep_runs
 from audit.models import ToolCallAudit
+from runtime.protocols import StepRecord
+from runtime.scripted import ScriptedModel, call, say
+from runtime.types import Event, ModelRequest, ModelResponse, Phase, Usage
 from tenants.scoping import actor_for_user
 from tests.factories import World, make_world
 

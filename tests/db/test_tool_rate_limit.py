@@ -18,12 +18,12 @@ from rest_framework.test import APIClient
 
 import tests.support.tools  # noqa: F401 - registers test.note
 from agents import services as run_services
-from agents.llm.ratelimit import LocalBucketStore
-from agents.runtime.types import ToolCall, ToolContext, ToolStatus
 from audit.chain import write_sealed
 from audit.models import ConfigChange, ToolCallAudit
+from llm.ratelimit import LocalBucketStore
 from marketplace import services as market
 from marketplace.catalog import PluginCatalog, PluginDeclarationError, PluginSpec, PluginTool
+from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key

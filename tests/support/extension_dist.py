@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from agents.runtime import plugins
+from runtime import plugins
 
 PACKAGE_SOURCE = '''
 from pydantic import BaseModel, ConfigDict
 
-from agents.runtime.hooks import HookPosition, HookResult
+from runtime.hooks import HookPosition, HookResult
 
 
 class RedactConfig(BaseModel):

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from agents.runtime.tokens import count_messages, count_tokens, count_tools
+from runtime.tokens import count_messages, count_tokens, count_tools
 
 Behaviour = dict[str, Any]
 DefaultBehaviour = Behaviour | Callable[[dict[str, Any]], Behaviour]
@@ -420,8 +420,8 @@ def _pieces(text_: str, count: int) -> list[str]:
 
 def _planner_behaviour(body: dict[str, Any]) -> Behaviour:
     """Answer the way the deterministic planner would, given the request's messages and tools."""
-    from agents.llm.planner import DeterministicPlanner
-    from agents.runtime.types import ModelRequest, ToolSpec
+    from llm.planner import DeterministicPlanner
+    from runtime.types import ModelRequest, ToolSpec
 
     tools = [
         ToolSpec(t["function"]["name"], t["function"].get("description", ""), t["function"].get("parameters") or {})

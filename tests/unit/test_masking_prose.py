@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.runtime.config import RAW_INPUT_PATTERNS, check_policy, raw_input_patterns
 from audit.masking import MASK, OPTIONAL_PATTERNS, mask_text, mask_value
+from runtime.config import RAW_INPUT_PATTERNS, check_policy, raw_input_patterns
 
 #: Ordinary sentences (English and Chinese) and the demo walkthroughs' inputs: left exactly as written.
 PROSE = [

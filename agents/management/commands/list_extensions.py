@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from agents.extensions import SETTING, describe
-from agents.runtime.plugins import BUILTIN
+from runtime.plugins import BUILTIN
 
 
 def _fields(schema: dict[str, Any] | None, *, builtin: bool) -> str:

@@ -5,7 +5,7 @@ from datetime import datetime
 
 import pytest
 
-from agents.runtime.types import ToolSpec
+from runtime.types import ToolSpec
 from tests.support.fake_openai import FakeOpenAI
 
 ORDER_ID = {"type": "string", "pattern": r"^O\d{12}$", "description": "The order number, e.g. O202411280001"}

@@ -10,17 +10,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from agents.llm.config import GatewayConfig, ModelInfo, ProviderConfig, RateLimit
-from agents.llm.errors import (
+from llm.config import GatewayConfig, ModelInfo, ProviderConfig, RateLimit
+from llm.errors import (
     AllRoutesFailedError,
     ModelError,
     ProviderAuthError,
     ProviderTimeoutError,
     RateLimitExceededError,
 )
-from agents.llm.gateway import ModelGateway
-from agents.llm.ratelimit import RedisBucketStore
-from agents.runtime.types import ModelRequest, ToolSpec
+from llm.gateway import ModelGateway
+from llm.ratelimit import RedisBucketStore
+from runtime.types import ModelRequest, ToolSpec
 from tests.support.fake_openai import FakeOpenAI, error, hang, rate_limited, server_error, text
 
 KEY = "sk-fake-provider-key-0123456789"

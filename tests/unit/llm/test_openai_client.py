@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from agents.llm.config import ModelInfo, ProviderConfig
-from agents.llm.errors import (
+from llm.config import ModelInfo, ProviderConfig
+from llm.errors import (
     MalformedResponseError,
     ProviderAuthError,
     ProviderConnectionError,
@@ -17,8 +17,8 @@ from agents.llm.errors import (
     ProviderTimeoutError,
     UnknownModelError,
 )
-from agents.llm.openai_client import OpenAICompatibleClient
-from agents.runtime.types import ModelRequest, ToolSpec
+from llm.openai_client import OpenAICompatibleClient
+from runtime.types import ModelRequest, ToolSpec
 from tests.support.fake_openai import (
     FakeOpenAI,
     call,

@@ -4,12 +4,12 @@ import math
 
 import pytest
 
-from agents.llm.breaker import CircuitBreaker
-from agents.llm.config import ModelInfo, ProviderConfig
-from agents.llm.errors import redact
-from agents.llm.openai_client import parse_retry_after
-from agents.llm.pricing import PriceTable
-from agents.llm.ratelimit import Bucket, LocalBucketStore
+from llm.breaker import CircuitBreaker
+from llm.config import ModelInfo, ProviderConfig
+from llm.errors import redact
+from llm.openai_client import parse_retry_after
+from llm.pricing import PriceTable
+from llm.ratelimit import Bucket, LocalBucketStore
 
 
 def test_buckets_are_taken_all_or_nothing() -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from agents.llm.planner import DeterministicPlanner
-from agents.runtime.types import ModelRequest, ToolSpec
+from llm.planner import DeterministicPlanner
+from runtime.types import ModelRequest, ToolSpec
 
 A, B, C = "O202411280001", "O202411280002", "O202411280003"
 

@@ -6,12 +6,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.runtime.config import Runtime, build_runtime, parse_policy
-from agents.runtime.loop import AgentConfig, AgentLoop, LoopResult
-from agents.runtime.memory import FunctionToolExecutor, InMemoryRunStore, ToolFunction
-from agents.runtime.protocols import Checkpoint, StepRecord
-from agents.runtime.scripted import Reply, ScriptedModel
-from agents.runtime.types import TerminalReason, ToolSpec
+from runtime.config import Runtime, build_runtime, parse_policy
+from runtime.loop import AgentConfig, AgentLoop, LoopResult
+from runtime.memory import FunctionToolExecutor, InMemoryRunStore, ToolFunction
+from runtime.protocols import Checkpoint, StepRecord
+from runtime.scripted import Reply, ScriptedModel
+from runtime.types import TerminalReason, ToolSpec
 
 MODEL = "test-model"  # no bundled encoding: tokens are estimated by characters (deterministic, fast)
 

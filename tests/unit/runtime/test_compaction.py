@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.runtime.compaction import CLEARED, PINNED_PREFIX, SUMMARY_PREFIX, render_view, request_tokens
-from agents.runtime.loop import AgentConfig
-from agents.runtime.scripted import Reply, call, say
-from agents.runtime.types import ModelRequest, ModelResponse, TerminalReason
+from runtime.compaction import CLEARED, PINNED_PREFIX, SUMMARY_PREFIX, render_view, request_tokens
+from runtime.loop import AgentConfig
+from runtime.scripted import Reply, call, say
+from runtime.types import ModelRequest, ModelResponse, TerminalReason
 from tests.unit.runtime.helpers import MODEL, harness, tool_spec
 
 WORDS = "lorem ipsum dolor sit amet consectetur "

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agents.runtime.compaction import CLEARED, PINNED_PREFIX, SUMMARY_PREFIX, request_tokens
-from agents.runtime.protocols import Checkpoint
-from agents.runtime.scripted import Reply, call, say
-from agents.runtime.types import ModelRequest, ModelResponse, TerminalReason
+from runtime.compaction import CLEARED, PINNED_PREFIX, SUMMARY_PREFIX, request_tokens
+from runtime.protocols import Checkpoint
+from runtime.scripted import Reply, call, say
+from runtime.types import ModelRequest, ModelResponse, TerminalReason
 from tests.unit.runtime.helpers import Harness, harness
 
 WORDS = "lorem ipsum dolor sit amet consectetur "

@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from agents.runtime.config import DEFAULT_POLICY, PolicyError, build_runtime, check_policy, parse_policy
-from agents.runtime.context import ContextInput, Turn, assemble_context
-from agents.runtime.limits import LoopDetection, ModelCallLimit, TierLimit
-from agents.runtime.loop import AgentConfig
-from agents.runtime.memory import FunctionToolExecutor, InMemoryRunStore
-from agents.runtime.scripted import ScriptedModel, say
-from agents.runtime.serde import checkpoint_from_json, checkpoint_to_json
-from agents.runtime.state import StateError
-from agents.runtime.types import TerminalReason
+from runtime.config import DEFAULT_POLICY, PolicyError, build_runtime, check_policy, parse_policy
+from runtime.context import ContextInput, Turn, assemble_context
+from runtime.limits import LoopDetection, ModelCallLimit, TierLimit
+from runtime.loop import AgentConfig
+from runtime.memory import FunctionToolExecutor, InMemoryRunStore
+from runtime.scripted import ScriptedModel, say
+from runtime.serde import checkpoint_from_json, checkpoint_to_json
+from runtime.state import StateError
+from runtime.types import TerminalReason
 from tests.unit.runtime.helpers import MODEL
 
 
@@ -149,7 +149,7 @@ def test_build_runtime_maps_the_policy_onto_the_loop() -> None:
 
 
 def test_a_rejection_can_be_read_by_the_model_instead_of_ending_the_run() -> None:
-    from agents.runtime.scripted import call
+    from runtime.scripted import call
 
     store = InMemoryRunStore()
     store.create("r", assemble_context(ContextInput(MODEL, "sys", "book it")))

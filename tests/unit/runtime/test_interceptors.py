@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agents.runtime.interceptors import ModelCall, ToolCallFn
-from agents.runtime.scripted import call, say
-from agents.runtime.types import ModelRequest, ModelResponse, TerminalReason, ToolCall, ToolContext, ToolOutcome
+from runtime.interceptors import ModelCall, ToolCallFn
+from runtime.scripted import call, say
+from runtime.types import ModelRequest, ModelResponse, TerminalReason, ToolCall, ToolContext, ToolOutcome
 from tests.unit.runtime.helpers import harness
 
 

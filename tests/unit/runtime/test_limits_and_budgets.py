@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.runtime.loop import AgentConfig
-from agents.runtime.scripted import call, say
-from agents.runtime.types import TerminalReason, ToolOutcome, ToolStatus, Usage
+from runtime.loop import AgentConfig
+from runtime.scripted import call, say
+from runtime.types import TerminalReason, ToolOutcome, ToolStatus, Usage
 from tests.unit.runtime.helpers import MODEL, harness, tool_spec
 
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from agents.runtime.memory import DuplicateStepError, InMemoryRunStore
-from agents.runtime.protocols import StepAck, StepRecord
-from agents.runtime.scripted import call, say
-from agents.runtime.types import Phase, TerminalReason
+from runtime.memory import DuplicateStepError, InMemoryRunStore
+from runtime.protocols import StepAck, StepRecord
+from runtime.scripted import call, say
+from runtime.types import Phase, TerminalReason
 from tests.unit.runtime.helpers import harness
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from agents.runtime import plugins
-from agents.runtime.config import PolicyError, build_runtime, check_policy, parse_policy
-from agents.runtime.loop import AgentConfig
-from agents.runtime.plugins import BUILTIN, ContributedHook, ExtensionError, Role
-from agents.runtime.scripted import call, say
-from agents.runtime.types import TerminalReason
+from runtime import plugins
+from runtime.config import PolicyError, build_runtime, check_policy, parse_policy
+from runtime.loop import AgentConfig
+from runtime.plugins import BUILTIN, ContributedHook, ExtensionError, Role
+from runtime.scripted import call, say
+from runtime.types import TerminalReason
 from tests.support import extension_dist
 from tests.unit.runtime.helpers import MODEL, harness
 
@@ -182,11 +182,11 @@ def test_the_runtime_still_imports_no_django() -> None:
     # a fresh interpreter without Django settings: import every runtime module and build a policy with the table
     code = (
         "import pkgutil, importlib, sys\n"
-        "import agents.runtime\n"
-        "for m in pkgutil.walk_packages(agents.runtime.__path__, 'agents.runtime.'):\n"
+        "import runtime\n"
+        "for m in pkgutil.walk_packages(runtime.__path__, 'runtime.'):\n"
         "    importlib.import_module(m.name)\n"
-        "from agents.runtime.plugins import default_registry\n"
-        "from agents.runtime.config import parse_policy\n"
+        "from runtime.plugins import default_registry\n"
+        "from runtime.config import parse_policy\n"
         "default_registry(); parse_policy({'interceptors': {'model': [], 'tool': []}})\n"
         "print(sorted(n for n in sys.modules if n == 'django' or n.startswith('django.')))\n"
     )

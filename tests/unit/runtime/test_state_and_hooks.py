@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from agents.runtime.config import PolicyError, parse_policy
-from agents.runtime.hooks import END, HookConfigError, HookContext, HookPosition, HookResult
-from agents.runtime.loop import AgentLoop
-from agents.runtime.protocols import Checkpoint
-from agents.runtime.scripted import call, say
-from agents.runtime.serde import checkpoint_from_json, checkpoint_to_json, record_from_dict, record_to_dict
-from agents.runtime.state import MergeStrategy, StateError, StateSchema
-from agents.runtime.types import Phase, TerminalReason, Usage
+from runtime.config import PolicyError, parse_policy
+from runtime.hooks import END, HookConfigError, HookContext, HookPosition, HookResult
+from runtime.loop import AgentLoop
+from runtime.protocols import Checkpoint
+from runtime.scripted import call, say
+from runtime.serde import checkpoint_from_json, checkpoint_to_json, record_from_dict, record_to_dict
+from runtime.state import MergeStrategy, StateError, StateSchema
+from runtime.types import Phase, TerminalReason, Usage
 from tests.unit.runtime.helpers import harness
 
 

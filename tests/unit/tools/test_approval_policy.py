@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from agents.runtime.config import check_policy
-from tools.approval_policy import looser_fields, normalise, policy_errors, stricter
+from runtime.approval_policy import looser_fields, normalise, policy_errors, stricter
+from runtime.config import check_policy
 
 ALWAYS = normalise({"mode": "always"})
 OVER_100 = normalise({"mode": "condition", "condition": {"field": "amount", "op": ">", "value": 100}})

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tools.egress import (
+from egress.guard import (
     EgressDenied,
     EgressPolicy,
     GuardedTransport,

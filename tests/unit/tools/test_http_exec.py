@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from tools.egress import EgressDenied
+from egress.guard import EgressDenied
 from tools.http_exec import (
     HttpToolError,
     HttpToolSpec,
@@ -149,7 +149,7 @@ def test_egress_guard_applies(local_server, connect_guard: list) -> None:
 def test_secret_header_dropped_on_cross_origin_redirect() -> None:
     import httpx
 
-    from tools.egress import guarded_client
+    from egress.guard import guarded_client
 
     seen: list[httpx.Request] = []
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from agents.runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
+from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from tests.support import hung_tools
 from tools import bulkhead, isolation
 from tools.executors import ExecContext

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 import tests.support.tools  # noqa: F401 - registers test.slow
-from agents.llm.ratelimit import LocalBucketStore, RedisBucketStore
-from agents.runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
+from llm.ratelimit import LocalBucketStore, RedisBucketStore
+from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from tools.gateway import AuditWrite, ToolGateway
 from tools.models import Tool, ToolCategory, ToolKind
 from tools.pyfunc import registry, tool
@@ -174,7 +174,7 @@ CHILD = """
 import json, sys, uuid, django
 django.setup()
 from types import SimpleNamespace
-from agents.runtime.types import ToolCall, ToolContext
+from runtime.types import ToolCall, ToolContext
 import tests.support.tools  # registers test.slow
 from tools.gateway import ToolGateway
 from tools.models import Tool

@@ -1,0 +1,289 @@
+"""Intent scoring for the deterministic planner: which visible tools does a message ask for?
+
+Each tool contributes keyword *groups*: the words of its name (snake_case / camelCase split),
+the words of its description, and an optional ``x-keywords`` list (in the parameter schema or
+as ``Keywords: a, b`` / ``关键词：甲、乙`` in the description). A built-in bilingual synonym
+table widens each word to its concept (``where`` / ``物流`` / ``到哪`` -> query, logistics).
+A group that matches the message scores its weight times its rarity among the visible tools
+(inverse document frequency), so a word every tool shares (``order``) decides little.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from runtime.types import ToolSpec
+
+#: concept -> words (English words are matched by stem, others as substrings).
+SYNONYMS: dict[str, tuple[str, ...]] = {
+    "query": (
+        "query",
+        "get",
+        "check",
+        "show",
+        "status",
+        "lookup",
+        "look up",
+        "view",
+        "info",
+        "detail",
+        "where",
+        "track",
+        "tracking",
+        "查询",
+        "查一下",
+        "查看",
+        "查下",
+        "看看",
+        "状态",
+        "在哪",
+        "到哪",
+        "进度",
+        "情况",
+    ),
+    "logistics": (
+        "logistics",
+        "shipping",
+        "shipment",
+        "ship",
+        "shipped",
+        "delivery",
+        "deliver",
+        "where",
+        "track",
+        "tracking",
+        "courier",
+        "parcel",
+        "package",
+        "物流",
+        "快递",
+        "配送",
+        "发货",
+        "到哪",
+        "在哪",
+        "运输",
+        "包裹",
+    ),
+    "order": ("order", "purchase", "订单", "单号"),
+    "refund": ("refund", "reimburse", "money back", "退款", "退钱", "退货"),
+    "cancel": ("cancel", "取消"),
+    "sum": (
+        "sum",
+        "total",
+        "add up",
+        "combined",
+        "altogether",
+        "合计",
+        "总额",
+        "总计",
+        "一共",
+        "加起来",
+        "总共",
+        "求和",
+    ),
+    "flight": ("flight", "fly", "plane", "airline", "航班", "机票", "飞机"),
+    "search": ("search", "find", "look for", "available", "搜索", "查找", "找一下", "有没有", "查一下", "搜"),
+    "rebook": ("rebook", "reschedule", "change flight", "switch", "改签", "改期", "换航班", "换到"),
+    "book": ("book", "reserve", "预订", "订票", "预定"),
+    "weather": ("weather", "forecast", "temperature", "天气", "气温"),
+    "user": ("user", "customer", "account", "用户", "客户", "账户"),
+    "notify": ("notify", "send", "email", "message", "通知", "发送", "邮件"),
+    "list": ("list", "all", "列出", "所有", "全部"),
+    "create": ("create", "创建", "新建", "添加"),
+    "delete": ("delete", "remove", "删除", "移除"),
+    "update": ("update", "modify", "edit", "更新", "修改"),
+    "summarize": ("summarize", "summary", "总结", "摘要", "概括"),
+    "translate": ("translate", "translation", "翻译"),
+    "calculate": ("calculate", "compute", "计算"),
+}
+
+_STOPWORDS_TEXT = (
+    "a an the of for to and or by with in on at is are be as it its this that these those from into "
+    "your you my our their given using use via when which who what will can may returns return e.g "
+    "eg i me please like one two per each any not no"
+)
+STOPWORDS = frozenset(_STOPWORDS_TEXT.split())
+
+_WORD = re.compile(r"[a-z][a-z0-9']*")
+_CJK = re.compile(r"[\u3400-\u9fff]")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_KEYWORDS_IN_TEXT = re.compile(r"(?:keywords?|关键词|关键字)\s*[:：]\s*([^\n。.]+)", re.IGNORECASE)
+_SPLIT_KEYWORDS = re.compile(r"[,，、;；/|]+")
+
+NAME_WEIGHT = 2.0
+KEYWORD_WEIGHT = 2.0
+DESCRIPTION_WEIGHT = 1.0
+#: A tool is chosen when its score is at least this share of the best score.
+RELATIVE_CUTOFF = 0.6
+MIN_SCORE = 0.9
+
+
+def has_cjk(text: str) -> bool:
+    return bool(_CJK.search(text))
+
+
+def stem(word: str) -> str:
+    word = word.lower().removesuffix("'s").strip("'")
+    for suffix, keep in (("ies", "y"), ("ses", "s"), ("s", "")):
+        if len(word) > 3 and word.endswith(suffix) and not word.endswith("ss"):
+            return word[: -len(suffix)] + keep
+    return word
+
+
+def split_name(name: str) -> list[str]:
+    """``query_order`` / ``queryOrder`` / ``query-order`` -> ``["query", "order"]``."""
+    spaced = _CAMEL.sub(" ", name)
+    return [p.lower() for p in re.split(r"[\s_\-.]+", spaced) if p]
+
+
+def english_words(text: str) -> list[str]:
+    return [stem(w) for w in _WORD.findall(text.lower())]
+
+
+@dataclass(frozen=True)
+class Keyword:
+    text: str  # a stemmed English word / phrase, or a CJK (or other) substring
+    group: str
+    weight: float
+
+
+@dataclass
+class MessageText:
+    """A message prepared for matching: stems, stemmed phrase text, the raw lower-cased text."""
+
+    raw: str
+
+    def __post_init__(self) -> None:
+        self.lower = self.raw.lower()
+        self.stems = english_words(self.raw)
+        self.stem_set = set(self.stems)
+        self.phrase = " " + " ".join(self.stems) + " "
+
+    def contains(self, keyword: str) -> bool:
+        if not keyword:
+            return False
+        if keyword.isascii():
+            if " " in keyword:
+                return f" {keyword} " in self.phrase
+            return keyword in self.stem_set
+        return keyword.lower() in self.lower
+
+
+_WORD_TO_CONCEPTS: dict[str, set[str]] = {}
+for _concept, _words in SYNONYMS.items():
+    for _w in _words:
+        _key = " ".join(english_words(_w)) if _w.isascii() else _w
+        _WORD_TO_CONCEPTS.setdefault(_key, set()).add(_concept)
+
+
+def _normal(word: str) -> str:
+    return " ".join(english_words(word)) if word.isascii() else word
+
+
+def _expand(word: str, weight: float) -> list[Keyword]:
+    """A word as its own group, or as every concept it belongs to (with all the concept's words)."""
+    normal = _normal(word)
+    if not normal:
+        return []
+    concepts = _WORD_TO_CONCEPTS.get(normal)
+    if not concepts:
+        return [Keyword(normal, f"word:{normal}", weight)]
+    found: list[Keyword] = []
+    for concept in sorted(concepts):
+        found.extend(Keyword(_normal(w), f"concept:{concept}", weight) for w in SYNONYMS[concept])
+    return found
+
+
+def explicit_keywords(tool: ToolSpec) -> list[str]:
+    words: list[str] = []
+    listed = tool.parameters.get("x-keywords") if isinstance(tool.parameters, dict) else None
+    if isinstance(listed, list):
+        words.extend(str(w).strip() for w in listed)
+    for match in _KEYWORDS_IN_TEXT.finditer(tool.description or ""):
+        words.extend(w.strip() for w in _SPLIT_KEYWORDS.split(match.group(1)))
+    return [w for w in words if w]
+
+
+def tool_keywords(tool: ToolSpec) -> list[Keyword]:
+    keywords: list[Keyword] = []
+    for part in split_name(tool.name):
+        keywords.extend(_expand(part, NAME_WEIGHT))
+    for word in explicit_keywords(tool):
+        keywords.extend(_expand(word, KEYWORD_WEIGHT))
+    description = _KEYWORDS_IN_TEXT.sub(" ", tool.description or "")
+    for word in english_words(description):
+        if word not in STOPWORDS and len(word) > 2:
+            keywords.extend(_expand(word, DESCRIPTION_WEIGHT))
+    # CJK words of the description that the synonym table knows (there are no spaces to split on).
+    for key, concepts in _WORD_TO_CONCEPTS.items():
+        if not key.isascii() and key in description:
+            for concept in concepts:
+                keywords.extend(Keyword(_normal(w), f"concept:{concept}", DESCRIPTION_WEIGHT) for w in SYNONYMS[concept])
+    return keywords
+
+
+@dataclass(frozen=True)
+class IntentScore:
+    tool: ToolSpec
+    score: float
+    matched: tuple[str, ...]
+
+
+def score_tools(text: str, tools: Iterable[ToolSpec]) -> list[IntentScore]:
+    """Score every tool against ``text``; the result keeps the tools' order."""
+    tools = list(tools)
+    message = MessageText(text)
+    groups_per_tool: list[dict[str, tuple[float, list[str]]]] = []
+    for tool in tools:
+        groups: dict[str, tuple[float, list[str]]] = {}
+        for kw in tool_keywords(tool):
+            weight, words = groups.get(kw.group, (0.0, []))
+            words.append(kw.text)
+            groups[kw.group] = (max(weight, kw.weight), words)
+        groups_per_tool.append(groups)
+    document_frequency: dict[str, int] = {}
+    for groups in groups_per_tool:
+        for group in groups:
+            document_frequency[group] = document_frequency.get(group, 0) + 1
+    total = max(1, len(tools))
+    scores: list[IntentScore] = []
+    for tool, groups in zip(tools, groups_per_tool, strict=True):
+        score = 0.0
+        matched: list[str] = []
+        for group, (weight, words) in groups.items():
+            if any(message.contains(w) for w in words):
+                score += weight * math.log(1 + total / document_frequency[group])
+                matched.append(group.split(":", 1)[1])
+        scores.append(IntentScore(tool, round(score, 3), tuple(matched)))
+    return scores
+
+
+def choose(scores: list[IntentScore], complete: dict[str, bool] | None = None) -> list[IntentScore]:
+    """The tools the message asks for, best first.
+
+    The best tool is taken if it clears a floor. Another tool joins only if it scores close to
+    the best *and* matches a part of the message the tools already chosen do not (so "where is
+    order X" is one logistics call, while "refund X and track its shipment" is two). Ties go to
+    the tool whose arguments are all in the message (``complete``).
+    """
+    complete = complete or {}
+    ranked = sorted(
+        (s for s in scores if s.score > 0),
+        key=lambda s: (-s.score, not complete.get(s.tool.name, False)),
+    )
+    if not ranked or ranked[0].score < MIN_SCORE:
+        return []
+    cutoff = max(MIN_SCORE, ranked[0].score * RELATIVE_CUTOFF)
+    chosen: list[IntentScore] = []
+    covered: set[str] = set()
+    for candidate in ranked:
+        if candidate.score < cutoff:
+            break
+        if chosen and not set(candidate.matched) - covered:
+            continue
+        chosen.append(candidate)
+        covered.update(candidate.matched)
+    return chosen

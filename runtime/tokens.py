@@ -1,0 +1,66 @@
+"""Offline token counting: the encodings bundled by ``bpe-openai``; a character estimate otherwise."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any, Protocol
+
+from runtime.types import Message
+
+#: Overhead the Chat Completions format adds per message (role, separators).
+PER_MESSAGE_OVERHEAD = 4
+
+
+class _Encoding(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+@lru_cache(maxsize=32)
+def _encoding_for(model: str) -> _Encoding | None:
+    try:
+        import bpe_openai
+    except ImportError:  # pragma: no cover - the package is a pinned requirement
+        return None
+    name = model.split("/", 1)[-1]
+    try:
+        enc: _Encoding = bpe_openai.encoding_for_model(name)
+        return enc
+    except Exception:
+        if name.startswith(("gpt-3.5", "gpt-4-", "text-embedding")) or name == "gpt-4":
+            fallback: _Encoding = bpe_openai.get_encoding("cl100k_base")
+            return fallback
+        return None
+
+
+def estimate_by_chars(text: str) -> int:
+    """About four characters per token for Latin text, about one per CJK character."""
+    cjk = sum(1 for ch in text if "\u3000" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af")
+    return cjk + (len(text) - cjk + 3) // 4
+
+
+def count_tokens(text: str, model: str = "") -> int:
+    if not text:
+        return 0
+    encoding = _encoding_for(model) if model else None
+    if encoding is None:
+        return estimate_by_chars(text)
+    return len(encoding.encode(text))
+
+
+def _message_text(message: Message) -> str:
+    parts: list[str] = [str(message.get("content") or "")]
+    calls: list[dict[str, Any]] = message.get("tool_calls") or []
+    for call in calls:
+        function = call.get("function", {})
+        parts.append(str(function.get("name", "")))
+        parts.append(str(function.get("arguments", "")))
+    return "\n".join(p for p in parts if p)
+
+
+def count_messages(messages: list[Message], model: str = "") -> int:
+    return sum(PER_MESSAGE_OVERHEAD + count_tokens(_message_text(m), model) for m in messages)
+
+
+def count_tools(tools: list[dict[str, Any]], model: str = "") -> int:
+    return count_tokens(json.dumps(tools, ensure_ascii=False), model) if tools else 0
