@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.conf import settings
 
-from agents import live
 from agents.models import Run, RunEvent
-from tenants.models import Tenant
+from config import live
+from tenants.feeds import HeartbeatConsumer
 from tenants.scoping import ANONYMOUS, Actor
 
 BACKFILL_PAGE = 500
@@ -28,35 +24,6 @@ def _visible_run(actor: Actor, run_id: str) -> Run | None:
 def _events_after(run_id: Any, after: int) -> list[dict[str, Any]]:
     rows = RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:BACKFILL_PAGE]
     return [row.as_frame() for row in rows]
-
-
-class HeartbeatConsumer(AsyncJsonWebsocketConsumer):
-    """Sends ``{"type": "heartbeat", "interval": N}`` every ``WS_HEARTBEAT_SECONDS`` while the socket is open.
-
-    An idle socket then carries traffic on purpose: proxies with idle timeouts keep it, and a client that hears
-    nothing for a few intervals knows the connection is dead and reconnects. The pages ignore these frames.
-    """
-
-    _heartbeat: asyncio.Task[None] | None = None
-
-    async def accept(self, subprotocol: str | None = None, headers: Any = None) -> None:
-        await super().accept(subprotocol, headers)
-        interval = settings.WS_HEARTBEAT_SECONDS
-        if interval > 0 and self._heartbeat is None:
-            self._heartbeat = asyncio.get_running_loop().create_task(self._beat(interval))
-
-    async def _beat(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            await self.send_json({"type": "heartbeat", "interval": interval})
-
-    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
-            self._heartbeat = None
-        await super().websocket_disconnect(message)
 
 
 class RunEventsConsumer(HeartbeatConsumer):
@@ -115,44 +82,3 @@ class RunEventsConsumer(HeartbeatConsumer):
                 continue
             await self.send_json(frame)
             self.last_seq = frame["seq"]
-
-
-@database_sync_to_async
-def _tenant_ids(actor: Actor, action: str) -> list[int]:
-    return list(Tenant.objects.for_actor(actor, action).filter(is_active=True).values_list("pk", flat=True))
-
-
-class TenantFeedConsumer(HeartbeatConsumer):
-    """A one-way feed joined to one group per tenant the actor may ``tenant_action`` in (and no other).
-
-    Subclasses name the group (``group_for``) and the handlers for the messages sent to it.
-    """
-
-    tenant_action = "view"
-    groups_joined: list[str]
-
-    def group_for(self, tenant_id: int) -> str:
-        raise NotImplementedError
-
-    def admits(self, actor: Actor) -> bool:
-        return actor is not ANONYMOUS
-
-    async def connect(self) -> None:
-        self.groups_joined = []
-        actor: Actor = self.scope.get("actor", ANONYMOUS)
-        if not self.admits(actor):
-            await self.close()
-            return
-        self.actor = actor
-        for tenant_id in await _tenant_ids(actor, self.tenant_action):
-            group = self.group_for(tenant_id)
-            await self.channel_layer.group_add(group, self.channel_name)
-            self.groups_joined.append(group)
-        await self.accept()
-
-    async def disconnect(self, code: int) -> None:
-        for group in self.groups_joined:
-            await self.channel_layer.group_discard(group, self.channel_name)
-
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """Nothing to receive: the feed is one-way."""

@@ -38,15 +38,13 @@ system, and the live-stack tests can check the worker's counters through the ser
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import threading
 from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -67,31 +65,6 @@ TOOL_DURATION = Histogram(
     "agentops_tool_call_duration_seconds", "Tool call latency as audited by the tool gateway, by tool.", ["tool"],
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
-# Not derived from committed events: process state, moved by the tool gateway's bulkheads (tools/bulkhead.py) as it happens.
-TOOL_OVERRUNNING = Gauge(
-    "agentops_tool_calls_overrunning",
-    "Tool calls still running after their timeout (each holds one of its tool's bulkhead slots until it ends), by tool.",
-    ["tool"], multiprocess_mode="livesum",
-)
-TOOL_OVERRUNS = Counter(
-    "agentops_tool_call_overruns", "Tool calls still running when their timeout passed (each was sent its cancel signal), by tool.",
-    ["tool"],
-)
-TOOL_KILLED = Counter(
-    "agentops_tool_calls_killed", "Process-isolated tool calls whose process was killed at the timeout, by tool.", ["tool"],
-)
-
-
-def _forget_live_gauges() -> None:
-    """At exit, in multiprocess mode, drop this process's live gauge files: its overrunning calls end with it."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
-        multiprocess.mark_process_dead(os.getpid())
-
-
-atexit.register(_forget_live_gauges)
-
 _agent_slugs: dict[int, str] = {}
 _agent_slugs_lock = threading.Lock()
 _AGENT_CACHE_MAX = 10_000
@@ -193,9 +166,6 @@ def observe_committed(run: Any, rows: list[Any]) -> None:
 
 # -- approvals ---------------------------------------------------------------------------------
 
-APPROVAL_DECISIONS = Counter("agentops_approval_decisions", "Approval requests decided, by outcome.", ["outcome"])
-
-
 class ApprovalQueueCollector:
     """``agentops_approvals_pending`` and ``agentops_approval_oldest_pending_seconds`` per tenant, read at scrape time.
 
@@ -224,7 +194,3 @@ class ApprovalQueueCollector:
             oldest.add_metric([row["tenant__slug"]], max(0.0, (now - row["first"]).total_seconds()))
         yield pending
         yield oldest
-
-
-def record_decision(outcome: str) -> None:
-    transaction.on_commit(lambda: APPROVAL_DECISIONS.labels(outcome=_label(outcome)).inc())

@@ -29,8 +29,6 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from django.conf import settings
-
 from agents.models import Provider
 from agents.providers import (
     BUILTIN_PROVIDER,
@@ -42,10 +40,11 @@ from agents.providers import (
     guarded_client_for,
     provider_config,
 )
+from config.buckets import bucket_store
 from llm import GatewayConfig, ModelGateway, ModelInfo, ProviderConfig, ProviderError, RateLimit
 from llm.breaker import CircuitBreaker
 from llm.openai_client import split_model
-from llm.ratelimit import Bucket, BucketStore, LocalBucketStore, RedisBucketStore
+from llm.ratelimit import Bucket, BucketStore
 from runtime.config import parse_policy
 from runtime.protocols import ModelClient
 from runtime.types import ModelRequest, ModelResponse
@@ -56,7 +55,6 @@ GATEWAY_CACHE_SIZE = 128
 _lock = threading.RLock()
 _gateways: OrderedDict[tuple[Any, ...], ModelGateway] = OrderedDict()
 _breakers: OrderedDict[tuple[Any, ...], CircuitBreaker] = OrderedDict()
-_store: BucketStore | None = None
 
 
 class UnavailableProvider:
@@ -103,16 +101,6 @@ class ScopedBucketStore:
 
     def charge(self, buckets: list[Bucket]) -> None:
         self.inner.charge(self._scoped(buckets))
-
-
-def bucket_store() -> BucketStore:
-    """One store per process: Redis (shared by every worker) when configured, else in memory."""
-    global _store
-    with _lock:
-        if _store is None:
-            redis_url = getattr(settings, "REDIS_URL", None)
-            _store = RedisBucketStore.from_url(redis_url) if redis_url else LocalBucketStore()
-        return _store
 
 
 def _routing(run: Any) -> dict[str, Any]:

@@ -24,7 +24,8 @@ from runtime.approval_policy import OVERRIDE_FLAG, flagged
 from runtime.config import raw_input_patterns
 from runtime.types import Event, TerminalReason
 from tenants.scoping import Actor
-from tools.approvals import FLOOR_OVERRIDE_ACTION, floor_for, loosening, recorded_overrides
+from tools.approvals import FLOOR_OVERRIDE_ACTION, floor_for, loosening, recorded_overrides, resume_run
+from tools.guardrails import InjectionRefused, screen_facts
 from tools.models import Tool
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,10 @@ def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None 
     ``idempotency_key`` and ``request_digest`` are stored on the run (unique per tenant: a second run with the key
     raises ``IntegrityError``); ``agents.acceptance.accept_run`` sets them and answers retries.
     """
-    from tools.guardrails import screen_run_input  # the prompt-injection filter: block, or flag in facts
-
-    facts = screen_run_input(agent=agent, text=text, facts=facts)
+    try:  # the prompt-injection filter: block, or flag in facts
+        facts = screen_facts(text, facts, settings=agent.tenant.settings, agent_slug=agent.slug)
+    except InjectionRefused as exc:
+        raise RunRefused(str(exc), field="input") from None
     if session is not None and session.agent_id != agent.pk:
         raise RunRefused(f"Session {session.pk} belongs to another agent; start a new session for {agent.slug!r}.",
                          field="session")
@@ -200,9 +202,16 @@ def execute_run(run_id: str) -> None:
     finally:
         release_lease(run_id, token)
     # A decision may have landed while this worker was still committing the pause: pick it up now.
-    from tools.approvals import resume_run
-
     resume_run(run_id)
+
+
+def resume_waiting_run(run_id: Any) -> bool:
+    """Re-enqueue a run waiting for approvals once they are all decided (``tools.approvals.resume_run`` asks)."""
+    with transaction.atomic():
+        if Run.objects.filter(pk=run_id, status=RunStatus.WAITING, lease_token="").update(status=RunStatus.QUEUED):
+            enqueue_run(run_id)
+            return True
+    return False
 
 
 # -- agents and versions (operators) ---------------------------------------------------------

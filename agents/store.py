@@ -16,10 +16,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agents import attention, live, metrics, otel
+from agents import attention, metrics, otel
 from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
 from audit.chain import write_sealed
 from audit.masking import mask_value
+from config import live
 from runtime.protocols import Checkpoint, StepAck, StepRecord
 from runtime.types import Event, Phase, Usage
 

@@ -15,9 +15,9 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.core.exceptions import ValidationError
 
-from agents import live
-from agents.consumers import TenantFeedConsumer
+from config import live
 from console import queries
+from tenants.feeds import TenantFeedConsumer
 from tenants.scoping import ANONYMOUS, Actor
 
 

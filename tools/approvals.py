@@ -17,10 +17,10 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from agents import metrics
 from audit.masking import mask_value
 from audit.models import ConfigChange
 from audit.services import record_change
+from config import live
 from runtime.approval_policy import (
     DEFAULT_APPROVER_ROLES,
     DEFAULT_EXPIRY_SECONDS,
@@ -35,6 +35,7 @@ from runtime.approval_policy import (
 from runtime.approval_policy import policy_errors as policy_errors
 from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants.scoping import Actor
+from tools import handlers, metrics
 from tools.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Tool, ToolKind
 
 log = logging.getLogger(__name__)
@@ -381,22 +382,14 @@ def cancel_for_run(run: Any) -> None:
 
 
 def resume_run(run_id: Any) -> bool:
-    """Re-enqueue a waiting run whose requests are all decided. Safe to call twice."""
-    from agents.models import Run, RunStatus
-    from agents.services import enqueue_run
-
+    """Re-enqueue a waiting run whose requests are all decided (through the agents app's handler). Safe to call twice."""
     if ApprovalRequest.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).exists():
         return False
-    with transaction.atomic():
-        if Run.objects.filter(pk=run_id, status=RunStatus.WAITING, lease_token="").update(status=RunStatus.QUEUED):
-            enqueue_run(run_id)
-            return True
-    return False
+    resume = handlers.agents.resume_waiting_run
+    return bool(resume is not None and resume(run_id))
 
 
 def publish(request: ApprovalRequest) -> None:
-    from agents import live
-
     summary = summarize(request)
     tenant_id = request.tenant_id
     transaction.on_commit(lambda: live.publish_approval(tenant_id=tenant_id, summary=summary))

@@ -30,8 +30,8 @@ from typing import Any
 
 from django.db import connections
 
-from agents.metrics import TOOL_OVERRUNNING, TOOL_OVERRUNS
 from tools.cancel import cancel_scope
+from tools.metrics import TOOL_OVERRUNNING, TOOL_OVERRUNS
 
 __all__ = ["BULKHEAD_SIZE", "Bulkhead", "BulkheadFull", "Slot", "Workers", "admit"]
 

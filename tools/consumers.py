@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents import live
-from agents.consumers import TenantFeedConsumer
+from config import live
+from tenants.feeds import TenantFeedConsumer
 
 
 class ApprovalsConsumer(TenantFeedConsumer):

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from audit.masking import mask_value, summarize_arguments
 from audit.models import ToolCallAudit, ToolCallStatus
+from config.buckets import bucket_store
 from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from tools import bulkhead, rate_limits
 from tools.arguments import arguments_hash, parse_arguments
@@ -227,8 +228,6 @@ class ToolGateway:
             s.stage("rate_limit", True, limit_per_minute=limit, counted=False, reason=counted)
             return None
         if self.bucket_store is None:
-            from agents.model_clients import bucket_store
-
             self.bucket_store = bucket_store()
         try:
             wait, _short = self.bucket_store.take(rate_limits.buckets(self.run.tenant_id, tool.name, limit))

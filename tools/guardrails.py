@@ -94,13 +94,3 @@ def screen_facts(text: str, facts: Mapping[str, Any] | None, *, settings: Mappin
     if result.matches:
         clean[FLAGS_KEY] = result.flags()
     return clean
-
-
-def screen_run_input(*, agent: Any, text: str, facts: Mapping[str, Any] | None) -> dict[str, Any]:
-    """For ``agents.services.start_run``: the facts to store, or ``RunRefused(field="input")`` when blocked."""
-    from agents.services import RunRefused
-
-    try:
-        return screen_facts(text, facts, settings=agent.tenant.settings, agent_slug=agent.slug)
-    except InjectionRefused as exc:
-        raise RunRefused(str(exc), field="input") from None

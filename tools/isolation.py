@@ -30,6 +30,8 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from tools.metrics import TOOL_KILLED
+
 __all__ = ["ISOLATION_MODES", "DatabaseForbidden", "IsolatedToolError", "isolation_problems", "prepare_child", "run_in_process",
            "warm_up"]
 
@@ -122,8 +124,6 @@ def run_in_process(key: str, arguments: dict[str, Any], *, deadline: float, labe
         reader.close()
     if timed_out:
         if killed:
-            from agents.metrics import TOOL_KILLED
-
             TOOL_KILLED.labels(tool=label[:100]).inc()
         raise ToolFailure("timeout", "No result was obtained in time: the tool's process was stopped. "
                                      "Do not tell the user it succeeded.")

@@ -14,7 +14,7 @@ from jsonschema.exceptions import SchemaError
 from rest_framework import serializers
 
 from egress.guard import allow_list_problems
-from tools import rate_limits
+from tools import handlers, rate_limits
 from tools.isolation import isolation_problems
 from tools.models import Tool, ToolKind
 
@@ -151,13 +151,11 @@ def config_problems(kind: str, config: Any, parameters: dict[str, Any], *, tenan
         if not isinstance(config.get("tool"), str) or not config.get("tool"):
             add("tool", "must be the tool's name on the MCP server")
     elif kind == ToolKind.AGENT:
-        from agents.models import Agent
-
         slug = config.get("agent")
         if not isinstance(slug, str) or not slug:
             add("agent", "must be the slug of an agent of this tenant")
-        elif tenant is not None and not Agent.objects.for_tenant(tenant).filter(slug=slug).exists():
-            known = ", ".join(Agent.objects.for_tenant(tenant).values_list("slug", flat=True)[:20]) or "none"
+        elif tenant is not None and handlers.agents.agent_exists and not handlers.agents.agent_exists(tenant, slug):
+            known = ", ".join(handlers.agents.agent_slugs(tenant, 20) if handlers.agents.agent_slugs else []) or "none"
             add("agent", f"there is no agent {slug!r} in this tenant. Known agents: {known}.")
     return problems
 

@@ -9,7 +9,7 @@ from django.db import transaction
 from audit.services import record_change
 from runtime import approval_policy
 from tenants.scoping import Actor
-from tools import rate_limits
+from tools import handlers, rate_limits
 from tools.models import Tool, ToolKind
 
 
@@ -65,13 +65,8 @@ PLUGIN_TOOL_FIELDS = frozenset({"enabled", "rate_limit_per_minute"})
 
 
 def _versions_listing(tool: Tool, *, current_only: bool) -> list[str]:
-    from agents.models import Agent, AgentVersion
-
-    if current_only:
-        rows = Agent.objects.for_tenant(tool.tenant_id).filter(current_version__isnull=False).values_list("slug", "current_version__tools")
-    else:
-        rows = AgentVersion.objects.for_tenant(tool.tenant_id).values_list("agent__slug", "tools")
-    return sorted({slug for slug, names in rows if isinstance(names, list) and tool.name in names})
+    lookup = handlers.agents.agents_using
+    return lookup(tool, current_only) if lookup else []
 
 
 def _name_taken(tenant: Any, name: str, exclude: int | None = None) -> None:
