@@ -4,7 +4,7 @@ from rest_framework.routers import SimpleRouter
 from agents.api import AgentVersionViewSet, AgentViewSet, RunViewSet
 from agents.provider_api import ProviderViewSet
 from agents.session_api import SessionViewSet
-from tools.approval_api import ApprovalViewSet
+from approvals.api import ApprovalViewSet
 
 router = SimpleRouter(trailing_slash="")
 router.register("runs", RunViewSet, basename="run")

@@ -7,6 +7,7 @@ from typing import Any
 from agents.extensions import registry as extension_registry
 from agents.models import Run, Turn
 from agents.store import DjangoRunStore
+from approvals.gate import ApprovalGate
 from audit.masking import mask_text
 from marketplace.access import tool_allowed_for
 from runtime.config import build_runtime, parse_policy, raw_input_patterns
@@ -15,7 +16,6 @@ from runtime.context import Turn as ContextTurn
 from runtime.loop import AgentConfig, AgentLoop
 from runtime.protocols import Checkpoint
 from runtime.types import ToolSpec
-from tools.approvals import ApprovalGate
 from tools.gateway import ToolGateway
 from tools.models import Tool
 

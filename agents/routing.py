@@ -1,7 +1,7 @@
 from django.urls import path
 
 from agents.consumers import RunEventsConsumer
-from tools.consumers import ApprovalsConsumer
+from approvals.consumers import ApprovalsConsumer
 
 websocket_urlpatterns = [
     path("ws/runs/<uuid:run_id>/", RunEventsConsumer.as_asgi()),

@@ -18,13 +18,14 @@ from agents import attention
 from agents.lease import heartbeat_for
 from agents.models import ACTIVE_STATUSES, Agent, AgentVersion, Run, RunStatus, Session
 from agents.store import event_rows, publish_after_commit, run_summary
+from approvals.decisions import cancel_for_run, resume_run
+from approvals.policy import FLOOR_OVERRIDE_ACTION, floor_for, loosening, recorded_overrides
 from audit.masking import mask_text, mask_value
 from audit.services import record_change
 from runtime.approval_policy import OVERRIDE_FLAG, flagged
 from runtime.config import raw_input_patterns
 from runtime.types import Event, TerminalReason
 from tenants.scoping import Actor
-from tools.approvals import FLOOR_OVERRIDE_ACTION, floor_for, loosening, recorded_overrides, resume_run
 from tools.guardrails import InjectionRefused, screen_facts
 from tools.models import Tool
 
@@ -137,8 +138,6 @@ def cancel_run(*, actor: Actor, run: Run) -> Run:
         raise RunRefused(f"The run already finished ({locked.terminal_reason}); there is nothing to cancel.")
     who = actor.user.get_username() if actor.user is not None else "an API client"
     if locked.status in (RunStatus.QUEUED, RunStatus.WAITING) and not locked.lease_token:
-        from tools.approvals import cancel_for_run
-
         cancel_for_run(locked)
         finish_without_worker(locked, TerminalReason.CANCELLED, f"cancelled by {who}")
     else:
@@ -206,7 +205,7 @@ def execute_run(run_id: str) -> None:
 
 
 def resume_waiting_run(run_id: Any) -> bool:
-    """Re-enqueue a run waiting for approvals once they are all decided (``tools.approvals.resume_run`` asks)."""
+    """Re-enqueue a run waiting for approvals once they are all decided (``approvals.decisions.resume_run`` asks)."""
     with transaction.atomic():
         if Run.objects.filter(pk=run_id, status=RunStatus.WAITING, lease_token="").update(status=RunStatus.QUEUED):
             enqueue_run(run_id)

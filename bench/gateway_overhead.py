@@ -96,8 +96,8 @@ def make_world() -> World:
 def gateway(world: World, *, production: bool, buffer: list[Any]) -> Any:
     """A ToolGateway for the run; ``production``: wired as ``agents.engine.build_loop`` wires it."""
     from agents.engine import approval_overrides, session_grants
+    from approvals.gate import ApprovalGate
     from marketplace.access import tool_allowed_for
-    from tools.approvals import ApprovalGate
     from tools.gateway import ToolGateway
 
     if not production:

@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "tenants",
     "agents",
     "tools",
+    "approvals",
     "marketplace",
     "audit",
     "console",  # the operators' dashboard: run list, live trace, spend
@@ -309,7 +310,7 @@ SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 10, minimum=1)
 #: re-enqueued at most once per this many seconds (duplicates are harmless: the lease decides).
 SWEEP_QUEUED_AFTER_SECONDS = env_int("SWEEP_QUEUED_AFTER_SECONDS", 60, minimum=1)
 CELERY_BEAT_SCHEDULE = {
-    # Overdue approval requests expire; their runs go on with "approval expired" (tools/approvals.py).
+    # Overdue approval requests expire; their runs go on with "approval expired" (approvals/decisions.py).
     "expire-approvals": {"task": "tools.expire_approvals", "schedule": 15.0, "options": {"expires": 15.0}},
     "sweep-runs": {
         "task": "agents.sweep_runs",

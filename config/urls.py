@@ -8,7 +8,7 @@ from config.metrics_view import metrics
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("approvals/", include("tools.urls")),
+    path("approvals/", include("approvals.urls")),
     path("console/", include("console.urls")),
     path("accounts/", include("console.accounts_urls")),
     path("api/v1/", include("agents.api_urls")),

@@ -87,5 +87,3 @@ class ToolAdmin(TenantScopedAdmin):
             services.set_tool_enabled(tool=tool, enabled=True, actor=request.user)
         self.message_user(request, f"Switched on {queryset.count()} tool(s).")
 
-
-from tools import approval_admin  # noqa: E402,F401 - the approval queue

@@ -1,4 +1,4 @@
-"""Prometheus metrics the tool layer moves itself: overrunning and killed calls, approval decisions.
+"""Prometheus metrics the tool layer moves itself: overrunning and killed tool calls.
 
 Process state, not derived from committed trace events (those are in ``agents/metrics.py``): the
 bulkheads (tools/bulkhead.py) and the process isolation (tools/isolation.py) move them as it happens.
@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import Any
 
-from django.db import transaction
 from prometheus_client import Counter, Gauge
 
 # Moved by the bulkheads as calls overrun and end.
@@ -38,12 +36,3 @@ def _forget_live_gauges() -> None:
 
 
 atexit.register(_forget_live_gauges)
-
-
-APPROVAL_DECISIONS = Counter("agentops_approval_decisions", "Approval requests decided, by outcome.", ["outcome"])
-
-
-def record_decision(outcome: Any) -> None:
-    """Count a decision once its transaction commits."""
-    label = (str(outcome) if outcome not in (None, "") else "unknown")[:100]
-    transaction.on_commit(lambda: APPROVAL_DECISIONS.labels(outcome=label).inc())

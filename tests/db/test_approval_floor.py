@@ -13,6 +13,8 @@ from rest_framework.test import APIClient
 from agents import services
 from agents.engine import approval_overrides, session_grants
 from agents.models import AgentVersion
+from approvals.gate import ApprovalGate
+from approvals.policy import FLOOR_OVERRIDE_ACTION
 from audit.models import ConfigChange
 from marketplace.services import install_plugin
 from runtime.types import ToolCall, ToolContext, ToolStatus
@@ -20,7 +22,6 @@ from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_user, make_world
-from tools.approvals import FLOOR_OVERRIDE_ACTION, ApprovalGate
 from tools.gateway import AuditWrite, ToolGateway
 from tools.models import ApprovalRequest, ApprovalStatus, Tool
 from tools.services import install_python_tool

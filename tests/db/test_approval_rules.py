@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from approvals.decisions import may_decide
+from approvals.policy import policy_errors, rule_for
 from tenants.scoping import Actor
-from tools.approvals import may_decide, policy_errors, rule_for
 from tools.models import ApprovalRequest, Tool
 
 

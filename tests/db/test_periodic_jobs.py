@@ -25,6 +25,8 @@ from agents import sweeper
 from agents.models import AgentVersion, Run, RunStatus, Session
 from agents.sweeper import sweep_runs
 from agents.tasks import sweep_runs_task
+from approvals import decisions as approvals
+from approvals.tasks import expire_approvals_task
 from audit.models import ConfigChange
 from config.joblock import beat_interval, job_lock
 from marketplace import services as release
@@ -32,9 +34,7 @@ from marketplace.models import ReleaseWeight
 from marketplace.tasks import check_release_guards_task
 from tenants.scoping import actor_for_user
 from tests.factories import World, make_world
-from tools import approvals
 from tools.models import ApprovalRequest, ApprovalStatus
-from tools.tasks import expire_approvals_task
 
 T = TypeVar("T")
 

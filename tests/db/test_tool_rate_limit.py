@@ -18,6 +18,7 @@ from rest_framework.test import APIClient
 
 import tests.support.tools  # noqa: F401 - registers test.note
 from agents import services as run_services
+from approvals.gate import ApprovalGate
 from audit.chain import write_sealed
 from audit.models import ConfigChange, ToolCallAudit
 from llm.ratelimit import LocalBucketStore
@@ -28,7 +29,6 @@ from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_user, make_world
-from tools.approvals import ApprovalGate
 from tools.gateway import AuditWrite, ToolGateway
 from tools.models import ApprovalRequest, ApprovalStatus, Tool
 from tools.services import install_python_tool

@@ -10,9 +10,9 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from approvals import decisions
 from config.api import CursorPages
 from tenants.api import TenantScopedViewSet
-from tools import approvals
 from tools.models import ApprovalRequest, ApprovalStatus
 
 
@@ -82,8 +82,8 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
         body.is_valid(raise_exception=True)
         self.get_object()  # 404 for a foreign or unknown request
         try:
-            decided = approvals.decide(actor=self.actor, request_id=pk, approve=approve, note=body.validated_data["note"], via="api")
-        except approvals.ApprovalRefused as exc:
+            decided = decisions.decide(actor=self.actor, request_id=pk, approve=approve, note=body.validated_data["note"], via="api")
+        except decisions.ApprovalRefused as exc:
             return Response({"detail": str(exc)}, status=exc.status)
         return Response(ApprovalSerializer(decided).data, status=status.HTTP_200_OK)
 

@@ -7,9 +7,9 @@ from typing import Any
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
+from approvals import decisions
 from tenants.admin_mixins import TenantScopedAdmin
 from tenants.scoping import actor_for_user
-from tools import approvals
 from tools.models import ApprovalRequest
 
 
@@ -48,9 +48,9 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         done = 0
         for item in queryset:
             try:
-                approvals.decide(actor=actor, request_id=item.pk, approve=approve, note="decided in the admin", via="admin")
+                decisions.decide(actor=actor, request_id=item.pk, approve=approve, note="decided in the admin", via="admin")
                 done += 1
-            except approvals.ApprovalRefused as exc:
+            except decisions.ApprovalRefused as exc:
                 self.message_user(request, f"{item}: {exc}", messages.WARNING)
         self.message_user(request, f"{'Approved' if approve else 'Rejected'} {done} request(s).")
 

@@ -12,8 +12,8 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from approvals import decisions
 from tenants.scoping import actor_for_user
-from tools import approvals
 from tools.models import ApprovalRequest, ApprovalStatus
 
 
@@ -35,7 +35,7 @@ def _rows(request: HttpRequest) -> list[dict[str, Any]]:
                 "request": item,
                 "waiting_seconds": int((now - item.requested_at).total_seconds()),
                 "seconds_left": max(0, int((item.expires_at - now).total_seconds())),
-                "may_decide": approvals.may_decide(actor, item),
+                "may_decide": decisions.may_decide(actor, item),
                 "approvals_so_far": sum(1 for d in item.decisions.all() if d.approved),
             }
         )
@@ -59,7 +59,7 @@ def detail(request: HttpRequest, pk: Any) -> HttpResponse:
     context = {
         "item": item,
         "nav": "approvals",
-        "may_decide": approvals.may_decide(actor_for_user(request.user), item),
+        "may_decide": decisions.may_decide(actor_for_user(request.user), item),
         "seconds_left": max(0, int((item.expires_at - now).total_seconds())),
         "decisions": list(item.decisions.all()),
     }
@@ -74,8 +74,8 @@ def decide(request: HttpRequest, pk: Any) -> HttpResponse:
     approve = request.POST.get("decision") == "approve"
     note = request.POST.get("note", "").strip()
     try:
-        approvals.decide(actor=actor_for_user(request.user), request_id=pk, approve=approve, note=note, via="page")
-    except approvals.ApprovalRefused as exc:
+        decisions.decide(actor=actor_for_user(request.user), request_id=pk, approve=approve, note=note, via="page")
+    except decisions.ApprovalRefused as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, "Approved." if approve else "Rejected.")

@@ -1,0 +1,174 @@
+"""Decisions on approval requests: who may decide, deciding, expiry, cancelling with a run, live publishing.
+
+A decided request resumes its run through the handler the agents app registers (``tools.handlers``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from approvals import metrics
+from audit.services import record_change
+from config import live
+from runtime.approval_policy import DEFAULT_APPROVER_ROLES
+from tenants.scoping import Actor
+from tools import handlers
+from tools.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
+
+FINAL = (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED, ApprovalStatus.EXPIRED, ApprovalStatus.CANCELLED)
+
+
+class ApprovalRefused(Exception):
+    """A decision that cannot be taken. ``status`` is the HTTP status that fits (403, 404, 409)."""
+
+    def __init__(self, message: str, status: int = 409) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def may_decide(actor: Actor, request: ApprovalRequest) -> bool:
+    if actor.is_superuser:
+        return True
+    role = actor.roles.get(request.tenant_id)
+    if role is not None and role in (request.approver_roles or DEFAULT_APPROVER_ROLES):
+        return True
+    user = actor.user
+    return bool(
+        user is not None
+        and request.tool is not None
+        and actor.api_key is None
+        and role is not None
+        and user.has_perm("tools.approve_tool", request.tool)
+    )
+
+
+def decide(*, actor: Actor, request_id: Any, approve: bool, note: str = "", via: str = "page") -> ApprovalRequest:
+    """Approve or reject. Refuses self-approval, foreign tenants (404), and requests no longer pending."""
+    with transaction.atomic():
+        # An overdue request expires now (and stays expired: this commits before the refusal below).
+        overdue = ApprovalRequest.objects.for_actor(actor, "review").select_for_update(of=("self",)).filter(
+            pk=request_id, status=ApprovalStatus.PENDING, expires_at__lte=timezone.now()).first()
+        if overdue is not None:
+            expire(overdue)
+    with transaction.atomic():
+        request = (
+            ApprovalRequest.objects.for_actor(actor, "review")
+            .select_for_update(of=("self",))
+            .select_related("run", "run__api_key", "tool")
+            .filter(pk=request_id)
+            .first()
+        )
+        if request is None:
+            raise ApprovalRefused("No such approval request.", 404)
+        if not may_decide(actor, request):
+            raise ApprovalRefused("Your role does not allow you to decide this request.", 403)
+        if request.status != ApprovalStatus.PENDING:
+            raise ApprovalRefused(f"This request is already {request.status}; your decision was not recorded.", 409)
+        user = actor.user
+        run = request.run
+        starter_ids = {run.created_by_id, run.api_key.created_by_id if run.api_key else None} - {None}
+        if user is None or user.pk in starter_ids:
+            raise ApprovalRefused("You started this run, so someone else must decide its calls.", 403)
+        if request.decisions.filter(user=user).exists():
+            raise ApprovalRefused("You already approved this request; it needs a different second approver.", 409)
+        ApprovalDecision.objects.create(
+            tenant_id=request.tenant_id, request=request, user=user, approved=approve, note=note[:2000], via=via
+        )
+        approvals = request.decisions.filter(approved=True).count()
+        if not approve:
+            request.status = ApprovalStatus.REJECTED
+        elif approvals >= request.required_approvals:
+            request.status = ApprovalStatus.APPROVED
+        if request.status in FINAL:
+            metrics.record_decision(request.status)
+            request.decided_at = timezone.now()
+            request.save(update_fields=["status", "decided_at"])
+            record_change(
+                tenant=request.tenant,
+                actor=user,
+                action=f"approval.{request.status}",
+                target=request,
+                details={"tool": request.tool_name, "run": str(request.run_id), "note": note[:500], "via": via},
+            )
+            transaction.on_commit(lambda: resume_run(request.run_id))
+        else:
+            record_change(
+                tenant=request.tenant,
+                actor=user,
+                action="approval.first_approval",
+                target=request,
+                details={"tool": request.tool_name, "run": str(request.run_id), "via": via},
+            )
+        publish(request)
+        return request
+
+
+def expire(request: ApprovalRequest) -> bool:
+    """Mark an overdue request expired and let its run go on (the model hears "approval expired").
+
+    The conditional UPDATE claims the row: of two expiries at once (two beats) only one expires it,
+    audits it and resumes its run. Returns whether this call did."""
+    updated = ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.PENDING).update(
+        status=ApprovalStatus.EXPIRED, decided_at=timezone.now()
+    )
+    request.status = ApprovalStatus.EXPIRED
+    if updated:
+        metrics.record_decision(ApprovalStatus.EXPIRED)
+        record_change(
+            tenant=request.tenant,
+            actor=None,
+            action="approval.expired",
+            target=request,
+            details={"tool": request.tool_name, "run": str(request.run_id)},
+        )
+        run_id = request.run_id
+        transaction.on_commit(lambda: resume_run(run_id))
+        publish(request)
+    return bool(updated)
+
+
+def expire_due() -> int:
+    """Expire every overdue pending request (the periodic task); returns how many this call expired."""
+    count = 0
+    for request in ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=timezone.now()).select_related("tenant"):
+        with transaction.atomic():
+            count += expire(request)
+    return count
+
+
+def cancel_for_run(run: Any) -> None:
+    """A cancelled run's pending requests are cancelled too. Call inside the cancelling transaction."""
+    for request in ApprovalRequest.objects.filter(run_id=run.pk, status=ApprovalStatus.PENDING):
+        request.status = ApprovalStatus.CANCELLED
+        request.decided_at = timezone.now()
+        request.save(update_fields=["status", "decided_at"])
+        publish(request)
+
+
+def resume_run(run_id: Any) -> bool:
+    """Re-enqueue a waiting run whose requests are all decided (through the agents app's handler). Safe to call twice."""
+    if ApprovalRequest.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).exists():
+        return False
+    resume = handlers.agents.resume_waiting_run
+    return bool(resume is not None and resume(run_id))
+
+
+def publish(request: ApprovalRequest) -> None:
+    summary = summarize(request)
+    tenant_id = request.tenant_id
+    transaction.on_commit(lambda: live.publish_approval(tenant_id=tenant_id, summary=summary))
+
+
+def summarize(request: ApprovalRequest) -> dict[str, Any]:
+    return {
+        "id": str(request.pk),
+        "status": request.status,
+        "tool": request.tool_name,
+        "run": str(request.run_id),
+        "requested_at": request.requested_at.isoformat() if request.requested_at else None,
+        "expires_at": request.expires_at.isoformat(),
+        "required_approvals": request.required_approvals,
+    }

@@ -1,0 +1,124 @@
+"""The approval gate in the tool pipeline.
+
+A call that needs approval creates exactly one ApprovalRequest (per run and tool call id), the
+run pauses in WAITING and its task ends. A decision (or expiry) re-enqueues the run; the resumed
+step offers the call to the gateway again, and this gate lets it through (approved, exactly
+once, with the arguments that were approved), or answers it for the model (rejected, expired).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+
+from approvals.decisions import expire, publish
+from approvals.policy import ApprovalRule, declared_policy, recorded_overrides, render_preview, rule_for
+from runtime.approval_policy import flagged
+from runtime.types import ToolCall, ToolContext, ToolStatus
+from tools.models import ApprovalRequest, ApprovalStatus, Tool
+
+
+@dataclass
+class GateDecision:
+    proceed: bool
+    status: ToolStatus = ToolStatus.OK
+    message: str = ""
+    trace: dict[str, Any] = field(default_factory=dict)
+
+
+class ApprovalGate:
+    """``overrides`` are the version's per-tool entries (``policy.approvals.tools``). Each is held to the tool's
+    floor here too, at run time, so a version row that never went through the service cannot loosen it either:
+    only an entry the tenant's owner loosened explicitly (a recorded config change for this version) is taken as is."""
+
+    def __init__(self, run: Any, overrides: dict[str, dict[str, Any]] | None = None) -> None:
+        self.run = run
+        self.overrides = overrides or {}
+        self._declared: dict[Any, dict[str, Any] | None] = {}
+        self._recorded: dict[str, list[Any]] | None = None
+
+    def _owner_override(self, tool: Tool, entry: dict[str, Any] | None) -> bool:
+        if not entry or not flagged(entry):
+            return False
+        if self._recorded is None:
+            self._recorded = recorded_overrides(tenant_id=self.run.tenant_id, version_id=getattr(self.run, "version_id", None))
+        return entry in self._recorded.get(tool.name, [])
+
+    def gate(self, *, tool: Tool, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any], args_hash: str) -> GateDecision | None:
+        override = self.overrides.get(tool.name)
+        if tool.pk not in self._declared:
+            self._declared[tool.pk] = declared_policy(tool)
+        declared = self._declared[tool.pk]
+        rule = rule_for(tool, arguments, override, declared=declared, owner_override=self._owner_override(tool, override))
+        declares = declared is not None and declared["mode"] != "never"
+        if not rule.needed and not (tool.requires_approval or tool.approval_policy or override or declares):
+            return None  # a tool that can never need approval: no lookup on the hot path
+        existing = (
+            ApprovalRequest.objects.filter(run_id=self.run.pk)
+            .filter(Q(call_id=call.id[:100]) | Q(tool_name=tool.name, arguments_hash=args_hash, step=ctx.step))
+            .order_by("requested_at")
+            .first()
+        )
+        if existing is None:
+            if not rule.needed:
+                return None
+            request = self._create(tool, call, ctx, arguments, args_hash, rule)
+            return GateDecision(
+                False,
+                ToolStatus.PENDING_APPROVAL,
+                f"The call to {tool.name} needs a person's approval ({rule.reason}); it has not run yet.",
+                {"approval_id": str(request.pk), "reason": rule.reason, "expires_at": request.expires_at.isoformat()},
+            )
+        trace = {"approval_id": str(existing.pk), "approval_status": existing.status}
+        if existing.status == ApprovalStatus.PENDING and existing.expires_at <= timezone.now():
+            expire(existing)
+        if existing.status == ApprovalStatus.PENDING:
+            return GateDecision(False, ToolStatus.PENDING_APPROVAL, f"The call to {tool.name} is still waiting for approval.", trace)
+        if existing.status == ApprovalStatus.APPROVED:
+            if existing.arguments_hash != args_hash:
+                return GateDecision(
+                    False, ToolStatus.DENIED, "The arguments differ from the ones that were approved; the call was not made.", trace
+                )
+            return GateDecision(True, trace=trace)
+        if existing.status == ApprovalStatus.REJECTED:
+            note = existing.decisions.filter(approved=False).values_list("note", flat=True).first() or "no reason given"
+            return GateDecision(
+                False,
+                ToolStatus.REJECTED,
+                f"rejected by an approver: {note}. The call was not made; tell the user and do not retry it.",
+                trace,
+            )
+        if existing.status == ApprovalStatus.EXPIRED:
+            return GateDecision(
+                False,
+                ToolStatus.REJECTED,
+                "approval expired: nobody decided in time, so the call was not made. Tell the user it can be requested again.",
+                trace,
+            )
+        return GateDecision(False, ToolStatus.DENIED, "The approval request was cancelled; the call was not made.", trace)
+
+    def _create(
+        self, tool: Tool, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any], args_hash: str, rule: ApprovalRule
+    ) -> ApprovalRequest:
+        request, _created = ApprovalRequest.objects.get_or_create(
+            run_id=self.run.pk,
+            call_id=call.id[:100],
+            defaults={
+                "tenant_id": self.run.tenant_id,
+                "step": ctx.step,
+                "tool": tool,
+                "tool_name": tool.name,
+                "arguments": arguments,
+                "arguments_hash": args_hash,
+                "preview": render_preview(tool, arguments),
+                "required_approvals": 2 if rule.four_eyes else 1,
+                "approver_roles": list(rule.approver_roles),
+                "expires_at": timezone.now() + dt.timedelta(seconds=rule.expires_in),
+            },
+        )
+        publish(request)
+        return request
