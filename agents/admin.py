@@ -28,6 +28,31 @@ class AgentAdmin(TenantScopedAdmin):
     search_fields = ["slug", "name"]
     inlines = [ReleaseWeightInline]
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # An agent's slug names it in URLs, sessions and presets: made once, never changed.
+        base = [*super().get_readonly_fields(request, obj), "updated_at"]
+        return [*base, "tenant", "slug"] if obj is not None else base
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """Through the agent services: the same checks and the same audit row as the API."""
+        actor = self._actor(request)  # the form already refused a taken slug (the model's unique constraint)
+        if change:
+            changed = {name: form.cleaned_data[name] for name in agent_services.AGENT_FIELDS if name in form.changed_data}
+            saved = agent_services.update_agent(actor=actor, agent=Agent.objects.get(pk=obj.pk), **changed)
+        else:
+            saved = agent_services.create_agent(actor=actor, tenant=obj.tenant, slug=obj.slug, name=obj.name,
+                                                description=obj.description)
+        obj.pk = saved.pk
+        obj._state.adding = False
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        # An agent with runs is protected (Run.agent is PROTECT): the admin lists them and never gets here.
+        agent_services.delete_agent(actor=self._actor(request), agent=obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for agent in queryset:
+            self.delete_model(request, agent)
+
 
 @admin.register(AgentVersion)
 class AgentVersionAdmin(TenantScopedAdmin):

@@ -235,6 +235,47 @@ def create_agent(*, actor: Actor, tenant: Any, slug: str, name: str, description
     return agent
 
 
+#: What an operator may change on an agent (its slug is its name in URLs, sessions and plugin presets).
+AGENT_FIELDS = ("name", "description", "current_version")
+
+
+@transaction.atomic
+def update_agent(*, actor: Actor, agent: Agent, **fields: Any) -> Agent:
+    """Rename or re-describe an agent; audited as ``agent.changed`` with the fields that changed."""
+    from audit.services import record_change
+
+    unknown = sorted(set(fields) - set(AGENT_FIELDS))
+    if unknown:
+        raise RunRefused(f"An agent's {', '.join(unknown)} cannot be changed; expected only {', '.join(AGENT_FIELDS)}.",
+                         field=unknown[0])
+    changed = {name: value for name, value in fields.items() if getattr(agent, name) != value}
+    if not changed:
+        return agent
+    if "current_version" in changed and changed["current_version"] is not None and changed["current_version"].agent_id != agent.pk:
+        raise RunRefused(f"Version {changed['current_version']} is not a version of {agent.slug!r}; choose one of its own.",
+                         field="current_version")
+    before = {name: (value.pk if name == "current_version" and value is not None else value)
+              for name, value in ((name, getattr(agent, name)) for name in changed)}
+    for name, value in changed.items():
+        setattr(agent, name, value)
+    agent.full_clean()
+    agent.save(update_fields=[*changed, "updated_at"])
+    record_change(tenant=agent.tenant, actor=actor.user, action="agent.changed", target=agent,
+                  details={"fields": sorted(changed), "before": before})
+    return agent
+
+
+@transaction.atomic
+def delete_agent(*, actor: Actor, agent: Agent) -> None:
+    """Delete an agent that never ran (its runs are history and keep it); audited as ``agent.deleted``."""
+    from audit.services import record_change
+
+    if Run.objects.filter(agent=agent).exists():
+        raise RunRefused(f"The agent {agent.slug!r} has runs and is kept with them; remove it from use instead.", field="agent")
+    record_change(tenant=agent.tenant, actor=actor.user, action="agent.deleted", target=agent, details={"slug": agent.slug})
+    agent.delete()
+
+
 @transaction.atomic
 def create_version(*, actor: Actor, agent: Agent, make_current: bool = False, number: int | None = None, **fields: Any) -> AgentVersion:
     """The agent's next version (or ``number``), validated by ``AgentVersion.clean()`` and held to the tools'
