@@ -35,7 +35,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
-import os
 import re
 import threading
 import uuid
@@ -44,6 +43,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db import transaction
 
 if TYPE_CHECKING:
@@ -70,8 +70,7 @@ _next_span_id: ContextVar[int] = ContextVar("agentops_otel_span_id", default=0)
 
 
 def enabled_by_environment() -> bool:
-    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-    return bool(endpoint) and os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() != "true"
+    return bool(settings.OTEL_EXPORTER_OTLP_ENDPOINT) and not settings.OTEL_SDK_DISABLED
 
 
 # -- what the spans are: pure, from rows -------------------------------------------------------

@@ -351,7 +351,7 @@ def env_default_provider() -> ProviderConfig | None:
 
 
 def egress_allow() -> list[str]:
-    return [item.strip() for item in os.environ.get("PROVIDER_EGRESS_ALLOW", "").split(",") if item.strip()]
+    return list(settings.PROVIDER_EGRESS_ALLOW)
 
 
 def guarded_client_for(provider: Provider, config: ProviderConfig) -> OpenAICompatibleClient | None:

@@ -179,6 +179,11 @@ CONTENT_SECURITY_POLICY = {
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # Production: the server and the separate Celery workers write prometheus_client multiprocess files to one
 # directory and /metrics aggregates them (agents/metrics.py explains). Set before prometheus_client is imported.
+# --- Tracing (OpenTelemetry; the SDK reads its other OTEL_* variables itself, e.g. the sampler) ---
+#: Spans of every run step go to this OTLP/HTTP endpoint; empty: tracing is off.
+OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+OTEL_SDK_DISABLED = env_bool("OTEL_SDK_DISABLED", False)
+
 PROMETHEUS_MULTIPROC_DIR = env_str("PROMETHEUS_MULTIPROC_DIR", "" if EMBEDDED else str(VAR_DIR / "prometheus"))
 if PROMETHEUS_MULTIPROC_DIR:
     Path(PROMETHEUS_MULTIPROC_DIR).mkdir(parents=True, exist_ok=True)
@@ -342,6 +347,8 @@ AGENTOPS_ALLOWED_EXTENSIONS = env_list("AGENTOPS_ALLOWED_EXTENSIONS", ["*"])
 # --- Tools ------------------------------------------------------------------------------
 #: Hosts and CIDRs tools may reach although they are private (e.g. "10.0.4.0/24,billing.internal").
 TOOL_EGRESS_ALLOW = env_list("TOOL_EGRESS_ALLOW", [])
+#: The same for tenants' model providers (checked at start-up by tools/apps.py, like TOOL_EGRESS_ALLOW).
+PROVIDER_EGRESS_ALLOW = env_list("PROVIDER_EGRESS_ALLOW", [])
 #: Commands stdio MCP servers may run (whole command lines, ";"-separated): importing tools never runs anything else.
 MCP_STDIO_COMMANDS = [c.split() for c in env_str("MCP_STDIO_COMMANDS", "python -m mcp_server_time;mcp-server-time").split(";") if c.strip()]
 #: A write tool called again with the same arguments in the same session within this window is blocked.

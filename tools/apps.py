@@ -1,5 +1,4 @@
 import importlib
-import os
 
 from django.apps import AppConfig
 from django.conf import settings
@@ -27,9 +26,8 @@ class ToolsConfig(AppConfig):
 
 def _check_egress_allow_lists() -> None:
     """A bad egress allow-list entry stops start-up, naming the variable (the guard would otherwise ignore it)."""
-    provider_allow = [item.strip() for item in os.environ.get("PROVIDER_EGRESS_ALLOW", "").split(",") if item.strip()]
     for name, entries in (("TOOL_EGRESS_ALLOW", list(getattr(settings, "TOOL_EGRESS_ALLOW", []))),
-                          ("PROVIDER_EGRESS_ALLOW", provider_allow)):
+                          ("PROVIDER_EGRESS_ALLOW", list(getattr(settings, "PROVIDER_EGRESS_ALLOW", [])))):
         problems = allow_list_problems(entries)
         if problems:
             raise ImproperlyConfigured(f"{name} (comma-separated): " + "; ".join(problems))

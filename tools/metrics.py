@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 
+from django.conf import settings
 from prometheus_client import Counter, Gauge
 
 # Moved by the bulkheads as calls overrun and end.
@@ -29,7 +30,7 @@ TOOL_KILLED = Counter(
 
 def _forget_live_gauges() -> None:
     """At exit, in multiprocess mode, drop this process's live gauge files: its overrunning calls end with it."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if settings.PROMETHEUS_MULTIPROC_DIR:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(os.getpid())

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 
 from agents import otel, services
 from agents.models import Run
@@ -31,7 +32,7 @@ def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.setattr(django_settings, "OTEL_EXPORTER_OTLP_ENDPOINT", "")
     exporter = InMemorySpanExporter()
     otel.configure(SimpleSpanProcessor(exporter))
     yield exporter
@@ -112,7 +113,7 @@ def test_with_the_environment_unset_a_run_builds_no_tracer(
     monkeypatch: pytest.MonkeyPatch, run_demo: Any
 ) -> None:
     # given no OTLP endpoint and a process that has not decided yet
-    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.setattr(django_settings, "OTEL_EXPORTER_OTLP_ENDPOINT", "")
     otel.shutdown()
     monkeypatch.setattr(otel, "configure", lambda *a, **k: pytest.fail("configure() must not run without an endpoint"))
     # when a whole run commits

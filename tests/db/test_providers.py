@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
@@ -32,9 +33,9 @@ def fake() -> Iterator[FakeOpenAI]:
 
 
 @pytest.fixture(autouse=True)
-def loopback_allowed(monkeypatch: Any) -> None:
+def loopback_allowed(settings: Any) -> None:
     """The fake servers listen on 127.0.0.1, which the egress guard refuses for tenants' providers unless allowed."""
-    monkeypatch.setenv("PROVIDER_EGRESS_ALLOW", "127.0.0.1")
+    settings.PROVIDER_EGRESS_ALLOW = ["127.0.0.1"]
 
 
 @pytest.fixture
@@ -185,7 +186,7 @@ def test_the_test_endpoint_lists_models_or_says_what_is_wrong(worlds: Any, fake:
 
 def test_a_tenants_provider_may_not_reach_private_addresses(worlds: Any, fake: FakeOpenAI, monkeypatch: Any) -> None:
     world, _ = worlds
-    monkeypatch.delenv("PROVIDER_EGRESS_ALLOW")
+    monkeypatch.setattr(django_settings, "PROVIDER_EGRESS_ALLOW", [])
     client = _client(world.operator)
     created = _create(client, base_url=fake.base_url).json()
     result = client.post(f"/api/v1/providers/{created['id']}/test").json()
