@@ -18,7 +18,8 @@ from runtime.approval_policy import (
     strip_flag,
 )
 from runtime.approval_policy import policy_errors as policy_errors
-from tools.models import Tool, ToolKind
+from tools import kinds
+from tools.models import Tool
 
 #: The config-change action that records a tenant owner loosening a tool's approval floor for one agent version.
 FLOOR_OVERRIDE_ACTION = "agent_version.approval_floor_overridden"
@@ -111,12 +112,10 @@ def render_preview(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
         "description": tool.description.split("\n")[0][:300],
         "arguments": mask_value(arguments, sensitive),
     }
-    if tool.kind == ToolKind.HTTP:
-        from tools.executors import http_spec
-        from tools.http_exec import render_request
-
+    kind = kinds.kind_for(tool.kind)
+    if kind is not None and kind.request_preview is not None:
         try:
-            preview["request"] = render_request(http_spec(tool), arguments, sensitive_fields=sensitive).preview
+            preview["request"] = kind.request_preview(tool, arguments, sensitive)
         except Exception as exc:  # a preview must never block the request; say why it is missing
             preview["request_error"] = str(exc)
     return preview

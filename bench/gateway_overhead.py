@@ -4,7 +4,7 @@ A trivial Python tool (``bench.noop``, returns ``{"ok": True}``) is called N tim
 default) in each of these ways, one call at a time, and each call is timed:
 
 - *direct*: the function itself, ``noop()``;
-- *python executor*: ``tools.executors.run_python`` (the registry lookup and argument conversion
+- *python executor*: ``tools.kinds.python.execute`` (the registry lookup and argument conversion
   the gateway's executor does, without the gateway);
 - *gateway, in-process*: ``ToolGateway.execute`` with no approval gate and no tool policy: only
   the in-process stages (resolve, authorize, validate, execute on the tool pool, shape, build
@@ -174,7 +174,8 @@ def measure_calls(world: World, calls: int, warmup: int) -> list[dict[str, Any]]
     from django.db import connection
 
     from runtime.types import ToolCall, ToolContext, ToolStatus
-    from tools.executors import ExecContext, run_python
+    from tools.executors import ExecContext
+    from tools.kinds.python import execute as run_python
 
     noop_tool = next(t for t in world.tools if t.name == "noop")
     exec_ctx = ExecContext(tenant_id=world.tenant.pk, run=world.run, step=1, call_id="c", span_id="s")

@@ -13,8 +13,10 @@ from rest_framework.response import Response
 
 from config.api import CursorPages
 from tenants.api import TenantScopedViewSet
-from tools import services
+from tools import kinds, services
 from tools.arguments import parse_arguments
+from tools.http_exec import HttpToolError
+from tools.kinds.base import Kind
 from tools.models import Tool, ToolKind
 from tools.serializers import DryRunSerializer, McpImportSerializer, ToolSerializer
 
@@ -145,8 +147,9 @@ class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
             "errors": [{"field": p.field, "expected": p.expected, "received": p.received, "message": p.message} for p in parsed.errors],
             "model_message": parsed.model_message,
         }
-        if parsed.ok and tool.kind == ToolKind.HTTP:
-            result["request"] = _http_preview(tool, parsed.arguments)
+        kind = kinds.kind_for(tool.kind)
+        if parsed.ok and kind is not None and kind.request_preview is not None:
+            result["request"] = _request_preview(kind, tool, parsed.arguments)
         return Response(result)
 
     @extend_schema(request=McpImportSerializer, responses={201: inline_serializer("McpImportReport", {
@@ -172,12 +175,10 @@ class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
         return Response(report.as_dict(), status=status.HTTP_201_CREATED)
 
 
-def _http_preview(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any] | str:
+def _request_preview(kind: Kind, tool: Tool, arguments: dict[str, Any]) -> dict[str, Any] | str:
     """The request the call would send (secrets not resolved), or why it could not be built."""
-    from tools.executors import http_spec
-    from tools.http_exec import HttpToolError, render_request
-
+    assert kind.request_preview is not None
     try:
-        return render_request(http_spec(tool), arguments, sensitive_fields=tool.sensitive_fields or ()).preview
+        return kind.request_preview(tool, arguments, tool.sensitive_fields or ())
     except (HttpToolError, ValueError) as exc:
         return f"the request could not be built: {exc}"

@@ -30,7 +30,8 @@ from config.buckets import bucket_store
 from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from tools import bulkhead, rate_limits
 from tools.arguments import arguments_hash, parse_arguments
-from tools.executors import ExecContext, ToolFailure, executor_for
+from tools.executors import ExecContext, ToolFailure
+from tools.kinds import executor_for
 from tools.models import ApprovalRequest, Tool, ToolCategory
 from tools.shaping import shape_result
 

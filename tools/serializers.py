@@ -13,17 +13,13 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from rest_framework import serializers
 
-from egress.guard import allow_list_problems
-from tools import handlers, rate_limits
+from tools import kinds, rate_limits
 from tools.isolation import isolation_problems
+from tools.kinds.base import secret_problems, string_list
 from tools.models import Tool, ToolKind
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 MAX_TIMEOUT_SECONDS = 600.0
-#: A new tool's timeout when none is given: another agent or an MCP server needs longer than a function.
-DEFAULT_TIMEOUTS = {ToolKind.AGENT: 120.0, ToolKind.MCP: 30.0}
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 WRITABLE_FIELDS = (
     "name", "description", "kind", "parameters", "output_schema", "config", "category", "idempotent", "required_scopes",
     "requires_approval", "enabled", "timeout_seconds", "result_fields", "summary_template", "result_size_cap", "sensitive_fields",
@@ -48,27 +44,6 @@ def schema_problems(schema: Any, *, root_object: bool = True) -> list[str]:
     if root_object and schema.get("type") != "object":
         return ['the arguments are an object: the schema needs "type": "object" at the top']
     return []
-
-
-def _string_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-
-_SECRET_REF = re.compile(r"secret:([A-Za-z0-9_.\-/]+)")
-
-
-def _secret_problems(values: Any, tenant: Any) -> list[str]:
-    """Secrets are process-wide (``TOOL_SECRET_<NAME>``): a tenant may only name those listed for it.
-
-    The list is ``tenant.settings["tool_secrets"]``, kept by a platform administrator; without it a
-    tenant's operator could send another tenant's secret to a server of their choosing.
-    """
-    if not isinstance(values, dict):
-        return []
-    allowed = set((getattr(tenant, "settings", None) or {}).get("tool_secrets", []))
-    named = sorted({m.group(1) for v in values.values() if isinstance(v, str) for m in _SECRET_REF.finditer(v)})
-    return [f"the secret {name} is not available to this tenant; a platform administrator lists the secrets a tenant "
-            "may use in its settings (tool_secrets)" for name in named if name not in allowed]
 
 
 def _allow_hosts(config: Any) -> list[Any]:
@@ -98,65 +73,9 @@ def config_problems(kind: str, config: Any, parameters: dict[str, Any], *, tenan
 
     for message in isolation_problems(kind, config):
         add("isolation", message)
-    properties = set((parameters or {}).get("properties") or {})
-    if kind == ToolKind.PYTHON:
-        from tools.pyfunc import registry
-
-        function = config.get("function")
-        if not isinstance(function, str) or function not in registry:
-            known = ", ".join(sorted(registry.keys())[:20]) or "none"
-            add("function", f"must name a registered Python tool; got {function!r}. Registered: {known}.")
-    elif kind == ToolKind.HTTP:
-        from tools.http_exec import HttpToolSpec
-
-        method = str(config.get("method", "GET")).upper()
-        if method not in HTTP_METHODS:
-            add("method", f"must be one of {', '.join(HTTP_METHODS)}; got {config.get('method')!r}")
-        url = config.get("url")
-        if not isinstance(url, str) or not url:
-            add("url", "is required: the endpoint, e.g. https://api.example.com/orders/{order_id}")
-        else:
-            try:
-                HttpToolSpec(method=method if method in HTTP_METHODS else "GET", url_template=url)
-            except ValueError as exc:
-                add("url", str(exc))
-            for name in _PLACEHOLDER.findall(url):
-                if name not in properties:
-                    add("url", f"the placeholder {{{name}}} is not a parameter of the tool; add it to parameters.properties")
-        query = config.get("query_params", [])
-        if not _string_list(query):
-            add("query_params", "must be a list of parameter names")
-        else:
-            for name in query:
-                if name not in properties:
-                    add("query_params", f"{name!r} is not a parameter of the tool")
-        if config.get("body", "json") not in ("json", "none"):
-            add("body", 'must be "json" or "none"')
-        headers = config.get("headers", {})
-        if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
-            add("headers", 'must be an object of strings; a secret is written "secret:NAME" or "Bearer {secret:NAME}"')
-        for message in _secret_problems(headers, tenant):
-            add("headers", message)
-        for message in allow_list_problems(config.get("allow_hosts", [])):
-            add("allow_hosts", message)
-    elif kind == ToolKind.MCP:
-        from tools.mcp_import import server_problems
-
-        server = config.get("server")
-        for message in server_problems(server):
-            add("server", message)
-        if isinstance(server, dict):
-            for message in _secret_problems(server.get("headers"), tenant) + _secret_problems(server.get("env"), tenant):
-                add("server", message)
-        if not isinstance(config.get("tool"), str) or not config.get("tool"):
-            add("tool", "must be the tool's name on the MCP server")
-    elif kind == ToolKind.AGENT:
-        slug = config.get("agent")
-        if not isinstance(slug, str) or not slug:
-            add("agent", "must be the slug of an agent of this tenant")
-        elif tenant is not None and handlers.agents.agent_exists and not handlers.agents.agent_exists(tenant, slug):
-            known = ", ".join(handlers.agents.agent_slugs(tenant, 20) if handlers.agents.agent_slugs else []) or "none"
-            add("agent", f"there is no agent {slug!r} in this tenant. Known agents: {known}.")
+    spec = kinds.kind_for(kind)
+    if spec is not None:
+        spec.check(config, parameters or {}, tenant, add)
     return problems
 
 
@@ -221,7 +140,7 @@ class ToolSerializer(serializers.ModelSerializer):
         return value
 
     def _list_of_strings(self, value: Any) -> Any:
-        if not _string_list(value):
+        if not string_list(value):
             raise serializers.ValidationError("Must be a list of strings.")
         return value
 
@@ -234,11 +153,10 @@ class ToolSerializer(serializers.ModelSerializer):
         merged = {f: attrs[f] if f in attrs else getattr(instance, f, None) for f in ("kind", "config", "parameters")}
         kind = merged["kind"] or ToolKind.PYTHON
         if instance is None:
-            if kind == ToolKind.AGENT and not attrs.get("parameters"):
-                from tools.agent_exec import DEFAULT_PARAMETERS
-
-                attrs["parameters"] = merged["parameters"] = dict(DEFAULT_PARAMETERS)
-            attrs.setdefault("timeout_seconds", DEFAULT_TIMEOUTS.get(kind, 10.0))
+            spec = kinds.kind_for(kind)
+            if spec is not None and spec.default_parameters is not None and not attrs.get("parameters"):
+                attrs["parameters"] = merged["parameters"] = dict(spec.default_parameters)
+            attrs.setdefault("timeout_seconds", spec.default_timeout if spec is not None else 10.0)
         if {"kind", "config", "parameters"} & set(attrs) or instance is None:
             tenant = instance.tenant if instance is not None else self.context.get("tenant")
             problems = config_problems(kind, merged["config"] or {}, merged["parameters"] or {}, tenant=tenant,
@@ -269,7 +187,7 @@ class McpImportSerializer(serializers.Serializer):
         problems = server_problems(value)
         if not problems:
             tenant = self.context.get("tenant")
-            problems = _secret_problems(value.get("headers"), tenant) + _secret_problems(value.get("env"), tenant)
+            problems = secret_problems(value.get("headers"), tenant) + secret_problems(value.get("env"), tenant)
             if value.get("allow_hosts"):
                 problems.append("only a platform administrator may let a server be reached at a private address (allow_hosts)")
         if problems:
