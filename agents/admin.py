@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
@@ -12,7 +12,7 @@ from agents import attention
 from agents import services as agent_services
 from agents.erasure import ERASE_ACTION, ErasureRefused, erase_session
 from agents.models import Agent, AgentVersion, Run, RunEvent, Session
-from marketplace.admin_inlines import ReleaseWeightInline
+from config.errors import DomainError
 from tenants.admin_mixins import TenantScopedAdmin
 
 
@@ -26,7 +26,7 @@ class AgentAdmin(TenantScopedAdmin):
     list_filter = ["tenant"]
     list_select_related = ["tenant", "current_version"]
     search_fields = ["slug", "name"]
-    inlines = [ReleaseWeightInline]
+    inlines: list[Any] = []  # the marketplace adds its release weights here (marketplace/admin.py)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         # An agent's slug names it in URLs, sessions and presets: made once, never changed.
@@ -64,13 +64,13 @@ class AgentVersionAdmin(TenantScopedAdmin):
 
     @admin.action(description="New version from this one (a copy you can edit)")
     def new_version_from(self, request: HttpRequest, queryset: Any) -> None:
-        from marketplace import services
-
+        actor = self._actor(request)
         for version in queryset.select_related("agent"):
             try:
-                copy = services.new_version_from(version=version, actor=request.user)
-            except services.MarketplaceError as exc:
-                self.message_user(request, f"{version}: {exc}", messages.ERROR)
+                copy = agent_services.copy_version(actor=actor, version=version)
+            except (DomainError, ValidationError) as exc:
+                self.message_user(request, f"{version}: {getattr(exc, 'message', None) or '; '.join(getattr(exc, 'messages', [str(exc)]))}",
+                                  messages.ERROR)
             else:
                 self.message_user(request, f"Created {copy} from v{version.number}.")
 

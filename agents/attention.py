@@ -226,7 +226,7 @@ def resolve_attention(*, actor: Actor, run: Run, note: str, via: str = "api") ->
 class AttentionCollector:
     """``agentops_runs_needing_attention`` per tenant, read at scrape time: one grouped COUNT per scrape.
 
-    Registered with the other database gauges in ``config/metrics_view.py``. A tenant with none has no series.
+    Registered with the other database gauges in ``console/metrics_view.py``. A tenant with none has no series.
     """
 
     def collect(self) -> Iterable[Any]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents import hooks
 from agents.extensions import registry as extension_registry
 from agents.models import Run, Turn
 from agents.store import DjangoRunStore
 from approvals.gate import ApprovalGate
 from audit.masking import mask_text
-from marketplace.access import tool_allowed_for
 from runtime.config import build_runtime, parse_policy, raw_input_patterns
 from runtime.context import ContextInput, assemble_context
 from runtime.context import Turn as ContextTurn
@@ -55,10 +55,8 @@ def initial_checkpoint(run: Run, model_info: Any) -> Checkpoint:
 
 def visible_tools(run: Run) -> list[Tool]:
     """The version's tools among those the tenant may resolve (its own, and its live plugin installs')."""
-    from marketplace.access import resolvable_tools
-
     names = [n for n in run.version.tools if isinstance(n, str)]
-    return list(resolvable_tools(run.tenant_id).filter(name__in=names).order_by("name"))
+    return list(hooks.resolvable_tools(run.tenant_id).filter(name__in=names).order_by("name"))
 
 
 def approval_overrides(run: Run) -> dict[str, dict[str, Any]]:
@@ -70,13 +68,8 @@ def approval_overrides(run: Run) -> dict[str, dict[str, Any]]:
 def session_grants(run: Run) -> set[str]:
     """Scopes this conversation holds: those an owner consented to for the tenant's live plugin installs,
     the tenant's default scopes, and what the client granted the session or run (``grants`` in facts)."""
-    from marketplace.models import ACTIVE_INSTALL_STATUSES, PluginInstall
-
     granted = set((run.tenant.settings or {}).get("default_scopes", []))
-    for scopes in PluginInstall.objects.filter(tenant_id=run.tenant_id, status__in=ACTIVE_INSTALL_STATUSES).values_list(
-        "granted_scopes", flat=True
-    ):
-        granted.update(str(s) for s in scopes or [])
+    granted.update(hooks.granted_scopes(run.tenant_id))
     for source in (run.session.facts or {}, run.facts or {}):
         grants = source.get("grants", [])
         if isinstance(grants, list):
@@ -107,5 +100,5 @@ def build_loop(run: Run, lease_token: str) -> AgentLoop:
     audit_buffer: list[Any] = []
     store = DjangoRunStore(run, lease_token, initial=lambda: initial_checkpoint(run, info), audit_buffer=audit_buffer)
     gateway = ToolGateway(run=run, tools=tools, audit_buffer=audit_buffer, grants=session_grants(run),
-                          approvals=ApprovalGate(run, overrides=approval_overrides(run)), tool_policy=tool_allowed_for)
+                          approvals=ApprovalGate(run, overrides=approval_overrides(run)), tool_policy=hooks.tool_allowed_for)
     return runtime.loop(model_client_for(run), gateway, store)

@@ -14,7 +14,7 @@ from django.db.models import Case, F, PositiveSmallIntegerField, Q, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from agents import attention
+from agents import attention, hooks
 from agents.lease import heartbeat_for
 from agents.models import ACTIVE_STATUSES, Agent, AgentVersion, Run, RunStatus, Session
 from agents.store import event_rows, publish_after_commit, run_summary
@@ -45,11 +45,9 @@ class RunRefused(Exception):
 
 def version_for_new_run(agent: Agent, session_id: Any = None) -> AgentVersion:
     """The gray release's pick for this session (sticky: a hash of tenant + session), else the current version."""
-    from marketplace.release import ReleaseRefused, version_for_session
-
     try:
-        released = version_for_session(agent=agent, session_id=session_id) if session_id is not None else None
-    except ReleaseRefused as exc:
+        released = hooks.version_for_session(agent, session_id) if session_id is not None else None
+    except hooks.VersionRefused as exc:
         raise RunRefused(str(exc), field="agent") from None
     version = released or agent.current_version or agent.versions.order_by("-number").first()
     if version is None:
@@ -296,6 +294,14 @@ def create_version(*, actor: Actor, agent: Agent, make_current: bool = False, nu
                   details={"number": version.number, "model": version.model, "tools": version.tools, "current": make_current})
     _record_raw_input_choice(actor, version, before=())
     return version
+
+
+def copy_version(*, actor: Actor, version: AgentVersion, note: str = "") -> AgentVersion:
+    """A new, editable version copied from this one (a version a run used is immutable), made by :func:`create_version`."""
+    actor.require("operate", version.tenant_id)
+    fields = {name: getattr(version, name) for name in VERSION_FIELDS}
+    fields.update(tools=list(version.tools), policy=dict(version.policy), note=note or f"copy of v{version.number}")
+    return create_version(actor=actor, agent=version.agent, **fields)
 
 
 @transaction.atomic

@@ -4,7 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 
 import config.schema  # noqa: F401  (registers the API key's security scheme with drf-spectacular)
 from config.health import healthz
-from config.metrics_view import metrics
+from console.metrics_view import metrics
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -1,5 +1,6 @@
-"""What the tool gateway asks the marketplace: which tools a tenant may resolve, and whether a
-tool is released to a session. Read-only; no audit rows here (the gateway audits the call).
+"""What the agents layer asks the marketplace: which tools a tenant may resolve, whether a tool is
+released to a session, which scopes the plugin installs were granted. Registered in ``agents.hooks``
+at start-up (``MarketplaceConfig.ready()``). Read-only; no audit rows here (the gateway audits the call).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from marketplace.models import ACTIVE_INSTALL_STATUSES
+from marketplace.models import ACTIVE_INSTALL_STATUSES, PluginInstall
 from marketplace.release import bucket
 from tools.models import Tool
 
@@ -55,3 +56,13 @@ def tool_allowed_for(tool: Tool, tenant_id: int, session_key: Any) -> tuple[bool
         return False, (f"The tool {tool.name} is not available in this conversation yet (it is being rolled out gradually). "
                        "Do not retry it; answer without it.")
     return True, ""
+
+
+def granted_scopes(tenant_id: int) -> list[str]:
+    """The scopes an owner consented to for the tenant's live plugin installs (one query)."""
+    granted: list[str] = []
+    for scopes in PluginInstall.objects.filter(tenant_id=tenant_id, status__in=ACTIVE_INSTALL_STATUSES).values_list(
+        "granted_scopes", flat=True
+    ):
+        granted.extend(str(s) for s in scopes or [])
+    return granted

@@ -12,13 +12,17 @@ from django import forms
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
+from agents.admin import AgentAdmin
 from marketplace import services
-from marketplace.admin_inlines import OBSERVED_WINDOW
+from marketplace.admin_inlines import OBSERVED_WINDOW, ReleaseWeightInline
 from marketplace.catalog import catalog
 from marketplace.models import Plugin, PluginInstall, PresetAgent, ReleaseGuard, ReleaseWeight, ToolRollout
 from marketplace.release import observed_split
 from tenants.admin_mixins import TenantScopedAdmin
 from tenants.scoping import actor_for_user
+
+# The gray release's weights are edited on the agent's page (agents/admin.py leaves the slot for them).
+AgentAdmin.inlines = [*AgentAdmin.inlines, ReleaseWeightInline]
 
 
 def _run_each(admin_: admin.ModelAdmin, request: HttpRequest, queryset: Any, fn: Callable[[Any], Any], done: str) -> None:

@@ -19,3 +19,13 @@ class MarketplaceConfig(AppConfig):
             catalog.load_entry_points()
             catalog.freeze()
         post_migrate.connect(sync_after_migrate, sender=self, dispatch_uid="marketplace.sync_after_migrate")
+        # The agents layer asks the marketplace through hooks it cannot import (agents/hooks.py).
+        from agents.hooks import register_marketplace
+        from marketplace import access, release
+
+        register_marketplace(
+            resolvable_tools=access.resolvable_tools,
+            tool_allowed_for=access.tool_allowed_for,
+            granted_scopes=access.granted_scopes,
+            version_for_session=lambda agent, session_id: release.version_for_session(agent=agent, session_id=session_id),
+        )

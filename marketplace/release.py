@@ -12,6 +12,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from agents.hooks import VersionRefused
+
 if TYPE_CHECKING:
     from agents.models import Agent, AgentVersion
 
@@ -19,7 +21,7 @@ T = TypeVar("T")
 BUCKETS = 100
 
 
-class ReleaseRefused(Exception):
+class ReleaseRefused(VersionRefused):
     """A run cannot start with this agent now; the message says why and what to do."""
 
 

@@ -414,22 +414,6 @@ def create_agent_from_preset(*, tenant: Tenant, plugin_key: str, preset_slug: st
 # --------------------------------------------------------------------------- agent versions and release weights
 
 
-@transaction.atomic
-def new_version_from(*, version: AgentVersion, actor: Any, note: str = "") -> AgentVersion:
-    """A new, editable version copied from this one (used versions are immutable)."""
-    who, user = _acting(actor)
-    _require(who, "operate", version.tenant_id, "create agent versions")
-    agent = Agent.objects.select_for_update().get(pk=version.agent_id)
-    number = (agent.versions.order_by("-number").values_list("number", flat=True).first() or 0) + 1
-    copy = AgentVersion.objects.create(
-        tenant_id=version.tenant_id, agent=agent, number=number, model=version.model, system_prompt=version.system_prompt,
-        tools=list(version.tools), policy=dict(version.policy), created_by=user, note=note or f"copy of v{version.number}",
-    )
-    record_change(tenant=agent.tenant, actor=user, action="agent_version.created", target=copy,
-                  details={"agent": agent.slug, "from": version.number, "number": number})
-    return copy
-
-
 def _version_number(agent: Agent, key: Any) -> int:
     if isinstance(key, AgentVersion):
         if key.agent_id != agent.pk:

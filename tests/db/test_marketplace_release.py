@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from agents import services as agent_services
 from agents.models import AgentVersion, Run, RunStatus, Session
 from agents.services import start_run
 from audit.models import ConfigChange
@@ -191,7 +192,7 @@ def test_a_cost_guard_looks_at_the_average_cost_per_run() -> None:
 @pytest.mark.django_db
 def test_a_new_version_from_an_old_one_is_a_copy_audited() -> None:
     world = make_world()
-    copy = services.new_version_from(version=world.version, actor=world.operator)
+    copy = agent_services.copy_version(version=world.version, actor=actor_for_user(world.operator))
     assert (copy.number, copy.tools, copy.model) == (2, world.version.tools, world.version.model)
     assert ConfigChange.objects.filter(action="agent_version.created", actor=world.operator, target_id=str(copy.pk)).exists()
 

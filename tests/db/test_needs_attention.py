@@ -32,7 +32,7 @@ from agents.models import Run, RunEvent
 from agents.store import DjangoRunStore
 from audit.chain import verify_changes
 from audit.models import ConfigChange, ToolCallAudit
-from config.metrics_view import _database_gauges
+from console.metrics_view import _database_gauges
 from runtime.scripted import ScriptedModel, call, say
 from tenants import services as tenant_services
 from tenants.models import Role

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from rest_framework.test import APIClient
 
 from agents import model_clients
@@ -32,7 +33,7 @@ def world(db: Any, monkeypatch: pytest.MonkeyPatch) -> World:
     model_clients.clear_cache()
     monkeypatch.setenv("SECRET_KEY", WORKER_SECRET)
     monkeypatch.setenv("DATABASE_URL", DATABASE_URL)
-    monkeypatch.setenv("PROVIDER_EGRESS_ALLOW", "127.0.0.1")  # the sink listens on loopback
+    monkeypatch.setattr(django_settings, "PROVIDER_EGRESS_ALLOW", ["127.0.0.1"])  # the sink listens on loopback
     return make_world()
 
 
@@ -217,7 +218,7 @@ def test_a_provider_host_rebound_to_loopback_is_refused_at_connect_time(
     world: World, sink: RecordingSink, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # given a tenant provider on a name that resolves to loopback (not allow-listed)
-    monkeypatch.setenv("PROVIDER_EGRESS_ALLOW", "")
+    monkeypatch.setattr(django_settings, "PROVIDER_EGRESS_ALLOW", [])
     real = socket.getaddrinfo
 
     def rebinding(host: Any, *args: Any, **kwargs: Any) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import os
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -30,7 +29,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
         response = HttpResponse("metrics need Authorization: Bearer <METRICS_TOKEN>\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if settings.PROMETHEUS_MULTIPROC_DIR:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
     else:

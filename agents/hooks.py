@@ -1,0 +1,67 @@
+"""What the agents layer asks the marketplace above it, which registers the answers at start-up.
+
+``agents`` imports nothing from ``marketplace`` (see .importlinter). Which tools a tenant may
+resolve, whether a tool is released to a session, the scopes the tenant's plugin installs were
+granted, and the gray release's version for a session are the marketplace's business:
+``MarketplaceConfig.ready()`` registers them here. Unregistered, the answers are those of a
+deployment without plugins or gray releases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from tools.models import Tool
+
+
+class VersionRefused(Exception):
+    """No version may start for this session (e.g. the agent's plugin is not enabled); the message says why."""
+
+
+@dataclass
+class MarketplaceHooks:
+    #: tenant_id -> the Tool queryset a tenant's agents may resolve.
+    resolvable_tools: Callable[[int], Any] | None = None
+    #: (tool, tenant_id, session_key) -> (allowed, a reason the model can read).
+    tool_allowed_for: Callable[[Tool, int, Any], tuple[bool, str]] | None = None
+    #: tenant_id -> the scopes an owner granted to the tenant's live plugin installs.
+    granted_scopes: Callable[[int], Iterable[str]] | None = None
+    #: (agent, session_id) -> the released version for the session, None for the current one; raises VersionRefused.
+    version_for_session: Callable[[Any, Any], Any] | None = None
+
+
+marketplace = MarketplaceHooks()
+
+
+def register_marketplace(**hooks: Callable[..., Any]) -> None:
+    """Called once by ``marketplace.apps.MarketplaceConfig.ready()``; an unknown name is a programming error."""
+    for name, hook in hooks.items():
+        if not hasattr(marketplace, name):
+            raise TypeError(f"unknown marketplace hook {name!r}")
+        setattr(marketplace, name, hook)
+
+
+def resolvable_tools(tenant_id: int) -> Any:
+    if marketplace.resolvable_tools is not None:
+        return marketplace.resolvable_tools(tenant_id)
+    return Tool.objects.for_tenant(tenant_id).filter(plugin_install__isnull=True)
+
+
+def tool_allowed_for(tool: Tool, tenant_id: int, session_key: Any) -> tuple[bool, str]:
+    if marketplace.tool_allowed_for is not None:
+        return marketplace.tool_allowed_for(tool, tenant_id, session_key)
+    if tool.tenant_id != tenant_id:
+        return False, f"There is no tool named {tool.name!r} here."
+    if not tool.enabled:
+        return False, f"The tool {tool.name} is switched off by an operator. Do not retry it; tell the user it is unavailable."
+    return True, ""
+
+
+def granted_scopes(tenant_id: int) -> set[str]:
+    return {str(s) for s in marketplace.granted_scopes(tenant_id)} if marketplace.granted_scopes is not None else set()
+
+
+def version_for_session(agent: Any, session_id: Any) -> Any:
+    return marketplace.version_for_session(agent, session_id) if marketplace.version_for_session is not None else None
