@@ -975,7 +975,7 @@ def main() -> int:
         console.manage("shell", "-c", (
             "from django.contrib.auth import get_user_model\n"
             "from tenants.models import Role, Tenant\n"
-            "from tenants.services import create_api_key\n"
+            "from accounts.services import create_api_key\n"
             "user = get_user_model().objects.get(username='approver')\n"
             f"create_api_key(tenant=Tenant.objects.get(slug='demo'), name='faults-approver', owner=user, role=Role.APPROVER, "
             f"actor=user, raw={approver_key!r})\n"))

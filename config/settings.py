@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "approvals",
     "marketplace",
     "audit",
+    "accounts",
     "console",  # the operators' dashboard: run list, live trace, spend
 ]
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 
+from accounts import services as tenant_services
 from agents.models import Agent, AgentVersion
-from tenants import services as tenant_services
 from tenants.models import ApiKey, Role, Tenant
 from tools.services import install_python_tool
 

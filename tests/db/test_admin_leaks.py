@@ -11,10 +11,10 @@ from django.test import Client, RequestFactory
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
+from accounts import services as tenant_services
+from accounts.admin import MembershipInline
 from agents.models import Agent, AgentVersion
 from agents.services import start_run
-from tenants import services as tenant_services
-from tenants.admin import MembershipInline
 from tenants.models import Role, Tenant
 from tenants.scoping import actor_for_user
 from tests.db.test_admin_scoping import populate

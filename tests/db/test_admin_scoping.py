@@ -11,12 +11,12 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts import services as tenant_services
 from agents.models import AgentVersion, RunEvent, Session
 from agents.services import start_run
 from audit.models import ConfigChange, ToolCallAudit
 from marketplace import services
 from marketplace.models import InstallStatus, Plugin, PluginInstall, PresetAgent, ReleaseWeight
-from tenants import services as tenant_services
 from tenants.models import ApiKey, Membership, Role
 from tenants.scoping import actor_for_user
 from tests.factories import World, make_user, make_world

@@ -12,8 +12,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from rest_framework.test import APIClient
 
+from accounts import services as tenant_services
 from config.env import env_rate
-from tenants import services as tenant_services
 from tests.factories import World, make_world
 
 pytestmark = pytest.mark.django_db

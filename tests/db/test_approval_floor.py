@@ -10,6 +10,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
+from accounts import services as tenant_services
 from agents import services
 from agents.engine import approval_overrides, session_grants
 from agents.models import AgentVersion
@@ -18,7 +19,6 @@ from approvals.policy import FLOOR_OVERRIDE_ACTION
 from audit.models import ConfigChange
 from marketplace.services import install_plugin
 from runtime.types import ToolCall, ToolContext, ToolStatus
-from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_user, make_world

@@ -15,8 +15,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
+from accounts import services as tenant_services
 from config.asgi import application
-from tenants import services as tenant_services
 from tenants.auth import find_api_key
 from tenants.models import Membership, Role
 from tenants.scoping import actor_for_api_key, lower_role

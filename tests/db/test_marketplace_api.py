@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from accounts import services as tenant_services
 from agents.models import AgentVersion
 from marketplace.models import PluginInstall
-from tenants import services as tenant_services
 from tenants.models import Role
 from tests.factories import make_user, make_world
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from accounts import services as tenant_services
 from agents.models import Agent
 from agents.services import RunRefused, start_run
 from audit.models import ConfigChange
@@ -13,7 +14,6 @@ from marketplace import services
 from marketplace.access import resolvable_tools, tool_allowed_for
 from marketplace.catalog import AgentPreset, PluginCatalog, PluginSpec, PluginTool
 from marketplace.models import InstallStatus, PluginInstall
-from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import actor_for_user
 from tests.factories import make_user, make_world

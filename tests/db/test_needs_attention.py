@@ -26,6 +26,7 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from accounts import services as tenant_services
 from agents import attention, model_clients, services
 from agents.engine import build_loop
 from agents.models import Run, RunEvent
@@ -34,7 +35,6 @@ from audit.chain import verify_changes
 from audit.models import ConfigChange, ToolCallAudit
 from console.metrics_view import _database_gauges
 from runtime.scripted import ScriptedModel, call, say
-from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import actor_for_user
 from tests.e2e.builders import make_run

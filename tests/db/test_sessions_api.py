@@ -11,10 +11,10 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from rest_framework.test import APIClient
 
+from accounts import services as tenant_services
 from agents import services
 from agents.models import Agent, AgentVersion, Run, RunEvent, RunMessage, RunStatus, Session, Turn
 from audit.models import ConfigChange, ToolCallAudit
-from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_user, make_world

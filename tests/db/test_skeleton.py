@@ -53,7 +53,7 @@ def test_api_keys_are_stored_hashed_with_a_visible_prefix_and_can_be_revoked() -
     assert world.raw_key.startswith(key.prefix + "_")
     assert find_api_key(world.raw_key) == key
     assert ApiKey.objects.get(pk=key.pk).last_used_at is not None
-    from tenants.services import revoke_api_key
+    from accounts.services import revoke_api_key
 
     revoke_api_key(key=key, actor=world.operator)
     assert find_api_key(world.raw_key) is None

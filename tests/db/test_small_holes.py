@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from accounts import services as tenant_services
 from agents.services import start_run
-from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key
 from tenants.ws_auth import origin_allowed

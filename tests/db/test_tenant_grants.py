@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from tenants import services as tenant_services
+from accounts import services as tenant_services
 from tenants.models import Role, Tenant
 from tests.factories import make_user, make_world
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from accounts import services as tenant_services
 from audit.models import ConfigChange
-from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key, actor_for_user
 from tests.factories import World, make_user, make_world

@@ -17,6 +17,7 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 import tests.support.tools  # noqa: F401 - registers test.note
+from accounts import services as tenant_services
 from agents import services as run_services
 from approvals.gate import ApprovalGate
 from audit.chain import write_sealed
@@ -25,7 +26,6 @@ from llm.ratelimit import LocalBucketStore
 from marketplace import services as market
 from marketplace.catalog import PluginCatalog, PluginDeclarationError, PluginSpec, PluginTool
 from runtime.types import ToolCall, ToolContext, ToolStatus
-from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_user, make_world

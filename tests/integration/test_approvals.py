@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from accounts import services as tenant_services
 from agents.models import Run, RunMessage
 from audit.models import ConfigChange, ToolCallAudit
-from tenants import services as tenant_services
 from tenants.models import Role
 from tests.factories import World, make_user, make_world
 from tests.support.refund_target import RefundTarget, add_refund_tool, serve_refund_target

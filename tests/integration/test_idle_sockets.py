@@ -19,7 +19,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from tenants import services as tenant_services
+from accounts import services as tenant_services
 from tenants.models import Role
 from tests.factories import make_user, make_world
 from tests.support.refund_target import add_refund_tool, serve_refund_target

@@ -17,12 +17,12 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from accounts import services as tenant_services
 from agents.models import Agent, AgentVersion
 from agents.providers import ENV_PROVIDER, env_model
 from marketplace.models import PluginInstall
 from marketplace.services import install_plugin
 from marketplace.sync import sync_catalog
-from tenants import services as tenant_services
 from tenants.models import ApiKey, Role, Tenant, hash_key
 from tools.models import Tool
 

@@ -5,7 +5,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
-from tenants import services
+from accounts import services
 from tenants.admin_mixins import TenantScopedAdmin, TenantScopedInline
 from tenants.models import ApiKey, Membership, Tenant
 
