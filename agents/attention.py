@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from agents.models import Run, RunEvent
 from audit.masking import mask_text
+from audit.models import ToolCallAudit, ToolCallStatus
 from audit.services import record_change
 from runtime.types import Event
 from tenants.scoping import Actor
@@ -153,8 +154,6 @@ def _append_events(locked: Run, events: list[Event], changes: dict[str, Any]) ->
 
 def unfinished_writes(run_id: Any) -> list[dict[str, Any]]:
     """Writes of the run whose ``started`` row was never completed: their outcome is unknown."""
-    from audit.models import ToolCallAudit, ToolCallStatus
-
     rows = ToolCallAudit.objects.filter(run_id=run_id, status=ToolCallStatus.STARTED).order_by("pk")
     return [{"tool": r.tool_name, "call_id": r.call_id, "step": r.step, "audit_id": r.pk, "span_id": r.span_id}
             for r in rows.only("pk", "tool_name", "call_id", "step", "span_id")[:MAX_REASONS]]

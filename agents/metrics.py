@@ -46,6 +46,8 @@ from typing import Any
 from django.db import transaction
 from prometheus_client import Counter, Histogram
 
+from tools.models import ApprovalRequest, ApprovalStatus
+
 log = logging.getLogger(__name__)
 
 RUNS = Counter(
@@ -176,8 +178,6 @@ class ApprovalQueueCollector:
         from django.db.models import Count, Min
         from django.utils import timezone
         from prometheus_client.core import GaugeMetricFamily
-
-        from tools.models import ApprovalRequest, ApprovalStatus
 
         pending = GaugeMetricFamily("agentops_approvals_pending", "Approval requests waiting for a decision.", labels=["tenant"])
         oldest = GaugeMetricFamily(

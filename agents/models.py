@@ -9,7 +9,9 @@ from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
+from runtime.config import check_policy, parse_policy
 from tenants.scoping import TenantOwned, TenantScopedQuerySet
+from tools.models import Tool
 
 MODEL_NAME = RegexValidator(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.:@/-]+$", "Name the model as provider/model, e.g. demo/planner.")
 
@@ -69,8 +71,7 @@ class AgentVersion(TenantOwned):
         interceptor kinds must be in the platform's extension table (built-in or installed and allowed),
         and a contributed kind's ``config`` must match its schema.
         """
-        from agents.extensions import registry
-        from runtime.config import check_policy, parse_policy
+        from agents.extensions import registry  # the extension table reads settings: built on first use, not at import
 
         if self.is_locked:
             return  # history: nothing may change (the admin shows it read-only, the API answers 409)
@@ -97,8 +98,6 @@ class AgentVersion(TenantOwned):
             return ["Names a tool more than once; list each tool once."]
         if self.tenant_id is None or not self.tools:
             return []
-        from tools.models import Tool
-
         known = set(Tool.objects.for_tenant(self.tenant_id).filter(name__in=self.tools).values_list("name", flat=True))
         missing = [n for n in self.tools if n not in known]
         if not missing:

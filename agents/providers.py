@@ -47,6 +47,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
 
 from agents.models import Provider, ProviderKind
+from egress.guard import guarded_client
 from llm import ModelInfo, OpenAICompatibleClient, ProviderConfig, RateLimit
 
 BUILTIN_PROVIDER = "demo"
@@ -358,7 +359,5 @@ def guarded_client_for(provider: Provider, config: ProviderConfig) -> OpenAIComp
     """The SDK client of a tenant's own OpenAI-compatible provider, on an egress-guarded HTTP client; else None."""
     if provider.tenant_id is None or config.kind != "openai_compatible":
         return None
-    from egress.guard import guarded_client
-
     client = guarded_client(allow=egress_allow(), timeout=config.timeout)
     return OpenAICompatibleClient(config, http_client=client, show_error_bodies=False)

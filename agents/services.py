@@ -224,8 +224,6 @@ VERSION_FIELDS = ("model", "system_prompt", "tools", "policy", "note")
 
 @transaction.atomic
 def create_agent(*, actor: Actor, tenant: Any, slug: str, name: str, description: str = "") -> Agent:
-    from audit.services import record_change
-
     if Agent.objects.for_tenant(tenant).filter(slug=slug).exists():
         raise RunRefused(f"The tenant already has an agent {slug!r}; choose another slug or add a version to it.", field="slug")
     agent = Agent.objects.create(tenant=tenant, slug=slug, name=name, description=description)
@@ -240,8 +238,6 @@ AGENT_FIELDS = ("name", "description", "current_version")
 @transaction.atomic
 def update_agent(*, actor: Actor, agent: Agent, **fields: Any) -> Agent:
     """Rename or re-describe an agent; audited as ``agent.changed`` with the fields that changed."""
-    from audit.services import record_change
-
     unknown = sorted(set(fields) - set(AGENT_FIELDS))
     if unknown:
         raise RunRefused(f"An agent's {', '.join(unknown)} cannot be changed; expected only {', '.join(AGENT_FIELDS)}.",
@@ -266,8 +262,6 @@ def update_agent(*, actor: Actor, agent: Agent, **fields: Any) -> Agent:
 @transaction.atomic
 def delete_agent(*, actor: Actor, agent: Agent) -> None:
     """Delete an agent that never ran (its runs are history and keep it); audited as ``agent.deleted``."""
-    from audit.services import record_change
-
     if Run.objects.filter(agent=agent).exists():
         raise RunRefused(f"The agent {agent.slug!r} has runs and is kept with them; remove it from use instead.", field="agent")
     record_change(tenant=agent.tenant, actor=actor.user, action="agent.deleted", target=agent, details={"slug": agent.slug})
@@ -278,8 +272,6 @@ def delete_agent(*, actor: Actor, agent: Agent) -> None:
 def create_version(*, actor: Actor, agent: Agent, make_current: bool = False, number: int | None = None, **fields: Any) -> AgentVersion:
     """The agent's next version (or ``number``), validated by ``AgentVersion.clean()`` and held to the tools'
     approval floors (raises ``ValidationError``)."""
-    from audit.services import record_change
-
     locked_agent = Agent.objects.select_for_update().get(pk=agent.pk)  # numbers are allocated one at a time
     last = AgentVersion.objects.filter(agent=locked_agent).order_by("-number").values_list("number", flat=True).first()
     version = AgentVersion(tenant_id=locked_agent.tenant_id, agent=locked_agent, number=number or (last or 0) + 1, created_by=actor.user,
@@ -307,8 +299,6 @@ def copy_version(*, actor: Actor, version: AgentVersion, note: str = "") -> Agen
 @transaction.atomic
 def update_version(*, actor: Actor, version: AgentVersion, **fields: Any) -> AgentVersion:
     """Change a version no run has used yet; a used one raises ``VersionLocked``."""
-    from audit.services import record_change
-
     current = AgentVersion.objects.select_for_update().select_related("agent").get(pk=version.pk)
     _refuse_if_locked(current)
     policy_before = current.policy
@@ -328,8 +318,6 @@ def update_version(*, actor: Actor, version: AgentVersion, **fields: Any) -> Age
 
 def _record_raw_input_choice(actor: Actor, version: AgentVersion, *, before: tuple[str, ...]) -> None:
     """A version that keeps personal data raw in its run input (``policy.input_masking.raw``) is its own audit row."""
-    from audit.services import record_change
-
     raw = raw_input_patterns(version.policy)
     if raw != before:
         record_change(tenant=version.agent.tenant, actor=actor.user, action="agent_version.raw_input", target=version,
@@ -338,8 +326,6 @@ def _record_raw_input_choice(actor: Actor, version: AgentVersion, *, before: tup
 
 @transaction.atomic
 def delete_version(*, actor: Actor, version: AgentVersion) -> None:
-    from audit.services import record_change
-
     current = AgentVersion.objects.select_for_update().select_related("agent").get(pk=version.pk)
     _refuse_if_locked(current)
     record_change(tenant=current.agent.tenant, actor=actor.user, action="agent_version.deleted", target=current,

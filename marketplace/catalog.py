@@ -25,6 +25,9 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from tools.pyfunc import registry as python_tools
+from tools.rate_limits import value_problem
+
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "agentops.plugins"
@@ -125,8 +128,6 @@ def validate_spec(spec: PluginSpec, registry: Any) -> None:
             raise PluginDeclarationError(f"{where}: tool {ref.key!r} overrides unknown field(s) {', '.join(sorted(unknown))}; "
                                          f"allowed: {', '.join(sorted(TOOL_OVERRIDE_FIELDS))}.")
         if "rate_limit_per_minute" in ref.overrides:
-            from tools.rate_limits import value_problem
-
             problem = value_problem(ref.overrides["rate_limit_per_minute"])
             if problem:
                 raise PluginDeclarationError(f"{where}: tool {ref.key!r} rate_limit_per_minute: {problem}")
@@ -166,9 +167,7 @@ class PluginCatalog:
     @property
     def tool_registry(self) -> Any:
         if self._tool_registry is None:
-            from tools.pyfunc import registry
-
-            return registry
+            return python_tools
         return self._tool_registry
 
     def register(self, spec: PluginSpec) -> PluginSpec:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agents.hooks import VersionRefused
+from agents.models import Run
 
 if TYPE_CHECKING:
     from agents.models import Agent, AgentVersion
@@ -91,8 +92,6 @@ def version_for_session(*, agent: Agent, session_id: Any) -> AgentVersion | None
 def observed_split(agent: Agent, *, last: int = 200) -> dict[int, tuple[int, float]]:
     """{version number: (runs, percent)} over the agent's last ``last`` runs: how the weights play out."""
     from collections import Counter
-
-    from agents.models import Run
 
     numbers = list(Run.objects.filter(agent_id=agent.pk).order_by("-created_at").values_list("version__number", flat=True)[:last])
     counts = Counter(numbers)

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
+from audit.services import record_change
 from marketplace.catalog import PluginCatalog, PluginSpec, catalog
 from marketplace.models import Plugin
 
@@ -65,8 +66,6 @@ def sync_catalog(*, plugins: PluginCatalog | None = None, using: str = DEFAULT_D
                     row.save(using=using, update_fields=["available", "synced_at"])
                     report.retired.append(f"{row.key} {row.version}")
         if report.changed and using == DEFAULT_DB_ALIAS:
-            from audit.services import record_change
-
             record_change(tenant=None, actor=None, action="plugin.catalog_synced",
                           details={"created": report.created, "updated": report.updated, "retired": report.retired})
     return report

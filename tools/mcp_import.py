@@ -41,7 +41,9 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import transaction
 
-from egress.guard import allow_list_problems
+from audit.services import record_change
+from egress.async_guard import guarded_async_client
+from egress.guard import EgressDenied, allow_list_problems, check_url
 from tools.executors import ExecContext, ToolFailure, resolve_secret
 from tools.models import Tool, ToolCategory, ToolKind
 
@@ -244,9 +246,6 @@ def with_session(server: dict[str, Any], work: Callable[[Any], Awaitable[T]], *,
     from mcp import Client, StdioServerParameters
 
     if server.get("url"):
-        from egress.async_guard import guarded_async_client
-        from egress.guard import EgressDenied, check_url
-
         policy = [*settings.TOOL_EGRESS_ALLOW, *allow, *server.get("allow_hosts", [])]
         try:
             check_url(server["url"], allow=policy)
@@ -397,8 +396,6 @@ def _defaults(spec: Any, server: dict[str, Any]) -> dict[str, Any]:
 def import_mcp_tools(tenant: Any, server: dict[str, Any], actor: Any, *, prefix: str = "",
                      only: Iterable[str] | None = None) -> ImportReport:
     """List the server's tools and create or refresh the tenant's ``mcp`` Tool rows (see the module doc)."""
-    from audit.services import record_change
-
     server = normalize_server(server)
     if prefix and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", prefix):
         raise McpServerError(f"The prefix {prefix!r} may only use letters, digits, _ and - (at most 32 characters).")

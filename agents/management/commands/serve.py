@@ -28,7 +28,7 @@ class Command(BaseCommand):
                 raise CommandError(f"PORT must be a TCP port number (1-65535), got {raw!r}.")
             port = int(raw)
         if settings.EMBEDDED and not no_worker:
-            from config.embedded import start_embedded_worker
+            from config.embedded import start_embedded_worker  # only the embedded mode starts Celery in this process
 
             start_embedded_worker()
         mode = "embedded (SQLite/in-process worker)" if settings.EMBEDDED else "production (separate workers)"
