@@ -38,6 +38,7 @@ beat: $(VENV)/.installed
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy runtime
+	$(VENV)/bin/lint-imports --no-cache
 
 # The whole suite in the configured mode (DATABASE_URL/REDIS_URL set: PostgreSQL + Redis + a separate
 # Celery worker process; unset: the embedded default). When it ran on PostgreSQL/Redis, the live-stack
