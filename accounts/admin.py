@@ -15,6 +15,7 @@ class MembershipInline(TenantScopedInline, admin.TabularInline):
     manage_action = "own"  # people offered: members of the tenants the user owns
     extra = 0
     autocomplete_fields = ["user"]
+    # saved by TenantAdmin.save_formset through the membership services
 
 
 @admin.register(Tenant)
@@ -35,9 +36,30 @@ class TenantAdmin(TenantScopedAdmin):
         actor = self._actor(request)
         if kind == "add":
             return actor.is_superuser
+        if kind == "delete":  # a tenant holds its runs and audit trail: deactivate it (is_active) instead
+            return False
         if obj is not None:
             return actor.can("view" if kind == "view" else "own", obj.pk)
         return super()._allowed(request, kind, obj)
+
+    def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
+        actor = self._actor(request)
+        fields = {name: form.cleaned_data[name] for name in services.TENANT_FIELDS if name in form.cleaned_data}
+        if change:
+            changed = {name: value for name, value in fields.items() if name in form.changed_data}
+            services.update_tenant(tenant=Tenant.objects.get(pk=obj.pk), actor=actor, **changed)
+            return
+        created = services.create_tenant(actor=actor, **fields)
+        obj.pk = created.pk
+        obj._state.adding = False
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        """Members added, changed or removed on the tenant's page go through the membership services."""
+        actor = self._actor(request)
+        for membership in formset.save(commit=False):
+            services.set_membership(tenant=form.instance, user=membership.user, role=membership.role, actor=actor)
+        for membership in formset.deleted_objects:
+            services.remove_membership(membership=membership, actor=actor)
 
 
 @admin.register(Membership)
@@ -49,7 +71,15 @@ class MembershipAdmin(TenantScopedAdmin):
     manage_action = "own"
 
     def save_model(self, request: HttpRequest, obj: Membership, form: Any, change: bool) -> None:
-        services.set_membership(tenant=obj.tenant, user=obj.user, role=obj.role, actor=request.user)
+        membership = services.set_membership(tenant=obj.tenant, user=obj.user, role=obj.role, actor=self._actor(request))
+        obj.pk = membership.pk
+
+    def delete_model(self, request: HttpRequest, obj: Membership) -> None:
+        services.remove_membership(membership=obj, actor=self._actor(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for membership in queryset.select_related("tenant", "user"):
+            services.remove_membership(membership=membership, actor=self._actor(request))
 
 
 @admin.register(ApiKey)
@@ -67,16 +97,21 @@ class ApiKeyAdmin(TenantScopedAdmin):
             return [*self.readonly_fields, "tenant", "role", "created_by"]
         return self.readonly_fields
 
+    def _allowed(self, request: HttpRequest, kind: str, obj: Any = None) -> bool:
+        # a key is revoked, never deleted: the audit rows and runs made with it keep saying which key it was
+        return kind != "delete" and super()._allowed(request, kind, obj)
+
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        actor = self._actor(request)
         if change:
-            ApiKey.objects.filter(pk=obj.pk).update(name=obj.name)
+            services.rename_api_key(key=ApiKey.objects.get(pk=obj.pk), name=obj.name, actor=actor)
             return
-        key, raw = services.create_api_key(tenant=obj.tenant, name=obj.name, owner=obj.created_by, role=obj.role, actor=request.user)
+        key, raw = services.create_api_key(tenant=obj.tenant, name=obj.name, owner=obj.created_by, role=obj.role, actor=actor)
         obj.pk = key.pk
         self.message_user(request, f"The new key is {raw} — copy it now; it will not be shown again.", messages.WARNING)
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
         for key in queryset:
-            services.revoke_api_key(key=key, actor=request.user)
+            services.revoke_api_key(key=key, actor=self._actor(request))
         self.message_user(request, f"Revoked {queryset.count()} key(s).")

@@ -30,6 +30,7 @@ from prometheus_client import Counter
 
 from agents import services
 from agents.models import Agent, Run, Session
+from config.errors import DomainError
 from config.outages import dependency_down
 from tenants.scoping import Actor
 
@@ -53,8 +54,11 @@ class KeyInvalid(ValueError):
     """The ``Idempotency-Key`` header is not a key this API accepts (a 400 naming the header)."""
 
 
-class KeyReused(Exception):
+class KeyReused(DomainError):
     """The key was first used with a different request body (a 422)."""
+
+    code = "idempotency_key_reused"
+    status = 422
 
 
 @dataclass(frozen=True)

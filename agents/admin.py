@@ -110,6 +110,13 @@ class AgentVersionAdmin(TenantScopedAdmin):
         obj.pk, obj.number, obj.created_by, obj.policy = saved.pk, saved.number, saved.created_by, saved.policy
         obj._state.adding = False
 
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        agent_services.delete_version(actor=self._actor(request), version=obj)  # refuses a version a run used
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for version in queryset.select_related("agent", "tenant"):
+            self.delete_model(request, version)
+
 
 @admin.register(Session)
 class SessionAdmin(ReadOnlyAdmin):

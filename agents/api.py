@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import ValidationError as ModelValidationError
 from django.db.models import Exists, OuterRef
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status
@@ -101,13 +98,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             if session is None:
                 message = f"No session {data['session']} in this tenant. Omit the field to start a new one."
                 raise serializers.ValidationError({"session": [message]})
-        try:
-            accepted = acceptance.accept_run(actor=self.actor, agent=agent, text=data["input"], session=session,
+        accepted = acceptance.accept_run(actor=self.actor, agent=agent, text=data["input"], session=session,
                                              facts=data.get("facts"), idempotency_key=key)
-        except services.RunRefused as exc:
-            raise serializers.ValidationError({exc.field or "non_field_errors": [str(exc)]}) from None
-        except acceptance.KeyReused as exc:
-            raise _Unprocessable(str(exc)) from None
         headers = {acceptance.REPLAYED_HEADER: "true"} if accepted.replayed else {}
         return Response(RunSerializer(accepted.run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED,
                         headers=headers)
@@ -144,10 +136,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: Any = None) -> Response:
         run = self.get_object()
-        try:
-            run = services.cancel_run(actor=self.actor, run=run)
-        except services.RunRefused as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        run = services.cancel_run(actor=self.actor, run=run)
         return Response(RunSerializer(run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -160,10 +149,6 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         body.is_valid(raise_exception=True)
         try:
             run = attention.resolve_attention(actor=self.actor, run=run, note=body.validated_data["note"], via="api")
-        except attention.AttentionRefused as exc:
-            if exc.field:
-                raise serializers.ValidationError({exc.field: [str(exc)]}) from None
-            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         except DjangoPermissionDenied as exc:
             raise exceptions.PermissionDenied(str(exc)) from None
         return Response(RunSerializer(self.get_queryset().get(pk=run.pk), context={"request": request}).data)
@@ -212,10 +197,7 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
     def create(self, request: Request) -> Response:
         body = AgentCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        try:
-            agent = services.create_agent(actor=self.actor, tenant=self.acting_tenant("operate"), **body.validated_data)
-        except services.RunRefused as exc:
-            raise serializers.ValidationError({exc.field or "non_field_errors": [str(exc)]}) from None
+        agent = services.create_agent(actor=self.actor, tenant=self.acting_tenant("operate"), **body.validated_data)
         return Response(AgentSerializer(agent, context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
@@ -266,8 +248,7 @@ class AgentVersionViewSet(TenantScopedViewSet):
         agent = self.agent()
         body = AgentVersionWriteSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        with _as_api_errors():
-            version = services.create_version(actor=self.actor, agent=agent, **body.validated_data)
+        version = services.create_version(actor=self.actor, agent=agent, **body.validated_data)
         return Response(AgentVersionSerializer(self.versions(agent).get(pk=version.pk)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=AgentVersionWriteSerializer, responses={200: AgentVersionSerializer, 409: None})
@@ -277,8 +258,7 @@ class AgentVersionViewSet(TenantScopedViewSet):
         body = AgentVersionWriteSerializer(data=request.data, partial=partial)
         body.is_valid(raise_exception=True)
         fields = {k: v for k, v in body.validated_data.items() if k != "make_current"}
-        with _as_api_errors():
-            version = services.update_version(actor=self.actor, version=version, **fields)
+        version = services.update_version(actor=self.actor, version=version, **fields)
         return Response(AgentVersionSerializer(self.versions(version.agent).get(pk=version.pk)).data)
 
     @extend_schema(request=AgentVersionWriteSerializer, responses={200: AgentVersionSerializer, 409: None})
@@ -289,27 +269,6 @@ class AgentVersionViewSet(TenantScopedViewSet):
     def destroy(self, request: Request, slug: str, number: int) -> Response:
         version = self.get_object()
         self.check_object_permissions(request, version)
-        with _as_api_errors():
-            services.delete_version(actor=self.actor, version=version)
+        services.delete_version(actor=self.actor, version=version)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-
-class _Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
-
-
-class _Unprocessable(exceptions.APIException):
-    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
-    default_code = "idempotency_key_reused"
-
-
-@contextmanager
-def _as_api_errors() -> Iterator[None]:
-    """A model validation error is a 400 naming its fields; a locked version is a 409."""
-    try:
-        yield
-    except ModelValidationError as exc:
-        raise serializers.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}) from None
-    except services.VersionLocked as exc:
-        raise _Conflict(str(exc)) from None

@@ -38,6 +38,7 @@ from agents.models import Run, RunEvent
 from audit.masking import mask_text
 from audit.models import ToolCallAudit, ToolCallStatus
 from audit.services import record_change
+from config.errors import Refused
 from runtime.types import Event
 from tenants.scoping import Actor
 
@@ -67,15 +68,11 @@ _MESSAGES = {
 }
 
 
-class AttentionRefused(Exception):
+class AttentionRefused(Refused):
     """The run cannot be resolved (it does not need attention, or the note is missing); the message says why.
 
     ``field`` names the request field at fault (a 400); without it the run's state is (a 409).
     """
-
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def _iso(at: dt.datetime) -> str:

@@ -44,6 +44,7 @@ from agents.models import ACTIVE_STATUSES, Run, RunEvent, RunMessage, Session, T
 from audit.masking import mask_text
 from audit.models import ToolCallAudit
 from audit.services import record_change
+from config.errors import Conflict
 from tenants.scoping import Actor
 from tools.models import ApprovalRequest
 
@@ -58,7 +59,7 @@ TOMBSTONE_ACTION = "session.erased"
 _MAX_CHILD_DEPTH = 10
 
 
-class ErasureRefused(Exception):
+class ErasureRefused(Conflict):
     """The session cannot be erased now; the message says why and what to do (the API answers 409)."""
 
 

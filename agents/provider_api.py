@@ -73,14 +73,6 @@ class ProviderViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
         data.pop("shared", None)
         return data, secrets
 
-    def _save(self, call: Any) -> Provider:
-        try:
-            return call()
-        except services.ProviderInvalid as exc:
-            raise serializers.ValidationError(exc.errors) from None
-        except services.ProviderRefused as exc:
-            raise exceptions.PermissionDenied(str(exc)) from None
-
     def create(self, request: Request) -> Response:
         body = ProviderSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -89,7 +81,7 @@ class ProviderViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
             raise exceptions.PermissionDenied("Only superusers may create a shared provider.")
         tenant = None if shared else self.acting_tenant("operate")
         values, secrets = self._parts(dict(body.validated_data))
-        provider = self._save(lambda: services.create_provider(actor=self.actor, tenant=tenant, values=values, **secrets))
+        provider = services.create_provider(actor=self.actor, tenant=tenant, values=values, **secrets)
         return Response(ProviderSerializer(provider).data, status=status.HTTP_201_CREATED)
 
     def update(self, request: Request, pk: Any = None, partial: bool = False) -> Response:
@@ -97,7 +89,7 @@ class ProviderViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
         body = ProviderSerializer(provider, data=request.data, partial=partial)
         body.is_valid(raise_exception=True)
         values, secrets = self._parts(dict(body.validated_data))
-        provider = self._save(lambda: services.update_provider(actor=self.actor, provider=provider, values=values, **secrets))
+        provider = services.update_provider(actor=self.actor, provider=provider, values=values, **secrets)
         return Response(ProviderSerializer(provider).data)
 
     def partial_update(self, request: Request, pk: Any = None) -> Response:
@@ -105,7 +97,7 @@ class ProviderViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
 
     def destroy(self, request: Request, pk: Any = None) -> Response:
         provider = self.get_object()
-        self._save(lambda: services.delete_provider(actor=self.actor, provider=provider))
+        services.delete_provider(actor=self.actor, provider=provider)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(
@@ -119,10 +111,7 @@ class ProviderViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
     @action(detail=True, methods=["post"])
     def test(self, request: Request, pk: Any = None) -> Response:
         provider = self.get_object()
-        try:
-            check = services.check_connection(actor=self.actor, provider=provider)
-        except services.ProviderRefused as exc:
-            raise exceptions.PermissionDenied(str(exc)) from None
+        check = services.check_connection(actor=self.actor, provider=provider)
         return Response({
             "ok": check.ok, "message": check.message, "latency_ms": check.latency_ms,
             "models": check.models, "missing_models": check.missing_models,

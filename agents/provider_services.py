@@ -24,6 +24,7 @@ from agents.providers import (
     secret_reference,
 )
 from audit.services import record_change
+from config.errors import Forbidden, Invalid
 from llm import ConnectionCheck, ModelGateway
 from tenants.models import Tenant
 from tenants.scoping import Actor
@@ -36,16 +37,19 @@ FIELDS = (
 KEEP = object()
 
 
-class ProviderInvalid(ValueError):
-    """``errors`` maps a field to its problems, each worded for the operator."""
+class ProviderInvalid(Invalid, ValueError):
+    """``errors`` maps a field to its problems, each worded for the operator (400, each field under its name)."""
 
     def __init__(self, errors: dict[str, list[str]]) -> None:
         self.errors = errors
-        super().__init__("; ".join(p for problems in errors.values() for p in problems))
+        super().__init__("; ".join(p for problems in errors.values() for p in problems), field=next(iter(errors), None))
+
+    def body(self) -> dict[str, Any]:
+        return {**self.errors, "error": super().body()["error"]}
 
 
-class ProviderRefused(PermissionError):
-    pass
+class ProviderRefused(Forbidden):
+    """The actor may not change this provider (403)."""
 
 
 def may_manage(actor: Actor, tenant_id: int | None) -> bool:
@@ -115,7 +119,7 @@ def create_provider(
         raise ProviderInvalid(errors)
     provider.save()
     details = {"values": {f: getattr(provider, f) for f in FIELDS}, **said}
-    record_change(tenant=tenant, actor=actor.user, action="provider.created", target=provider, details=details)
+    record_change(tenant=tenant, actor=actor, action="provider.created", target=provider, details=details)
     return provider
 
 
@@ -140,7 +144,7 @@ def update_provider(
         return provider
     provider.save()
     record_change(
-        tenant=provider.tenant, actor=actor.user, action="provider.changed", target=provider,
+        tenant=provider.tenant, actor=actor, action="provider.changed", target=provider,
         details={"changes": changes, **said},
     )
     return provider
@@ -149,7 +153,7 @@ def update_provider(
 @transaction.atomic
 def delete_provider(*, actor: Actor, provider: Provider) -> None:
     _authorise(actor, provider.tenant_id)
-    record_change(tenant=provider.tenant, actor=actor.user, action="provider.deleted", target=provider,
+    record_change(tenant=provider.tenant, actor=actor, action="provider.deleted", target=provider,
                   details={"name": provider.name})
     provider.delete()
 

@@ -37,7 +37,6 @@ import base64
 import functools
 import hashlib
 import json
-import os
 import re
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -84,7 +83,7 @@ def _fernet_for(material: str) -> Fernet:
 
 
 def _fernet() -> Fernet:
-    return _fernet_for(os.environ.get("PROVIDER_KEY_SECRET") or settings.SECRET_KEY)
+    return _fernet_for(settings.PROVIDER_KEY_SECRET or settings.SECRET_KEY)
 
 
 def encrypt_secret(value: str) -> str:
@@ -142,7 +141,7 @@ def _resolve(value: str, what: str, provider: Provider) -> str:
     platform = provider.tenant_id is None
     if name is None or not (platform or name in granted_secrets(provider.tenant)):
         raise _unusable(what)
-    resolved = os.environ.get(SECRET_PREFIX + name, "")
+    resolved = settings.PROVIDER_SECRETS.get(name, "")  # PROVIDER_SECRET_<NAME>, read at start-up
     if not resolved:
         raise _unusable(what)
     return resolved
@@ -320,17 +319,13 @@ def provider_config(provider: Provider) -> ProviderConfig:
 
 
 def env_model() -> str:
-    return os.environ.get("OPENAI_MODEL", "").strip() or DEFAULT_ENV_MODEL
+    return settings.OPENAI_MODEL or DEFAULT_ENV_MODEL
 
 
 def env_settings() -> tuple[str, str, str, str]:
-    """``(base_url, api_key, model, models_json)`` from the environment (part of the gateway cache key)."""
-    return (
-        os.environ.get("OPENAI_BASE_URL", "").strip(),
-        os.environ.get("OPENAI_API_KEY", ""),
-        env_model(),
-        os.environ.get("OPENAI_MODELS", "").strip(),
-    )
+    """``(base_url, api_key, model, models_json)`` from the deployment's settings (part of the gateway cache key)."""
+    models = json.dumps(settings.OPENAI_MODELS, sort_keys=True) if settings.OPENAI_MODELS else ""
+    return (settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY, env_model(), models)
 
 
 def env_default_provider() -> ProviderConfig | None:
@@ -340,10 +335,7 @@ def env_default_provider() -> ProviderConfig | None:
         return None
     models: dict[str, ModelInfo] = {}
     if models_json:
-        try:
-            raw = json.loads(models_json)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"OPENAI_MODELS is not valid JSON ({exc.msg}); expected e.g. {MODELS_EXAMPLE}") from None
+        raw = json.loads(models_json)  # a JSON object: settings checked it at start-up
         problems = check_models(raw)
         if problems:
             raise ValueError("OPENAI_MODELS: " + "; ".join(problems))

@@ -22,8 +22,9 @@ from approvals.decisions import cancel_for_run, resume_run
 from approvals.policy import FLOOR_OVERRIDE_ACTION, floor_for, loosening, recorded_overrides
 from audit.masking import mask_text, mask_value
 from audit.services import record_change
+from config.errors import Conflict, Refused
 from runtime.approval_policy import OVERRIDE_FLAG, flagged
-from runtime.config import raw_input_patterns
+from runtime.config import PolicyError, raw_input_patterns
 from runtime.types import Event, TerminalReason
 from tenants.scoping import Actor
 from tools.guardrails import InjectionRefused, screen_facts
@@ -35,12 +36,9 @@ log = logging.getLogger(__name__)
 MAX_CRASHES = 3
 
 
-class RunRefused(Exception):
-    """A request about a run that cannot be honoured; the message says why and what to do."""
-
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
+class RunRefused(Refused):
+    """A request about a run that cannot be honoured; the message says why and what to do (400 naming ``field``,
+    else 409)."""
 
 
 def version_for_new_run(agent: Agent, session_id: Any = None) -> AgentVersion:
@@ -195,7 +193,9 @@ def execute_run(run_id: str) -> None:
             current = Run.objects.select_for_update().get(pk=run_id)
             if current.status != RunStatus.FINISHED and current.lease_token == token:
                 attention.mark_abandoned(current, crash_loop=False)  # only if it left a write started
-                finish_without_worker(current, TerminalReason.ERROR, f"internal error: {type(exc).__name__}")
+                why = (f"invalid policy: {'; '.join(exc.errors)}" if isinstance(exc, PolicyError)
+                       else f"internal error: {type(exc).__name__}")
+                finish_without_worker(current, TerminalReason.ERROR, why)
     finally:
         release_lease(run_id, token)
     # A decision may have landed while this worker was still committing the pause: pick it up now.
@@ -214,7 +214,7 @@ def resume_waiting_run(run_id: Any) -> bool:
 # -- agents and versions (operators) ---------------------------------------------------------
 
 
-class VersionLocked(Exception):
+class VersionLocked(Conflict):
     """A run used this version: it is history now and cannot change."""
 
 
@@ -224,10 +224,11 @@ VERSION_FIELDS = ("model", "system_prompt", "tools", "policy", "note")
 
 @transaction.atomic
 def create_agent(*, actor: Actor, tenant: Any, slug: str, name: str, description: str = "") -> Agent:
+    actor.require("operate", tenant.pk)
     if Agent.objects.for_tenant(tenant).filter(slug=slug).exists():
         raise RunRefused(f"The tenant already has an agent {slug!r}; choose another slug or add a version to it.", field="slug")
     agent = Agent.objects.create(tenant=tenant, slug=slug, name=name, description=description)
-    record_change(tenant=tenant, actor=actor.user, action="agent.created", target=agent, details={"slug": slug})
+    record_change(tenant=tenant, actor=actor, action="agent.created", target=agent, details={"slug": slug})
     return agent
 
 
@@ -238,6 +239,7 @@ AGENT_FIELDS = ("name", "description", "current_version")
 @transaction.atomic
 def update_agent(*, actor: Actor, agent: Agent, **fields: Any) -> Agent:
     """Rename or re-describe an agent; audited as ``agent.changed`` with the fields that changed."""
+    actor.require("operate", agent.tenant_id)
     unknown = sorted(set(fields) - set(AGENT_FIELDS))
     if unknown:
         raise RunRefused(f"An agent's {', '.join(unknown)} cannot be changed; expected only {', '.join(AGENT_FIELDS)}.",
@@ -254,7 +256,7 @@ def update_agent(*, actor: Actor, agent: Agent, **fields: Any) -> Agent:
         setattr(agent, name, value)
     agent.full_clean()
     agent.save(update_fields=[*changed, "updated_at"])
-    record_change(tenant=agent.tenant, actor=actor.user, action="agent.changed", target=agent,
+    record_change(tenant=agent.tenant, actor=actor, action="agent.changed", target=agent,
                   details={"fields": sorted(changed), "before": before})
     return agent
 
@@ -262,9 +264,10 @@ def update_agent(*, actor: Actor, agent: Agent, **fields: Any) -> Agent:
 @transaction.atomic
 def delete_agent(*, actor: Actor, agent: Agent) -> None:
     """Delete an agent that never ran (its runs are history and keep it); audited as ``agent.deleted``."""
+    actor.require("operate", agent.tenant_id)
     if Run.objects.filter(agent=agent).exists():
         raise RunRefused(f"The agent {agent.slug!r} has runs and is kept with them; remove it from use instead.", field="agent")
-    record_change(tenant=agent.tenant, actor=actor.user, action="agent.deleted", target=agent, details={"slug": agent.slug})
+    record_change(tenant=agent.tenant, actor=actor, action="agent.deleted", target=agent, details={"slug": agent.slug})
     agent.delete()
 
 
@@ -272,6 +275,7 @@ def delete_agent(*, actor: Actor, agent: Agent) -> None:
 def create_version(*, actor: Actor, agent: Agent, make_current: bool = False, number: int | None = None, **fields: Any) -> AgentVersion:
     """The agent's next version (or ``number``), validated by ``AgentVersion.clean()`` and held to the tools'
     approval floors (raises ``ValidationError``)."""
+    actor.require("operate", agent.tenant_id)
     locked_agent = Agent.objects.select_for_update().get(pk=agent.pk)  # numbers are allocated one at a time
     last = AgentVersion.objects.filter(agent=locked_agent).order_by("-number").values_list("number", flat=True).first()
     version = AgentVersion(tenant_id=locked_agent.tenant_id, agent=locked_agent, number=number or (last or 0) + 1, created_by=actor.user,
@@ -282,7 +286,7 @@ def create_version(*, actor: Actor, agent: Agent, make_current: bool = False, nu
     _record_floor_overrides(actor=actor, version=version, overrides=floor_overrides)
     if make_current:
         Agent.objects.filter(pk=locked_agent.pk).update(current_version=version, updated_at=timezone.now())
-    record_change(tenant=locked_agent.tenant, actor=actor.user, action="agent_version.created", target=version,
+    record_change(tenant=locked_agent.tenant, actor=actor, action="agent_version.created", target=version,
                   details={"number": version.number, "model": version.model, "tools": version.tools, "current": make_current})
     _record_raw_input_choice(actor, version, before=())
     return version
@@ -299,6 +303,7 @@ def copy_version(*, actor: Actor, version: AgentVersion, note: str = "") -> Agen
 @transaction.atomic
 def update_version(*, actor: Actor, version: AgentVersion, **fields: Any) -> AgentVersion:
     """Change a version no run has used yet; a used one raises ``VersionLocked``."""
+    actor.require("operate", version.tenant_id)
     current = AgentVersion.objects.select_for_update().select_related("agent").get(pk=version.pk)
     _refuse_if_locked(current)
     policy_before = current.policy
@@ -310,7 +315,7 @@ def update_version(*, actor: Actor, version: AgentVersion, **fields: Any) -> Age
     floor_overrides = _hold_approval_floor(actor=actor, version=current, before=policy_before) if changed else []
     current.save()
     _record_floor_overrides(actor=actor, version=current, overrides=floor_overrides)
-    record_change(tenant=current.agent.tenant, actor=actor.user, action="agent_version.updated", target=current,
+    record_change(tenant=current.agent.tenant, actor=actor, action="agent_version.updated", target=current,
                   details={"changed": changed})
     _record_raw_input_choice(actor, current, before=raw_before)
     return current
@@ -320,15 +325,16 @@ def _record_raw_input_choice(actor: Actor, version: AgentVersion, *, before: tup
     """A version that keeps personal data raw in its run input (``policy.input_masking.raw``) is its own audit row."""
     raw = raw_input_patterns(version.policy)
     if raw != before:
-        record_change(tenant=version.agent.tenant, actor=actor.user, action="agent_version.raw_input", target=version,
+        record_change(tenant=version.agent.tenant, actor=actor, action="agent_version.raw_input", target=version,
                       details={"number": version.number, "raw": list(raw), "before": list(before)})
 
 
 @transaction.atomic
 def delete_version(*, actor: Actor, version: AgentVersion) -> None:
+    actor.require("operate", version.tenant_id)
     current = AgentVersion.objects.select_for_update().select_related("agent").get(pk=version.pk)
     _refuse_if_locked(current)
-    record_change(tenant=current.agent.tenant, actor=actor.user, action="agent_version.deleted", target=current,
+    record_change(tenant=current.agent.tenant, actor=actor, action="agent_version.deleted", target=current,
                   details={"number": current.number})
     current.delete()
 
@@ -398,5 +404,5 @@ def _floor_check(*, actor: Actor, version: AgentVersion, before: Any) -> tuple[l
 def _record_floor_overrides(*, actor: Actor, version: AgentVersion, overrides: list[dict[str, Any]]) -> None:
     """One config-change row per loosened tool: the run-time gate honours an owner's override only with this row."""
     for details in overrides:
-        record_change(tenant=version.agent.tenant, actor=actor.user, action=FLOOR_OVERRIDE_ACTION, target=version,
+        record_change(tenant=version.agent.tenant, actor=actor, action=FLOOR_OVERRIDE_ACTION, target=version,
                       details={**details, "number": version.number})

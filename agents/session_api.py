@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from agents.api import NewestFirst
-from agents.erasure import ERASE_ACTION, ErasureRefused, erase_session
+from agents.erasure import ERASE_ACTION, erase_session
 from agents.models import Run, Session, Turn
 from tenants.api import TenantScopedViewSet
 
@@ -111,11 +111,6 @@ def _bool_param(request: Request, name: str) -> bool | None:
     raise exceptions.ValidationError({name: [f"Must be true or false; got {raw!r}."]})
 
 
-class _Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
-
-
 @extend_schema(tags=["sessions"])
 class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     """A session is a conversation: its runs share history. Readable with ``view``; erasable by the tenant's owner."""
@@ -181,9 +176,6 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSco
         reason = request.query_params.get("reason", "")
         if len(reason) > 300:
             raise exceptions.ValidationError({"reason": [f"At most 300 characters; got {len(reason)}."]})
-        try:
-            erase_session(actor=self.actor, session=session, reason=reason, via="api")
-        except ErasureRefused as exc:
-            raise _Conflict(str(exc)) from None
+        erase_session(actor=self.actor, session=session, reason=reason, via="api")
         return Response(status=status.HTTP_204_NO_CONTENT)
 

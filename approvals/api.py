@@ -81,10 +81,7 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
         body = DecisionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         self.get_object()  # 404 for a foreign or unknown request
-        try:
-            decided = decisions.decide(actor=self.actor, request_id=pk, approve=approve, note=body.validated_data["note"], via="api")
-        except decisions.ApprovalRefused as exc:
-            return Response({"detail": str(exc)}, status=exc.status)
+        decided = decisions.decide(actor=self.actor, request_id=pk, approve=approve, note=body.validated_data["note"], via="api")
         return Response(ApprovalSerializer(decided).data, status=status.HTTP_200_OK)
 
     @extend_schema(request=DecisionSerializer, responses={200: ApprovalSerializer, 403: None, 409: None})

@@ -13,6 +13,7 @@ from django.utils import timezone
 from approvals import metrics
 from audit.services import record_change
 from config import live
+from config.errors import DomainError
 from runtime.approval_policy import DEFAULT_APPROVER_ROLES
 from tenants.scoping import Actor
 from tools import handlers
@@ -21,12 +22,11 @@ from tools.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 FINAL = (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED, ApprovalStatus.EXPIRED, ApprovalStatus.CANCELLED)
 
 
-class ApprovalRefused(Exception):
+class ApprovalRefused(DomainError):
     """A decision that cannot be taken. ``status`` is the HTTP status that fits (403, 404, 409)."""
 
     def __init__(self, message: str, status: int = 409) -> None:
-        super().__init__(message)
-        self.status = status
+        super().__init__(message, status=status, code={403: "forbidden", 404: "not_found"}.get(status, "conflict"))
 
 
 def may_decide(actor: Actor, request: ApprovalRequest) -> bool:

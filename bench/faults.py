@@ -976,9 +976,10 @@ def main() -> int:
             "from django.contrib.auth import get_user_model\n"
             "from tenants.models import Role, Tenant\n"
             "from accounts.services import create_api_key\n"
+            "from tenants.scoping import actor_for_user\n"
             "user = get_user_model().objects.get(username='approver')\n"
             f"create_api_key(tenant=Tenant.objects.get(slug='demo'), name='faults-approver', owner=user, role=Role.APPROVER, "
-            f"actor=user, raw={approver_key!r})\n"))
+            f"actor=actor_for_user(get_user_model().objects.get(username='admin')), raw={approver_key!r})\n"))
         for name in ("worker-1", "worker-2", "beat", "server"):
             console.spawn(name)
         health = console.wait_healthy()

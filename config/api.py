@@ -1,4 +1,12 @@
-"""API-wide error shape: every error says what was wrong and what is expected; never a bare 500 (an outage is a 503)."""
+"""API-wide error shape: every error says what was wrong and what is expected; never a bare 500 (an outage is a 503).
+
+One body for every error the API answers (config/errors.py)::
+
+    {"error": {"code": "invalid", "message": "...", "field": "agent"}, "agent": ["..."]}
+
+``error`` is the contract; DRF's keys beside it (``detail``, or the fields at fault) stay for older clients. The
+services' :class:`~config.errors.DomainError` refusals are mapped here, once; no view catches them.
+"""
 
 from __future__ import annotations
 
@@ -17,15 +25,22 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from config import outages
+from config.errors import DomainError
 from config.parsers import too_big_message
 
 log = logging.getLogger(__name__)
 
 
+def error_object(code: str, message: str, field: str | None = None) -> dict[str, str | None]:
+    return {"code": code, "message": message, "field": field}
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DomainError):
+        return Response(exc.body(), status=exc.status)
     response = drf_exception_handler(exc, context)
     if response is not None:
-        return response
+        return _with_error_object(response, exc)
     known = _client_error(exc)
     if known is not None:
         return known
@@ -34,25 +49,77 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         outages.log_outage(context.get("request"), dependency, exc)
         return Response(outages.body(dependency), status=status.HTTP_503_SERVICE_UNAVAILABLE, headers=outages.headers())
     log.exception("unhandled error in %s", context.get("view").__class__.__name__, exc_info=exc)
-    return Response(
-        {"detail": "Something went wrong on our side; the error was logged. Please retry or contact an operator."},
-        status=status.HTTP_500_INTERNAL_SERVER_ERROR,
-    )
+    return Response(_detail("server_error", _SERVER_ERROR), status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+
+
+_SERVER_ERROR = "Something went wrong on our side; the error was logged. Please retry or contact an operator."
+
+
+def _detail(code: str, message: str) -> dict[str, Any]:
+    return {"detail": message, "error": error_object(code, message)}
 
 
 def _client_error(exc: Exception) -> Response | None:
     """Errors Django (or the database driver) raises for a request that was wrong, answered as the 4xx they are."""
     if isinstance(exc, RequestDataTooBig):
-        return Response({"detail": too_big_message(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)},
+        return Response(_detail("too_large", too_big_message(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)),
                         status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, SuspiciousOperation):
-        return Response({"detail": f"The request was refused: {exc}"}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(_detail("invalid", f"The request was refused: {exc}"), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, DjangoValidationError):
         detail = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
-        return Response(detail, status=status.HTTP_400_BAD_REQUEST)
+        field, message = _first_problem(detail)
+        return Response({**detail, "error": error_object("invalid", message, field)}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, ValueError) and "NUL" in str(exc):  # PostgreSQL text cannot hold \x00 (psycopg refuses it)
-        return Response({"detail": "Text in the request may not contain NUL (\\x00) characters."}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(_detail("invalid", "Text in the request may not contain NUL (\\x00) characters."),
+                        status=status.HTTP_400_BAD_REQUEST)
     return None
+
+
+_NOT_A_FIELD = {"detail", "non_field_errors"}
+
+
+def _first_problem(data: Any, path: str = "") -> tuple[str | None, str]:
+    """(the first field at fault as a dotted path, or None; its first message) in DRF's error data."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if key == "error":
+                continue
+            field = None if key in _NOT_A_FIELD and not path else f"{path}.{key}" if path else str(key)
+            inner, message = _first_problem(value, field or "")
+            return inner or field, message
+        return (path or None), "The request was refused."
+    if isinstance(data, list | tuple):
+        for index, item in enumerate(data):
+            if item in ({}, [], None):  # DRF lists an empty dict for each item of a list that was fine
+                continue
+            nested = f"{path}.{index}" if path and isinstance(item, dict) else path
+            return _first_problem(item, nested)
+        return (path or None), "The request was refused."
+    return (path or None), str(data)
+
+
+#: DRF's codes for what a DomainError calls otherwise: one word per meaning.
+_SAME_AS_DOMAIN = {"permission_denied": "forbidden", "parse_error": "invalid"}
+#: Django's Http404 and PermissionDenied, which DRF answers without a code.
+_DJANGO_CODES = {404: "not_found", 403: "forbidden"}
+
+
+def _with_error_object(response: Response, exc: Exception) -> Response:
+    """DRF's own errors (validation, authentication, throttling, ...) in the one error body."""
+    data = response.data
+    if isinstance(data, dict) and "error" in data:
+        return response
+    codes = exc.get_codes() if isinstance(exc, exceptions.APIException) else None
+    _, code = _first_problem(codes) if codes is not None else (None, _DJANGO_CODES.get(response.status_code, "error"))
+    if isinstance(exc, exceptions.ValidationError):
+        code = "invalid"
+    code = _SAME_AS_DOMAIN.get(code, code)
+    field, message = _first_problem(data)
+    if not isinstance(data, dict):  # a bare list of messages: DRF's non-field errors
+        data = {"non_field_errors": data}
+    response.data = {**data, "error": error_object(code, message, field)}
+    return response
 
 
 def _is_api(request: HttpRequest) -> bool:
@@ -62,14 +129,14 @@ def _is_api(request: HttpRequest) -> bool:
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """``handler404``: under ``/api/`` a JSON error (a path no route matches, e.g. a malformed slug), elsewhere the page."""
     if _is_api(request):
-        return JsonResponse({"detail": f"Nothing here: {request.path!r} is no endpoint or object of this API."}, status=404)
+        return JsonResponse(_detail("not_found", f"Nothing here: {request.path!r} is no endpoint or object of this API."), status=404)
     return defaults.page_not_found(request, exception)
 
 
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """``handler400``: a request Django refused before any view (e.g. too many fields), as JSON under ``/api/``."""
     if _is_api(request):
-        return JsonResponse({"detail": f"The request was refused: {exception}"}, status=400)
+        return JsonResponse(_detail("invalid", f"The request was refused: {exception}"), status=400)
     return defaults.bad_request(request, exception)
 
 
@@ -80,8 +147,7 @@ def server_error(request: HttpRequest) -> HttpResponse:
     if outage is not None:
         return outage
     if _is_api(request):
-        return JsonResponse({"detail": "Something went wrong on our side; the error was logged. Please retry or contact an operator."},
-                            status=500)
+        return JsonResponse(_detail("server_error", _SERVER_ERROR), status=500)
     return defaults.server_error(request)
 
 

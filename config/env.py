@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -128,3 +129,47 @@ def env_key(name: str, *, min_length: int = 32) -> str:
     if value and len(value) < min_length:
         raise ImproperlyConfigured(f"{name} must be at least {min_length} characters long (a random string, kept outside the database).")
     return value
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = _raw(name)
+    if value is None or value == "":
+        return default
+    if value.lower() not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {value!r}.")
+    return value.lower()
+
+
+def env_port(name: str, default: int) -> int:
+    value = _raw(name)
+    if value is None or value == "":
+        return default
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ImproperlyConfigured(f"{name} must be a TCP port number (1-65535), got {value!r}.")
+    return int(value)
+
+
+def env_json_object(name: str) -> dict[str, Any]:
+    """A JSON object (``{}`` when unset); anything else stops start-up."""
+    value = _raw(name)
+    if not value:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a JSON object: {exc}.") from None
+    if not isinstance(parsed, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object, got {type(parsed).__name__}.")
+    return parsed
+
+
+def env_prefixed(prefix: str) -> dict[str, str]:
+    """Every ``<prefix><NAME>`` variable as ``{NAME: value}``: deployment secrets, named in configuration by NAME."""
+    found = {}
+    for key, value in os.environ.items():
+        if key.startswith(prefix):
+            name = key[len(prefix):]
+            if not re.fullmatch(r"[A-Za-z0-9_]+", name):
+                raise ImproperlyConfigured(f"{key}: after {prefix} use only letters, digits and _ (the NAME of secret:NAME).")
+            found[name] = value
+    return found

@@ -10,7 +10,7 @@ dependency that was (:func:`dependency_down`) and answers for every entry point,
 The body is the API's error shape plus a machine-readable part::
 
     {"detail": "The database is unavailable; retry shortly.",
-     "error": {"code": "dependency_unavailable", "message": "...", "dependency": "database"}}
+     "error": {"code": "dependency_unavailable", "message": "...", "field": null, "dependency": "database"}}
 
 ``dependency`` is ``database`` or ``redis`` (the Celery broker, the cache behind rate limits, the channel layer).
 Pages that are not the API get a short HTML page with the same status and header.
@@ -66,7 +66,8 @@ def dependency_down(exc: BaseException | None) -> str | None:
 
 def body(dependency: str) -> dict[str, Any]:
     message = _MESSAGES[dependency]
-    return {"detail": message, "error": {"code": "dependency_unavailable", "message": message, "dependency": dependency}}
+    return {"detail": message, "error": {"code": "dependency_unavailable", "message": message, "field": None,
+                                         "dependency": dependency}}
 
 
 def headers() -> dict[str, str]:

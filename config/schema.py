@@ -17,23 +17,45 @@ ERROR = "Error"
 VALIDATION_ERROR = "ValidationError"
 UNAVAILABLE = "DependencyUnavailable"
 
+_ERROR_OBJECT: dict[str, Any] = {
+    "type": "object",
+    "description": (
+        "The one error object (config/errors.py): ``code`` is stable and machine-readable (invalid, not_found, "
+        "forbidden, conflict, not_authenticated, throttled, ...), ``message`` says what was wrong and what is "
+        "expected, ``field`` names the input at fault (a dotted path into the body, a query parameter or a header), "
+        "or is null."
+    ),
+    "properties": {
+        "code": {"type": "string"},
+        "message": {"type": "string"},
+        "field": {"type": "string", "nullable": True},
+    },
+    "required": ["code", "message", "field"],
+}
+
 _SCHEMAS: dict[str, dict[str, Any]] = {
     ERROR: {
         "type": "object",
-        "description": "What was wrong and what to do about it.",
-        "properties": {"detail": {"type": "string"}},
-        "required": ["detail"],
+        "description": "What was wrong and what to do about it: ``error``; ``detail`` repeats the message for older clients.",
+        "properties": {"error": _ERROR_OBJECT, "detail": {"type": "string"}},
+        "required": ["error"],
+        "example": {"detail": "The run already finished (final_answer); there is nothing to cancel.", "error": {
+            "code": "conflict", "message": "The run already finished (final_answer); there is nothing to cancel.", "field": None}},
     },
     VALIDATION_ERROR: {
         "type": "object",
         "description": (
-            "Each key names the field, query parameter or header that was wrong (``detail`` for the body as a whole, "
-            "``non_field_errors`` for a combination); each value lists the problems, or maps a nested key to them."
+            "``error`` names the first problem. Beside it, each key names a field, query parameter or header that was "
+            "wrong (``detail`` for the body as a whole, ``non_field_errors`` for a combination); each value lists the "
+            "problems, or maps a nested key to them."
         ),
+        "properties": {"error": _ERROR_OBJECT},
+        "required": ["error"],
         "additionalProperties": {
             "anyOf": [{"type": "string"}, {"type": "array", "items": {}}, {"type": "object"}],
         },
-        "example": {"facts": ["Keys must match ^[A-Za-z][A-Za-z0-9_.:-]{0,63}$; got ''."]},
+        "example": {"facts": ["Keys must match ^[A-Za-z][A-Za-z0-9_.:-]{0,63}$; got ''."], "error": {
+            "code": "invalid", "message": "Keys must match ^[A-Za-z][A-Za-z0-9_.:-]{0,63}$; got ''.", "field": "facts"}},
     },
     UNAVAILABLE: {
         "type": "object",
@@ -45,14 +67,16 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
                 "properties": {
                     "code": {"type": "string", "enum": ["dependency_unavailable"]},
                     "message": {"type": "string"},
+                    "field": {"type": "string", "nullable": True},
                     "dependency": {"type": "string", "enum": ["database", "redis"]},
                 },
-                "required": ["code", "message", "dependency"],
+                "required": ["code", "message", "field", "dependency"],
             },
         },
         "required": ["detail", "error"],
         "example": {"detail": "The database is unavailable; retry shortly.", "error": {
-            "code": "dependency_unavailable", "message": "The database is unavailable; retry shortly.", "dependency": "database"}},
+            "code": "dependency_unavailable", "message": "The database is unavailable; retry shortly.", "field": None,
+            "dependency": "database"}},
     },
 }
 

@@ -13,7 +13,22 @@ from pathlib import Path
 
 from csp.constants import NONCE, NONE, SELF
 
-from config.env import env_bool, env_database, env_header, env_int, env_key, env_list, env_rate, env_redis, env_str, secret_key
+from config.env import (
+    env_bool,
+    env_choice,
+    env_database,
+    env_header,
+    env_int,
+    env_json_object,
+    env_key,
+    env_list,
+    env_port,
+    env_prefixed,
+    env_rate,
+    env_redis,
+    env_str,
+    secret_key,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("AGENTOPS_VAR_DIR", str(BASE_DIR / "var")))
@@ -350,6 +365,25 @@ AGENTOPS_ALLOWED_EXTENSIONS = env_list("AGENTOPS_ALLOWED_EXTENSIONS", ["*"])
 TOOL_EGRESS_ALLOW = env_list("TOOL_EGRESS_ALLOW", [])
 #: The same for tenants' model providers (checked at start-up by tools/apps.py, like TOOL_EGRESS_ALLOW).
 PROVIDER_EGRESS_ALLOW = env_list("PROVIDER_EGRESS_ALLOW", [])
+# --- Deployment secrets and the default model provider: read here, once; no other module reads os.environ ---
+#: ``secret:NAME`` in an HTTP tool's headers is TOOL_SECRET_<NAME>; in a provider, PROVIDER_SECRET_<NAME>.
+TOOL_SECRETS = env_prefixed("TOOL_SECRET_")
+PROVIDER_SECRETS = env_prefixed("PROVIDER_SECRET_")
+#: What stored provider keys are encrypted with (SECRET_KEY when unset).
+PROVIDER_KEY_SECRET = env_str("PROVIDER_KEY_SECRET", "")
+#: The implicit provider ``openai`` (agents/providers.py): its URL, key, default model and model prices (JSON).
+OPENAI_BASE_URL = env_str("OPENAI_BASE_URL", "")
+OPENAI_API_KEY = env_str("OPENAI_API_KEY", "")
+OPENAI_MODEL = env_str("OPENAI_MODEL", "")
+OPENAI_MODELS = env_json_object("OPENAI_MODELS")
+#: seed_demo's password for admin/operator/approver and the demo tenant's API key (made up and stored when unset).
+DEMO_PASSWORD = env_str("DEMO_PASSWORD", "")
+DEMO_API_KEY = env_str("DEMO_API_KEY", "")
+# --- manage.py serve ---
+SERVE_HOST = env_str("HOST", "127.0.0.1")
+SERVE_PORT = env_port("PORT", 8000)
+UVICORN_LOG_LEVEL = env_choice("UVICORN_LOG_LEVEL", "warning", ("critical", "error", "warning", "info", "debug", "trace"))
+
 #: Commands stdio MCP servers may run (whole command lines, ";"-separated): importing tools never runs anything else.
 MCP_STDIO_COMMANDS = [c.split() for c in env_str("MCP_STDIO_COMMANDS", "python -m mcp_server_time;mcp-server-time").split(";") if c.strip()]
 #: A write tool called again with the same arguments in the same session within this window is blocked.

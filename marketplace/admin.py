@@ -135,45 +135,42 @@ class PluginInstallAdmin(TenantScopedAdmin):
 
     def save_model(self, request: HttpRequest, obj: PluginInstall, form: Any, change: bool) -> None:
         config = form.cleaned_data.get("config") or {}
-        try:
-            if change:
-                services.configure_plugin(install=obj, config=config, actor=request.user)
-                return
-            install = services.install_plugin(tenant=obj.tenant, plugin_key=obj.plugin_key, actor=request.user, config=config)
-        except services.MarketplaceError as exc:  # raced past the form's checks: say so instead of a 500
-            self.message_user(request, str(exc), messages.ERROR)
-            raise
+        # a refusal that raced past the form's checks is shown as a message (TenantScopedAdmin), not a 500
+        if change:
+            services.configure_plugin(install=obj, config=config, actor=self._actor(request))
+            return
+        install = services.install_plugin(tenant=obj.tenant, plugin_key=obj.plugin_key, actor=self._actor(request), config=config)
         obj.pk = install.pk
         if install.status == "pending_consent":
             self.message_user(request, f"{install.plugin_key} needs scopes or hosts: it waits for an owner to accept.", messages.WARNING)
 
     @admin.action(description="Upgrade to the catalog's version")
     def upgrade(self, request: HttpRequest, queryset: Any) -> None:
-        _run_each(self, request, queryset, lambda i: services.upgrade_plugin(install=i, actor=request.user),
+        _run_each(self, request, queryset, lambda i: services.upgrade_plugin(install=i, actor=self._actor(request)),
                   "Upgraded (or waiting for consent)")
 
     @admin.action(description="Accept consent (owners): grant the new scopes, hosts and tools")
     def accept_consent(self, request: HttpRequest, queryset: Any) -> None:
-        _run_each(self, request, queryset, lambda i: services.accept_consent(install=i, actor=request.user), "Consent accepted")
+        _run_each(self, request, queryset, lambda i: services.accept_consent(install=i, actor=self._actor(request)), "Consent accepted")
 
     @admin.action(description="Disable (its tools become unavailable)")
     def disable(self, request: HttpRequest, queryset: Any) -> None:
-        _run_each(self, request, queryset, lambda i: services.disable_plugin(install=i, actor=request.user), "Disabled")
+        _run_each(self, request, queryset, lambda i: services.disable_plugin(install=i, actor=self._actor(request)), "Disabled")
 
     @admin.action(description="Enable")
     def enable(self, request: HttpRequest, queryset: Any) -> None:
-        _run_each(self, request, queryset, lambda i: services.enable_plugin(install=i, actor=request.user), "Enabled")
+        _run_each(self, request, queryset, lambda i: services.enable_plugin(install=i, actor=self._actor(request)), "Enabled")
 
     @admin.action(description="Uninstall (removes the plugin's tools)")
     def uninstall(self, request: HttpRequest, queryset: Any) -> None:
-        _run_each(self, request, queryset, lambda i: services.uninstall_plugin(install=i, actor=request.user), "Uninstalled")
+        _run_each(self, request, queryset, lambda i: services.uninstall_plugin(install=i, actor=self._actor(request)), "Uninstalled")
 
     @admin.action(description="Create agents from the plugin's presets")
     def create_preset_agents(self, request: HttpRequest, queryset: Any) -> None:
         def create(install: PluginInstall) -> None:
             for preset in (install.plugin.presets if install.plugin is not None else []):
                 agent = services.create_agent_from_preset(tenant=install.tenant, plugin_key=install.plugin_key,
-                                                          preset_slug=preset["slug"], actor=request.user)
+                                                          preset_slug=preset["slug"], actor=self._actor(request))
                 self.message_user(request, f"Created agent {agent.slug} in {install.tenant}.")
             if install.plugin is None:
                 raise services.PluginNotInstalled("waits for an owner's consent; its presets are not available yet.")
@@ -203,7 +200,8 @@ class ReleaseWeightAdmin(TenantScopedAdmin):
     @admin.action(description="Roll back: set weight to 0, moving the share to the stable version")
     def rollback(self, request: HttpRequest, queryset: Any) -> None:
         _run_each(self, request, queryset,
-                  lambda w: services.rollback_version(agent=w.agent, version=w.version, actor=request.user, reason="manual (admin)"),
+                  lambda w: services.rollback_version(agent=w.agent, version=w.version, actor=self._actor(request),
+                                                      reason="manual (admin)"),
                   "Rolled back")
 
 
@@ -239,7 +237,7 @@ class ReleaseGuardAdmin(TenantScopedAdmin):
 
     def save_model(self, request: HttpRequest, obj: ReleaseGuard, form: Any, change: bool) -> None:
         guard = services.set_release_guard(agent=obj.agent, metric=obj.metric, threshold=obj.threshold, window=obj.window,
-                                           min_runs=obj.min_runs, enabled=obj.enabled, actor=request.user)
+                                           min_runs=obj.min_runs, enabled=obj.enabled, actor=self._actor(request))
         obj.pk = guard.pk
 
     @admin.action(description="Check the selected guards now")
@@ -265,11 +263,11 @@ class ToolRolloutAdmin(TenantScopedAdmin):
         return ["tool"] if obj is not None else []
 
     def save_model(self, request: HttpRequest, obj: ToolRollout, form: Any, change: bool) -> None:
-        rollout = services.set_tool_rollout(tool=obj.tool, enabled_percent=obj.enabled_percent, actor=request.user)
+        rollout = services.set_tool_rollout(tool=obj.tool, enabled_percent=obj.enabled_percent, actor=self._actor(request))
         obj.pk = rollout.pk if rollout is not None else None
 
     def delete_model(self, request: HttpRequest, obj: ToolRollout) -> None:
-        services.set_tool_rollout(tool=obj.tool, enabled_percent=None, actor=request.user)
+        services.set_tool_rollout(tool=obj.tool, enabled_percent=None, actor=self._actor(request))
 
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
         for rollout in queryset.select_related("tool"):

@@ -58,8 +58,9 @@ class ReleaseWeightFormSet(BaseInlineFormSet):
     def save(self, commit: bool = True) -> list[Any]:
         self.new_objects, self.changed_objects, self.deleted_objects = [], [], []
         if self.has_changed():
-            user = self.request.user if self.request is not None else None
-            services.set_release_weights(agent=self.instance, weights=self._weights(), actor=user)
+            if self.request is None:  # set by the inline's get_formset: never save as the platform by accident
+                raise RuntimeError("ReleaseWeightFormSet.request is not set")
+            services.set_release_weights(agent=self.instance, weights=self._weights(), actor=actor_for_user(self.request.user))
         return []
 
 

@@ -3,7 +3,6 @@ scopes and authorises, one service call changes state."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
@@ -26,20 +25,6 @@ from marketplace.serializers import (
     RollbackSerializer,
 )
 from tenants.api import TenantScopedViewSet
-
-
-def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
-    """Run a service; its refusals become 403 (role) or 400 naming the field."""
-    try:
-        return fn(**kwargs)
-    except services.NotAllowed as exc:
-        raise exceptions.PermissionDenied(str(exc)) from None
-    except services.InvalidConfig as exc:
-        raise serializers.ValidationError({"config": exc.errors}) from None
-    except services.InvalidWeights as exc:
-        raise serializers.ValidationError({"weights": exc.errors}) from None
-    except services.MarketplaceError as exc:
-        raise serializers.ValidationError({exc.field or "non_field_errors": [str(exc)]}) from None
 
 
 class PluginViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
@@ -68,7 +53,7 @@ class PluginInstallViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Ten
         body = InstallCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         tenant = self.acting_tenant("operate")
-        install = _call(services.install_plugin, tenant=tenant, plugin_key=body.validated_data["plugin"], actor=self.actor,
+        install = services.install_plugin(tenant=tenant, plugin_key=body.validated_data["plugin"], actor=self.actor,
                         config=body.validated_data.get("config"))
         return Response(InstallSerializer(install).data, status=status.HTTP_201_CREATED)
 
@@ -77,11 +62,11 @@ class PluginInstallViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Ten
         install = self.get_object()
         body = InstallConfigSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        install = _call(services.configure_plugin, install=install, config=body.validated_data["config"], actor=self.actor)
+        install = services.configure_plugin(install=install, config=body.validated_data["config"], actor=self.actor)
         return Response(InstallSerializer(install).data)
 
     def destroy(self, request: Request, pk: Any = None) -> Response:
-        _call(services.uninstall_plugin, install=self.get_object(), actor=self.actor)
+        services.uninstall_plugin(install=self.get_object(), actor=self.actor)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=InstallUpgradeSerializer, responses={200: InstallSerializer})
@@ -90,25 +75,25 @@ class PluginInstallViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Ten
         install = self.get_object()
         body = InstallUpgradeSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        install = _call(services.upgrade_plugin, install=install, actor=self.actor, config=body.validated_data.get("config"))
+        install = services.upgrade_plugin(install=install, actor=self.actor, config=body.validated_data.get("config"))
         return Response(InstallSerializer(install).data)
 
     @extend_schema(request=None, responses={200: InstallSerializer})
     @action(detail=True, methods=["post"])
     def disable(self, request: Request, pk: Any = None) -> Response:
-        install = _call(services.disable_plugin, install=self.get_object(), actor=self.actor)
+        install = services.disable_plugin(install=self.get_object(), actor=self.actor)
         return Response(InstallSerializer(install).data)
 
     @extend_schema(request=None, responses={200: InstallSerializer})
     @action(detail=True, methods=["post"])
     def enable(self, request: Request, pk: Any = None) -> Response:
-        install = _call(services.enable_plugin, install=self.get_object(), actor=self.actor)
+        install = services.enable_plugin(install=self.get_object(), actor=self.actor)
         return Response(InstallSerializer(install).data)
 
     @extend_schema(request=None, responses={200: InstallSerializer})
     @action(detail=True, methods=["post"], url_path="accept-consent")
     def accept_consent(self, request: Request, pk: Any = None) -> Response:
-        install = _call(services.accept_consent, install=self.get_object(), actor=self.actor)
+        install = services.accept_consent(install=self.get_object(), actor=self.actor)
         return Response(InstallSerializer(install).data)
 
 
@@ -138,7 +123,7 @@ class ReleaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSco
         agent = self.get_object()
         body = ReleaseUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        _call(services.set_release_weights, agent=agent, weights=body.validated_data["weights"], actor=self.actor)
+        services.set_release_weights(agent=agent, weights=body.validated_data["weights"], actor=self.actor)
         agent.refresh_from_db()
         return Response(ReleaseSerializer(agent).data)
 
@@ -151,7 +136,7 @@ class ReleaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSco
         version = agent.versions.filter(number=body.validated_data["version"]).first()
         if version is None:
             raise serializers.ValidationError({"version": [f"Agent {agent.slug!r} has no v{body.validated_data['version']}."]})
-        _call(services.rollback_version, agent=agent, version=version, actor=self.actor,
+        services.rollback_version(agent=agent, version=version, actor=self.actor,
               reason=body.validated_data.get("reason") or "manual (API)")
         agent.refresh_from_db()
         return Response(ReleaseSerializer(agent).data)

@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.utils import get_fields_from_path
 from django.contrib.auth import get_user_model
 from django.db import models
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
 
+from config.errors import DomainError
 from tenants.models import Membership
 from tenants.scoping import Actor, actor_for_user
 
@@ -186,6 +187,24 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin):
         if self.author_field and not change:
             setattr(obj, self.author_field, request.user)
         return obj
+
+    # A service's refusal that got past the form (a race, a rule the form cannot see): the change is rolled back
+    # (Django runs these views in a transaction) and the page says why, never a 500.
+    def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return self._refusals_as_messages(request, super().changeform_view, request, *args, **kwargs)
+
+    def delete_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return self._refusals_as_messages(request, super().delete_view, request, *args, **kwargs)
+
+    def changelist_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:  # actions, bulk delete
+        return self._refusals_as_messages(request, super().changelist_view, request, *args, **kwargs)
+
+    def _refusals_as_messages(self, request: HttpRequest, view: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return view(*args, **kwargs)
+        except DomainError as exc:
+            self.message_user(request, f"Not saved: {exc.message}", messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
 
     def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> tuple[Any, bool]:
         """An autocomplete offers what the asking field may hold: rows of tenants where its admin may manage."""

@@ -36,10 +36,9 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
 
     def check_object_permissions(self, request: Any, obj: Any) -> None:
         super().check_object_permissions(request, obj)
-        needed = self.tenant_action()
         tenant_id = getattr(obj, "tenant_id", None)
-        if tenant_id is not None and not self.actor.can(needed, tenant_id):
-            raise exceptions.PermissionDenied(f"Your role in this tenant does not allow you to {needed} here.")
+        if tenant_id is not None:
+            self.actor.require(self.tenant_action(), tenant_id)  # a Forbidden (403) naming the role it needs
 
     def acting_tenant(self, action: str = "operate") -> Tenant:
         try:

@@ -59,7 +59,14 @@ class Actor:
             return
         if not self.is_superuser and tenant_id not in self.roles:
             raise NotFound("No such object.")
-        raise Forbidden(f"Your role in this tenant does not allow {action!r}.")
+        raise Forbidden(self.refusal(action, tenant_id))
+
+    def refusal(self, action: str, tenant_id: int) -> str:
+        """Why the actor may not do ``action`` here, and which roles may."""
+        roles = " or ".join(role for role, actions in ROLE_ACTIONS.items() if action in actions)
+        role = self.roles.get(tenant_id)
+        mine = f"Your role in this tenant is {role}" if role else "You have no role in this tenant"
+        return f"{mine}; to {action} here you need the role {roles}."
 
     @property
     def user_id(self) -> int | None:
@@ -67,6 +74,21 @@ class Actor:
 
 
 ANONYMOUS = Actor()
+#: The platform itself (seeds, start-up, management commands run by the deployment): may do anything; the audit
+#: records no person for it.
+SYSTEM = Actor(is_superuser=True)
+
+
+def acting(actor: Actor | None) -> Actor:
+    """The one way services take who is acting: an :class:`Actor` (``None`` is the platform, :data:`SYSTEM`).
+
+    Callers holding a user turn it into an actor with :func:`actor_for_user`, so roles are read in one place.
+    """
+    if actor is None:
+        return SYSTEM
+    if not isinstance(actor, Actor):
+        raise TypeError(f"services take an Actor (tenants.scoping.actor_for_user(user)), not {type(actor).__name__}")
+    return actor
 
 
 def actor_for_user(user: Any) -> Actor:

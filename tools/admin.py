@@ -73,17 +73,21 @@ class ToolAdmin(TenantScopedAdmin):
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         services.delete_tool(tool=obj, actor=self._actor(request))
 
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for tool in queryset.select_related("tenant", "plugin_install"):
+            self.delete_model(request, tool)
+
     @admin.action(description="Kill switch: switch the selected tools off", permissions=["change"])
     def switch_off(self, request: HttpRequest, queryset: Any) -> None:
         queryset = queryset.for_actor(self._actor(request), "operate")
         for tool in queryset.select_related("tenant"):
-            services.set_tool_enabled(tool=tool, enabled=False, actor=request.user)
+            services.set_tool_enabled(tool=tool, enabled=False, actor=self._actor(request))
         self.message_user(request, f"Switched off {queryset.count()} tool(s); the next call is refused.")
 
     @admin.action(description="Switch the selected tools back on", permissions=["change"])
     def switch_on(self, request: HttpRequest, queryset: Any) -> None:
         queryset = queryset.for_actor(self._actor(request), "operate")
         for tool in queryset.select_related("tenant"):
-            services.set_tool_enabled(tool=tool, enabled=True, actor=request.user)
+            services.set_tool_enabled(tool=tool, enabled=True, actor=self._actor(request))
         self.message_user(request, f"Switched on {queryset.count()} tool(s).")
 

@@ -28,17 +28,6 @@ class ToolsByName(CursorPages):
     page_size = 100
 
 
-def _refused(exc: services.ToolRefused) -> exceptions.APIException:
-    if exc.field:
-        return serializers.ValidationError({exc.field: [str(exc)]})
-    return _Conflict(str(exc))
-
-
-class _Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
-
-
 class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     """``/tools[/<name or id>]``: a tool is addressed by its name (or its numeric id)."""
 
@@ -96,10 +85,7 @@ class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
         tenant = self.acting_tenant("operate")
         body = ToolSerializer(data=request.data, context={"tenant": tenant})
         body.is_valid(raise_exception=True)
-        try:
-            tool = services.create_tool(tenant=tenant, actor=self.actor, **body.validated_data)
-        except services.ToolRefused as exc:
-            raise _refused(exc) from None
+        tool = services.create_tool(tenant=tenant, actor=self.actor, **body.validated_data)
         return Response(ToolSerializer(tool).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=ToolSerializer, responses={200: ToolSerializer})
@@ -107,10 +93,7 @@ class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
         tool = self.get_object()
         body = ToolSerializer(tool, data=request.data, partial=partial)
         body.is_valid(raise_exception=True)
-        try:
-            tool = services.update_tool(tool=tool, actor=self.actor, **body.validated_data)
-        except services.ToolRefused as exc:
-            raise _refused(exc) from None
+        tool = services.update_tool(tool=tool, actor=self.actor, **body.validated_data)
         return Response(ToolSerializer(tool).data)
 
     def partial_update(self, request: Request, pk: str) -> Response:
@@ -118,10 +101,7 @@ class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
 
     @extend_schema(responses={204: None, 409: None})
     def destroy(self, request: Request, pk: str) -> Response:
-        try:
-            services.delete_tool(tool=self.get_object(), actor=self.actor)
-        except services.ToolRefused as exc:
-            raise _refused(exc) from None
+        services.delete_tool(tool=self.get_object(), actor=self.actor)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(
@@ -168,7 +148,7 @@ class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         try:
-            report = import_mcp_tools(tenant, data["server"], getattr(self.actor, "user", None), prefix=data["prefix"],
+            report = import_mcp_tools(tenant, data["server"], self.actor, prefix=data["prefix"],
                                       only=data.get("tools"))
         except McpServerError as exc:
             raise serializers.ValidationError({"server": [str(exc)]}) from None

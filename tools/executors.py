@@ -10,11 +10,12 @@ request is bounded by it, a process-isolated Python tool is killed at it, a coop
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from django.conf import settings
 
 from tools.models import Tool
 
@@ -51,8 +52,8 @@ Executor = Callable[[Tool, dict[str, Any], ExecContext], Any]
 
 
 def resolve_secret(name: str) -> str:
-    """``secret:NAME`` header values come from the environment variable ``TOOL_SECRET_<NAME>``."""
-    value = os.environ.get(f"TOOL_SECRET_{name}")
+    """``secret:NAME`` header values come from the environment variable ``TOOL_SECRET_<NAME>`` (read at start-up)."""
+    value = settings.TOOL_SECRETS.get(name)
     if value is None:
         from tools.http_exec import SecretUnavailable
 

@@ -44,6 +44,7 @@ from django.db import transaction
 from audit.services import record_change
 from egress.async_guard import guarded_async_client
 from egress.guard import EgressDenied, allow_list_problems, check_url
+from tenants.scoping import Actor, acting
 from tools.executors import ExecContext, ToolFailure, resolve_secret
 from tools.models import Tool, ToolCategory, ToolKind
 
@@ -393,9 +394,10 @@ def _defaults(spec: Any, server: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def import_mcp_tools(tenant: Any, server: dict[str, Any], actor: Any, *, prefix: str = "",
+def import_mcp_tools(tenant: Any, server: dict[str, Any], actor: Actor | None, *, prefix: str = "",
                      only: Iterable[str] | None = None) -> ImportReport:
     """List the server's tools and create or refresh the tenant's ``mcp`` Tool rows (see the module doc)."""
+    acting(actor).require("operate", tenant.pk)
     server = normalize_server(server)
     if prefix and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", prefix):
         raise McpServerError(f"The prefix {prefix!r} may only use letters, digits, _ and - (at most 32 characters).")

@@ -1,4 +1,4 @@
-"""Tool configuration changes, audited with the acting user."""
+"""Tool configuration changes: ``actor`` is an Actor (``None``: the platform), checked once, recorded in the audit row."""
 
 from __future__ import annotations
 
@@ -7,15 +7,17 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import record_change
+from config.errors import Refused
 from runtime import approval_policy
-from tenants.scoping import Actor
+from tenants.scoping import Actor, acting
 from tools import handlers, rate_limits
 from tools.models import Tool, ToolKind
 
 
 @transaction.atomic
-def install_python_tool(*, tenant: Any, key: str, actor: Any, **overrides: Any) -> Tool:
+def install_python_tool(*, tenant: Any, key: str, actor: Actor | None, **overrides: Any) -> Tool:
     """Create or refresh the tenant's row for a registered Python tool."""
+    acting(actor).require("operate", tenant.pk)
     from tools.pyfunc import registry
 
     spec = registry.get(key)
@@ -35,7 +37,8 @@ def install_python_tool(*, tenant: Any, key: str, actor: Any, **overrides: Any) 
 
 
 @transaction.atomic
-def set_tool_enabled(*, tool: Tool, enabled: bool, actor: Any) -> Tool:
+def set_tool_enabled(*, tool: Tool, enabled: bool, actor: Actor | None) -> Tool:
+    acting(actor).require("operate", tool.tenant_id)
     if tool.enabled != enabled:
         Tool.objects.filter(pk=tool.pk).update(enabled=enabled)
         tool.enabled = enabled
@@ -46,12 +49,8 @@ def set_tool_enabled(*, tool: Tool, enabled: bool, actor: Any) -> Tool:
 # -- tools managed through the API (operators) ------------------------------------------------
 
 
-class ToolRefused(Exception):
-    """A tool change that cannot be made; the message says why and what to do instead."""
-
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
+class ToolRefused(Refused):
+    """A tool change that cannot be made; the message says why and what to do instead (400 naming ``field``, else 409)."""
 
 
 #: The fields an operator sets on a tool.
@@ -75,17 +74,12 @@ def _name_taken(tenant: Any, name: str, exclude: int | None = None) -> None:
         raise ToolRefused(f"The tenant already has a tool named {name!r}; choose another name or change that tool.", field="name")
 
 
-def _audit_details(actor: Any, **details: Any) -> dict[str, Any]:
-    api_key = getattr(actor, "api_key", None)
-    return {**details, "api_key": api_key.prefix} if api_key is not None else details
-
-
 @transaction.atomic
-def create_tool(*, tenant: Any, actor: Any, **fields: Any) -> Tool:
-    """A tenant's own tool. ``actor`` is the tenancy Actor (user and/or API key) or a user."""
+def create_tool(*, tenant: Any, actor: Actor | None, **fields: Any) -> Tool:
+    """A tenant's own tool."""
     from django.db import IntegrityError
 
-    user = getattr(actor, "user", actor)
+    acting(actor).require("operate", tenant.pk)
     _check_policy(fields)
     _check_rate_limit(fields)
     _name_taken(tenant, fields["name"])
@@ -94,8 +88,8 @@ def create_tool(*, tenant: Any, actor: Any, **fields: Any) -> Tool:
             tool = Tool.objects.create(tenant=tenant, **{k: v for k, v in fields.items() if k in TOOL_FIELDS})
     except IntegrityError:  # created by someone else a moment ago
         raise ToolRefused(f"The tenant already has a tool named {fields['name']!r}.", field="name") from None
-    record_change(tenant=tenant, actor=user, action="tool.created", target=tool,
-                  details=_audit_details(actor, kind=tool.kind, fields=sorted(k for k in fields if k in TOOL_FIELDS)))
+    record_change(tenant=tenant, actor=actor, action="tool.created", target=tool,
+                  details=dict(kind=tool.kind, fields=sorted(k for k in fields if k in TOOL_FIELDS)))
     return tool
 
 
@@ -157,10 +151,10 @@ def _check_rate_limit(fields: dict[str, Any]) -> None:
 
 
 @transaction.atomic
-def update_tool(*, tool: Tool, actor: Any, **fields: Any) -> Tool:
+def update_tool(*, tool: Tool, actor: Actor | None, **fields: Any) -> Tool:
     """Change a tool; a plugin's tool can only be switched on or off and its rate limit lowered, a name in use by agents
     cannot change."""
-    user = getattr(actor, "user", actor)
+    acting(actor).require("operate", tool.tenant_id)
     current = Tool.objects.select_for_update(of=("self",)).select_related("tenant", "plugin_install__plugin").get(pk=tool.pk)
     changed = sorted(k for k, v in fields.items() if k in TOOL_FIELDS and getattr(current, k) != v)
     if current.plugin_install_id is not None and set(changed) - PLUGIN_TOOL_FIELDS:
@@ -189,22 +183,22 @@ def update_tool(*, tool: Tool, actor: Any, **fields: Any) -> Tool:
     if changed:
         current.save()
         if loosened:
-            record_change(tenant=current.tenant, actor=user, action="tool.approval_loosened", target=current,
-                          details=_audit_details(actor, loosened=loosened, before=before,
+            record_change(tenant=current.tenant, actor=actor, action="tool.approval_loosened", target=current,
+                          details=dict(loosened=loosened, before=before,
                                                  after={"requires_approval": current.requires_approval,
                                                         "approval_policy": current.approval_policy}))
         action = "tool.updated"
         if changed == ["enabled"]:
             action = "tool.enabled" if current.enabled else "tool.disabled"
-        record_change(tenant=current.tenant, actor=user, action=action, target=current,
-                      details=_audit_details(actor, changed=changed))
+        record_change(tenant=current.tenant, actor=actor, action=action, target=current,
+                      details=dict(changed=changed))
     return current
 
 
 @transaction.atomic
-def delete_tool(*, tool: Tool, actor: Any) -> None:
+def delete_tool(*, tool: Tool, actor: Actor | None) -> None:
     """Delete a tenant's own tool that no agent's current version lists."""
-    user = getattr(actor, "user", actor)
+    acting(actor).require("operate", tool.tenant_id)
     current = Tool.objects.select_for_update(of=("self",)).select_related("tenant", "plugin_install").get(pk=tool.pk)
     if current.plugin_install_id is not None:
         raise ToolRefused(f"The tool {current.name} comes from the plugin {current.plugin_install.plugin_key!r}; uninstall "
@@ -213,6 +207,6 @@ def delete_tool(*, tool: Tool, actor: Any) -> None:
     if users:
         raise ToolRefused(f"The current version of {', '.join(users)} uses {current.name}; make a version without it first, "
                           "or switch the tool off (enabled=false).")
-    record_change(tenant=current.tenant, actor=user, action="tool.deleted", target=current,
-                  details=_audit_details(actor, name=current.name, kind=current.kind))
+    record_change(tenant=current.tenant, actor=actor, action="tool.deleted", target=current,
+                  details=dict(name=current.name, kind=current.kind))
     current.delete()

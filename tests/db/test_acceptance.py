@@ -288,7 +288,7 @@ def _assert_unavailable(response: Any, dependency: str) -> None:
     assert response.status_code == 503, response.content[:300]
     assert int(response["Retry-After"]) > 0
     body = response.json()
-    assert body["error"] == {"code": "dependency_unavailable", "dependency": dependency, "message": body["detail"]}
+    assert body["error"] == {"code": "dependency_unavailable", "dependency": dependency, "message": body["detail"], "field": None}
     assert "unavailable" in body["detail"]
 
 

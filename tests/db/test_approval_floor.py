@@ -17,12 +17,13 @@ from agents.models import AgentVersion
 from approvals.gate import ApprovalGate
 from approvals.policy import FLOOR_OVERRIDE_ACTION
 from audit.models import ConfigChange
+from audit.unit_of_work import StepAudit
 from marketplace.services import install_plugin
 from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants.models import Role
-from tenants.scoping import actor_for_api_key
+from tenants.scoping import actor_for_api_key, actor_for_user
 from tests.factories import World, make_user, make_world
-from tools.gateway import AuditWrite, ToolGateway
+from tools.gateway import ToolGateway
 from tools.models import ApprovalRequest, ApprovalStatus, Tool
 from tools.services import install_python_tool
 
@@ -78,8 +79,8 @@ def _gate_refund(world: World, version: AgentVersion) -> Any:
     run = services.start_run(actor=actor_for_api_key(world.key), agent=world.agent, text="refund 30.00 please")
     assert run.version_id == version.pk
     rows = list(Tool.objects.for_tenant(world.tenant).filter(name__in=version.tools))
-    buffer: list[AuditWrite] = []
-    gateway = ToolGateway(run=run, tools=rows, audit_buffer=buffer, grants=session_grants(run),
+    buffer = StepAudit()
+    gateway = ToolGateway(run=run, tools=rows, audit=buffer, grants=session_grants(run),
                           approvals=ApprovalGate(run, overrides=approval_overrides(run)))
     outcome = gateway.execute(ToolCall("c1", "refund_order", json.dumps(REFUND)), ToolContext(run_id=str(run.pk), step=1, span_id="s"))
     return outcome, ApprovalRequest.objects.filter(run=run).first()
@@ -210,7 +211,7 @@ def test_a_version_row_forced_into_the_database_still_gets_an_approval_request(s
 def test_a_plugin_tool_keeps_its_declared_floor_even_if_its_row_is_loosened(setup: Setup) -> None:
     # given the order-desk plugin installed (it declares refund_order as needing approval) and its row edited to "never"
     Tool.objects.filter(pk=setup.refund.pk).delete()
-    install_plugin(tenant=setup.world.tenant, plugin_key="order-desk", actor=setup.owner)
+    install_plugin(tenant=setup.world.tenant, plugin_key="order-desk", actor=actor_for_user(setup.owner))
     refund = Tool.objects.get(tenant=setup.world.tenant, name="refund_order")
     assert refund.plugin_install_id is not None
     Tool.objects.filter(pk=refund.pk).update(requires_approval=False, approval_policy={"mode": "never"})

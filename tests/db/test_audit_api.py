@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from agents import services
 from audit.models import ConfigChange, ToolCallAudit
-from tenants.scoping import actor_for_api_key
+from tenants.scoping import Actor, actor_for_api_key, actor_for_user
 from tests.factories import World, make_world
 from tools.services import set_tool_enabled
 
@@ -111,8 +111,8 @@ def test_config_changes_newest_first_filtered_by_action_actor_and_target(world: 
     from tools.models import Tool
 
     tool = Tool.objects.get(tenant=world.tenant, name="query_order")
-    set_tool_enabled(tool=tool, enabled=False, actor=world.operator)
-    set_tool_enabled(tool=tool, enabled=True, actor=world.viewer)
+    set_tool_enabled(tool=tool, enabled=False, actor=actor_for_user(world.operator))
+    set_tool_enabled(tool=tool, enabled=True, actor=Actor(user=world.viewer, roles={world.tenant.pk: "operator"}))
     everything = api.get("/api/v1/audit/changes").json()["results"]
     assert [c["action"] for c in everything[:2]] == ["tool.enabled", "tool.disabled"]
     family = [c["action"] for c in api.get("/api/v1/audit/changes?action=tool.").json()["results"]]

@@ -79,7 +79,8 @@ def test_release_weights_through_the_api() -> None:
 
     wrong = operator.put(url, {"weights": {"1": 90, "2": 5}}, format="json")
     assert wrong.status_code == 400
-    assert wrong.json() == {"weights": ["Weights must add up to 100; v1 90, v2 5 add up to 95."]}
+    assert wrong.json() == {"weights": ["Weights must add up to 100; v1 90, v2 5 add up to 95."], "error": {
+        "code": "invalid", "message": "Weights must add up to 100; v1 90, v2 5 add up to 95.", "field": "weights"}}
 
     ok = operator.put(url, {"weights": {"1": 90, "2": 10}}, format="json")
     assert ok.status_code == 200, ok.content

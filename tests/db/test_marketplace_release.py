@@ -81,7 +81,7 @@ def run_in(world: World, session_id: Any) -> Run:
 def test_start_run_records_the_released_version_sticky_per_session() -> None:
     world = make_world()
     v2 = second_version(world)
-    services.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=world.operator)
+    services.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=actor_for_user(world.operator))
 
     sessions = SESSIONS[:400]
     runs = [run_in(world, s) for s in sessions]
@@ -104,16 +104,16 @@ def test_weights_are_validated_and_audited() -> None:
     second_version(world)
 
     with pytest.raises(services.InvalidWeights, match="add up to 95"):
-        services.set_release_weights(agent=world.agent, weights={1: 90, 2: 5}, actor=world.operator)
+        services.set_release_weights(agent=world.agent, weights={1: 90, 2: 5}, actor=actor_for_user(world.operator))
     with pytest.raises(services.InvalidWeights, match="is not a version of agent"):
-        services.set_release_weights(agent=world.agent, weights={other.version: 100}, actor=world.operator)
+        services.set_release_weights(agent=world.agent, weights={other.version: 100}, actor=actor_for_user(world.operator))
     with pytest.raises(services.InvalidWeights, match="v9 is not a version"):
-        services.set_release_weights(agent=world.agent, weights={"v1": 91, "v9": 9}, actor=world.operator)
+        services.set_release_weights(agent=world.agent, weights={"v1": 91, "v9": 9}, actor=actor_for_user(world.operator))
     with pytest.raises(services.NotAllowed):
-        services.set_release_weights(agent=world.agent, weights={1: 100}, actor=other.operator)
+        services.set_release_weights(agent=world.agent, weights={1: 100}, actor=actor_for_user(other.operator))
     assert not ReleaseWeight.objects.filter(agent=world.agent).exists()
 
-    services.set_release_weights(agent=world.agent, weights={"v1": 80, "v2": 20}, actor=world.operator)
+    services.set_release_weights(agent=world.agent, weights={"v1": 80, "v2": 20}, actor=actor_for_user(world.operator))
 
     change = ConfigChange.objects.get(action="release.weights_set", actor=world.operator)
     assert change.details == {"weights": {"v1": 80, "v2": 20}, "previous": {}}
@@ -123,12 +123,12 @@ def test_weights_are_validated_and_audited() -> None:
 def test_rollback_takes_effect_on_the_next_run() -> None:
     world = make_world()
     v2 = second_version(world)
-    services.set_release_weights(agent=world.agent, weights={1: 50, 2: 50}, actor=world.operator)
+    services.set_release_weights(agent=world.agent, weights={1: 50, 2: 50}, actor=actor_for_user(world.operator))
     on_v2 = [s for s in SESSIONS[:40] if run_in(world, s).version_id == v2.pk]
     assert on_v2
 
     # when an operator rolls v2 back
-    services.rollback_version(agent=world.agent, version=v2, actor=world.operator, reason="bad answers")
+    services.rollback_version(agent=world.agent, version=v2, actor=actor_for_user(world.operator), reason="bad answers")
 
     # then the very next run of every v2 session gets the stable v1; no deploy, no restart
     assert {run_in(world, s).version_id for s in on_v2} == {world.version.pk}
@@ -138,7 +138,7 @@ def test_rollback_takes_effect_on_the_next_run() -> None:
     assert change.actor == world.operator
     assert change.details["reason"] == "bad answers" and change.details["moved"] == 50 and not change.details["automatic"]
     with pytest.raises(services.MarketplaceError, match="stable version"):
-        services.rollback_version(agent=world.agent, version=world.version, actor=world.operator)
+        services.rollback_version(agent=world.agent, version=world.version, actor=actor_for_user(world.operator))
 
 
 def finish(world: World, version: AgentVersion, reasons: list[str], cost: float = 0.0) -> None:
@@ -152,8 +152,9 @@ def finish(world: World, version: AgentVersion, reasons: list[str], cost: float 
 def test_an_error_spike_trips_the_guard_and_the_weight_returns_to_stable() -> None:
     world = make_world()
     v2 = second_version(world)
-    services.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=world.operator)
-    services.set_release_guard(agent=world.agent, metric="error_rate", threshold=0.2, window=20, min_runs=10, actor=world.operator)
+    services.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=actor_for_user(world.operator))
+    services.set_release_guard(agent=world.agent, metric="error_rate", threshold=0.2, window=20, min_runs=10,
+                               actor=actor_for_user(world.operator))
 
     # healthy so far, and too few runs to judge
     finish(world, v2, ["final_answer"] * 6 + ["error"])
@@ -180,8 +181,9 @@ def test_an_error_spike_trips_the_guard_and_the_weight_returns_to_stable() -> No
 def test_a_cost_guard_looks_at_the_average_cost_per_run() -> None:
     world = make_world()
     v2 = second_version(world)
-    services.set_release_weights(agent=world.agent, weights={1: 0, 2: 100}, actor=world.operator)
-    services.set_release_guard(agent=world.agent, metric="cost_per_run", threshold=0.05, window=10, min_runs=5, actor=world.operator)
+    services.set_release_weights(agent=world.agent, weights={1: 0, 2: 100}, actor=actor_for_user(world.operator))
+    services.set_release_guard(agent=world.agent, metric="cost_per_run", threshold=0.05, window=10, min_runs=5,
+                               actor=actor_for_user(world.operator))
     finish(world, v2, ["final_answer"] * 5, cost=0.04)
     assert services.check_release_guards() == []
     finish(world, v2, ["final_answer"] * 5, cost=0.09)
@@ -203,7 +205,7 @@ def test_tool_gray_release_and_kill_switch() -> None:
     tool = Tool.objects.get(tenant=world.tenant, name="query_order")
     assert tool_allowed_for(tool, world.tenant.pk, "any") == (True, "")
 
-    services.set_tool_rollout(tool=tool, enabled_percent=10, actor=world.operator)
+    services.set_tool_rollout(tool=tool, enabled_percent=10, actor=actor_for_user(world.operator))
 
     decisions = [tool_allowed_for(tool, world.tenant.pk, s)[0] for s in SESSIONS]
     assert 0.08 <= sum(decisions) / len(decisions) <= 0.12
@@ -213,7 +215,7 @@ def test_tool_gray_release_and_kill_switch() -> None:
     assert ConfigChange.objects.filter(action="tool.rollout_set", actor=world.operator).exists()
 
     # the kill switch wins at once, for every session
-    set_tool_enabled(tool=tool, enabled=False, actor=world.operator)
+    set_tool_enabled(tool=tool, enabled=False, actor=actor_for_user(world.operator))
     allowed, reason = tool_allowed_for(tool, world.tenant.pk, SESSIONS[0])
     assert not allowed and "switched off" in reason
     assert not tool_allowed_for(tool, world.tenant.pk + 10_000, SESSIONS[0])[0]  # and never for another tenant

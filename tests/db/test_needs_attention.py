@@ -288,7 +288,8 @@ def test_the_api_shows_why_a_run_needs_attention_and_filters_on_it(
     assert ids("") == {str(marked.pk), str(plain.pk)}
     bad = api.get("/api/v1/runs?needs_attention=maybe")
     assert bad.status_code == 400
-    assert bad.json() == {"needs_attention": ["Must be true or false; got 'maybe'."]}
+    assert bad.json()["needs_attention"] == ["Must be true or false; got 'maybe'."]
+    assert bad.json()["error"] == {"code": "invalid", "message": "Must be true or false; got 'maybe'.", "field": "needs_attention"}
 
 
 def test_resolving_through_the_api_is_audited_with_the_actor_and_happens_once(world: World) -> None:

@@ -21,6 +21,7 @@ from agents.provider_services import check_connection
 from agents.providers import SecretError, encrypt_secret, provider_config
 from tenants.scoping import actor_for_user
 from tests.factories import World, make_user, make_world
+from tests.support.deployment import set_env
 from tests.support.recording_sink import RecordingSink
 
 WORKER_SECRET = "worker-secret-value-0123456789"
@@ -111,11 +112,11 @@ def test_the_admin_refuses_an_environment_reference_from_a_tenant_operator(world
     assert not Provider.objects.exists()
 
 
-def test_a_granted_deployment_secret_may_be_used_by_the_tenant(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_granted_deployment_secret_may_be_used_by_the_tenant(world: World, monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
     # given a platform administrator granted the secret SHOP to this tenant
     world.tenant.settings = {"provider_secrets": ["SHOP"]}
     world.tenant.save()
-    monkeypatch.setenv("PROVIDER_SECRET_SHOP", "sk-shop-from-the-deployment")
+    set_env(settings, "PROVIDER_SECRET_SHOP", "sk-shop-from-the-deployment")
     response = _key_client(world.raw_key).post("/api/v1/providers", _body(api_key="secret:SHOP"), format="json")
     assert response.status_code == 201, response.content
     assert response.json()["api_key_status"] == "set (from secret:SHOP)"
@@ -168,7 +169,9 @@ def test_the_message_is_the_same_whether_the_variable_exists_or_not(world: World
     assert str(caught.value) == "the API key of provider 'same' is not configured: paste the key again (it is stored encrypted)"
 
 
-def test_a_platform_provider_reads_a_secret_from_the_declared_prefix_only(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_platform_provider_reads_a_secret_from_the_declared_prefix_only(
+    world: World, monkeypatch: pytest.MonkeyPatch, settings: Any,
+) -> None:
     root = make_user(is_superuser=True, is_staff=True)
     client = _user_client(root)
     # env:NAME is refused even for a superuser; secret:NAME is the way
@@ -179,21 +182,21 @@ def test_a_platform_provider_reads_a_secret_from_the_declared_prefix_only(world:
     )
     assert created.status_code == 201, created.content
     row = Provider.objects.get(pk=created.json()["id"])
-    monkeypatch.setenv("PROVIDER_SECRET_ACME", "sk-acme-from-prefix")
-    monkeypatch.setenv("PROVIDER_SECRET_ORG", "org-from-prefix")
+    set_env(settings, "PROVIDER_SECRET_ACME", "sk-acme-from-prefix")
+    set_env(settings, "PROVIDER_SECRET_ORG", "org-from-prefix")
     monkeypatch.setenv("ACME", "sk-bare-name-must-not-be-read")
     config = provider_config(row)
     assert config.api_key == "sk-acme-from-prefix" and config.default_headers == {"X-Org": "org-from-prefix"}
     # the bare variable is never a fallback
-    monkeypatch.delenv("PROVIDER_SECRET_ACME")
+    set_env(settings, "PROVIDER_SECRET_ACME", None)
     with pytest.raises(SecretError) as caught:
         provider_config(row)
     assert str(caught.value) == "the API key of provider 'mine' is not configured: paste the key again (it is stored encrypted)"
 
 
-def test_the_default_openai_provider_still_comes_from_the_environment(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OPENAI_BASE_URL", "https://api.example.invalid/v1")
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-deployment-default")
+def test_the_default_openai_provider_still_comes_from_the_environment(world: World, monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    set_env(settings, "OPENAI_BASE_URL", "https://api.example.invalid/v1")
+    set_env(settings, "OPENAI_API_KEY", "sk-deployment-default")
     from agents.providers import env_default_provider
 
     default = env_default_provider()

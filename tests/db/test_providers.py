@@ -19,6 +19,7 @@ from llm import ProviderAuthError
 from runtime.config import check_policy
 from runtime.types import ModelRequest, TerminalReason
 from tests.factories import World, make_user, make_world
+from tests.support.deployment import set_env
 from tests.support.fake_openai import FakeOpenAI, server_error, text
 from tests.unit.runtime.helpers import harness
 
@@ -246,10 +247,10 @@ def test_the_admin_hides_a_foreign_tenants_provider(worlds: Any) -> None:
 # -- the gateway a run gets ---------------------------------------------------------------------
 
 
-def test_a_run_gets_its_tenants_providers_the_env_default_and_demo(worlds: Any, fake: FakeOpenAI, monkeypatch: Any) -> None:
+def test_a_run_gets_its_tenants_providers_the_env_default_and_demo(worlds: Any, fake: FakeOpenAI, monkeypatch: Any, settings: Any) -> None:
     world, other = worlds
-    monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
-    monkeypatch.setenv("OPENAI_API_KEY", SECRET_KEY_VALUE)
+    set_env(settings, "OPENAI_BASE_URL", fake.base_url)
+    set_env(settings, "OPENAI_API_KEY", SECRET_KEY_VALUE)
     _create(_client(world.operator), name="acme", base_url=fake.base_url)
     _create(_client(other.operator), name="other-only", base_url=fake.base_url)
     run = _run(world, "acme/gpt-4o-mini")
@@ -275,9 +276,9 @@ def test_gateways_are_cached_until_a_provider_changes(worlds: Any, fake: FakeOpe
     assert changed is not first and changed.providers["acme"].timeout == 7
 
 
-def test_unusable_providers_fail_with_a_reason_and_fall_back(worlds: Any, fake: FakeOpenAI, monkeypatch: Any) -> None:
+def test_unusable_providers_fail_with_a_reason_and_fall_back(worlds: Any, fake: FakeOpenAI, monkeypatch: Any, settings: Any) -> None:
     world, _ = worlds
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    set_env(settings, "OPENAI_BASE_URL", None)
     created = _create(_client(world.operator), name="acme", base_url=fake.base_url).json()
     _client(world.operator).patch(f"/api/v1/providers/{created['id']}", {"enabled": False}, format="json")
     run = _run(world, "acme/gpt-4o-mini", {"model": {"fallbacks": ["demo/planner"]}})
@@ -312,10 +313,10 @@ def test_a_failover_on_500_reaches_the_second_provider(worlds: Any, fake: FakeOp
         assert outcomes == [("primary", "server_error"), ("primary", "server_error"), ("backup", "ok")]
 
 
-def test_seed_demo_adds_the_llm_agent_on_the_default_provider(db: Any, monkeypatch: Any) -> None:
-    monkeypatch.setenv("DEMO_PASSWORD", "demo-password-123")
-    monkeypatch.setenv("DEMO_API_KEY", "aok_0123abcd_s3cr3t-value")
-    monkeypatch.setenv("OPENAI_MODEL", "gpt-4.1-mini")
+def test_seed_demo_adds_the_llm_agent_on_the_default_provider(db: Any, monkeypatch: Any, settings: Any) -> None:
+    set_env(settings, "DEMO_PASSWORD", "demo-password-123")
+    set_env(settings, "DEMO_API_KEY", "aok_0123abcd_s3cr3t-value")
+    set_env(settings, "OPENAI_MODEL", "gpt-4.1-mini")
     call_command("seed_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
     agent = Agent.objects.get(slug="order-assistant-llm", tenant__slug="demo")
     assert agent.current_version.model == "openai/gpt-4.1-mini"

@@ -14,6 +14,7 @@ from agents.models import Run, RunMessage
 from audit.models import ConfigChange, ToolCallAudit
 from tenants.models import Role
 from tests.factories import World, make_user, make_world
+from tests.support.deployment import set_env
 from tests.support.refund_target import RefundTarget, add_refund_tool, serve_refund_target
 from tools.models import ApprovalRequest, Tool
 
@@ -192,13 +193,13 @@ def test_whoever_started_the_run_cannot_approve_its_calls(live_stack: Any, desks
 
 def test_the_demo_walkthrough_refund_approved_then_done(
     live_stack: Any, django_db_blocker: Any, unblocked_db: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+, settings: Any) -> None:
     # given the seeded demo (order-desk installed, its refund_order needs approval)
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    monkeypatch.setenv("DEMO_API_KEY", "aok_d3e40000_walkthrough-demo-key")
-    monkeypatch.setenv("DEMO_PASSWORD", "walkthrough-password")
+    set_env(settings, "DEMO_API_KEY", "aok_d3e40000_walkthrough-demo-key")
+    set_env(settings, "DEMO_PASSWORD", "walkthrough-password")
     call_command("seed_demo")
     approver = get_user_model().objects.get(username="approver")
     _key, approver_key = tenant_services.create_api_key(

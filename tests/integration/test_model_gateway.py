@@ -24,6 +24,7 @@ from agents.models import Agent, AgentVersion, Run, RunEvent
 from audit.models import ConfigChange
 from tenants.scoping import actor_for_user
 from tests.factories import World, make_world
+from tests.support.deployment import set_env
 from tests.support.fake_openai import FakeOpenAI, server_error, text
 from tests.support.live_stack import LiveStack, make_live_stack
 
@@ -198,10 +199,12 @@ def test_a_misconfigured_provider_ends_the_run_with_a_clear_error(
     assert finished.payload["terminal_reason"] == "error" and expected_text in finished.payload["reason"]
 
 
-def test_the_seeded_llm_agent_runs_on_the_default_provider(stack: LiveStack, django_db_blocker: Any, monkeypatch: Any) -> None:
-    monkeypatch.setenv("DEMO_API_KEY", DEMO_API_KEY)
-    monkeypatch.setenv("DEMO_PASSWORD", "demo-password-for-tests")
-    monkeypatch.setenv("OPENAI_MODEL", "gpt-4o-mini")
+def test_the_seeded_llm_agent_runs_on_the_default_provider(
+    stack: LiveStack, django_db_blocker: Any, monkeypatch: Any, settings: Any,
+) -> None:
+    set_env(settings, "DEMO_API_KEY", DEMO_API_KEY)
+    set_env(settings, "DEMO_PASSWORD", "demo-password-for-tests")
+    set_env(settings, "OPENAI_MODEL", "gpt-4o-mini")
     with django_db_blocker.unblock(), open(os.devnull, "w") as sink:
         call_command("seed_demo", stdout=sink)
     run = stack.wait_for_run(DEMO_API_KEY, _start(stack, DEMO_API_KEY, "order-assistant-llm"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from typing import Any
@@ -15,18 +14,15 @@ class Command(BaseCommand):
     help = "Serve the console over ASGI (HTTP + websockets). In embedded mode also runs a Celery worker in-process."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
-        parser.add_argument("--port", type=int, default=None, help="Default: $PORT or 8000.")
+        parser.add_argument("--host", default=settings.SERVE_HOST, help="Default: $HOST or 127.0.0.1.")
+        parser.add_argument("--port", type=int, default=settings.SERVE_PORT, help="Default: $PORT or 8000.")
         parser.add_argument("--no-worker", action="store_true", help="Do not start the embedded worker.")
 
-    def handle(self, *args: Any, host: str, port: int | None, no_worker: bool, **options: Any) -> None:
+    def handle(self, *args: Any, host: str, port: int, no_worker: bool, **options: Any) -> None:
         import uvicorn
 
-        if port is None:
-            raw = os.environ.get("PORT", "8000")
-            if not raw.isdigit() or not 0 < int(raw) < 65536:
-                raise CommandError(f"PORT must be a TCP port number (1-65535), got {raw!r}.")
-            port = int(raw)
+        if not 0 < port < 65536:
+            raise CommandError(f"--port must be a TCP port number (1-65535), got {port}.")
         if settings.EMBEDDED and not no_worker:
             from config.embedded import start_embedded_worker  # only the embedded mode starts Celery in this process
 
@@ -37,4 +33,4 @@ class Command(BaseCommand):
         # (e.g. flushing OpenTelemetry spans) still run.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         uvicorn.run("config.asgi:application", host=host, port=port, ws="websockets", lifespan="off",
-                    log_level=os.environ.get("UVICORN_LOG_LEVEL", "warning"), proxy_headers=False)
+                    log_level=settings.UVICORN_LOG_LEVEL, proxy_headers=False)

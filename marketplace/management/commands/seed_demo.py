@@ -8,7 +8,6 @@ so a second run prints the same credentials.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from typing import Any
 
@@ -24,6 +23,7 @@ from marketplace.models import PluginInstall
 from marketplace.services import install_plugin
 from marketplace.sync import sync_catalog
 from tenants.models import ApiKey, Role, Tenant, hash_key
+from tenants.scoping import actor_for_user
 from tools.models import Tool
 
 SYSTEM_PROMPT = (
@@ -54,20 +54,20 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         stored = _stored()
-        password = os.environ.get("DEMO_PASSWORD") or stored.get("password") or secrets.token_urlsafe(12)
-        api_key = os.environ.get("DEMO_API_KEY") or stored.get("api_key") or ApiKey.generate()[0]
+        password = settings.DEMO_PASSWORD or stored.get("password") or secrets.token_urlsafe(12)
+        api_key = settings.DEMO_API_KEY or stored.get("api_key") or ApiKey.generate()[0]
         if ApiKey.prefix_of(api_key) is None:
             raise CommandError("DEMO_API_KEY must look like aok_<8 hex chars>_<secret>, e.g. aok_0123abcd_s3cr3t-value.")
         if len(password) < 10:
             raise CommandError("DEMO_PASSWORD must be at least 10 characters long.")
         with transaction.atomic():
             self._seed(password, api_key)
-        if not os.environ.get("DEMO_API_KEY") or not os.environ.get("DEMO_PASSWORD"):
+        if not settings.DEMO_API_KEY or not settings.DEMO_PASSWORD:
             _store({"password": password, "api_key": api_key})
         self.stdout.write(self.style.SUCCESS("Demo data ready."))
         self.stdout.write(f"  admin / operator / approver password: {password}")
         self.stdout.write(f"  API key (tenant demo, role operator):  {api_key}")
-        if not os.environ.get("OPENAI_BASE_URL"):
+        if not settings.OPENAI_BASE_URL:
             self.stdout.write("  order-assistant-llm needs OPENAI_BASE_URL (and OPENAI_API_KEY) or a provider named 'openai'.")
         self.stdout.write("  try: curl -H 'Authorization: Bearer <key>' -H 'Content-Type: application/json' "
                           "-d '{\"agent\":\"order-assistant\",\"input\":\"where is order O202411280001?\"}' "
@@ -79,7 +79,7 @@ class Command(BaseCommand):
         install = PluginInstall.objects.filter(tenant=tenant, plugin_key="order-desk").first()
         if install is None:
             # An earlier seed made the tools as the tenant's own; the install takes them over.
-            install = install_plugin(tenant=tenant, plugin_key="order-desk", actor=admin)
+            install = install_plugin(tenant=tenant, plugin_key="order-desk", actor=actor_for_user(admin))
         return list(Tool.objects.filter(plugin_install=install).order_by("name"))
 
     def _seed(self, password: str, api_key: str) -> None:
@@ -93,9 +93,10 @@ class Command(BaseCommand):
             user.save()
             users[username] = user
         admin = users["admin"]
-        tenant_services.set_membership(tenant=tenant, user=users["operator"], role=Role.OPERATOR, actor=admin)
-        tenant_services.set_membership(tenant=tenant, user=users["approver"], role=Role.APPROVER, actor=admin)
-        tenant_services.set_membership(tenant=tenant, user=admin, role=Role.OWNER, actor=admin)
+        by_admin = actor_for_user(admin)
+        tenant_services.set_membership(tenant=tenant, user=users["operator"], role=Role.OPERATOR, actor=by_admin)
+        tenant_services.set_membership(tenant=tenant, user=users["approver"], role=Role.APPROVER, actor=by_admin)
+        tenant_services.set_membership(tenant=tenant, user=admin, role=Role.OWNER, actor=by_admin)
 
         tools = self._order_desk(tenant, admin)
         agent, _ = Agent.objects.get_or_create(
@@ -125,4 +126,4 @@ class Command(BaseCommand):
 
         if not ApiKey.objects.filter(hashed=hash_key(api_key)).exists():
             tenant_services.create_api_key(tenant=tenant, name="demo", owner=users["operator"], role=Role.OPERATOR,
-                                           actor=admin, raw=api_key)
+                                           actor=by_admin, raw=api_key)
