@@ -7,10 +7,12 @@ from typing import Any
 from agents import hooks
 from agents.extensions import registry as extension_registry
 from agents.models import Run, Turn
+from agents.run_policy import policy_for
 from agents.store import DjangoRunStore
 from approvals.gate import ApprovalGate
 from audit.masking import mask_text
-from runtime.config import build_runtime, parse_policy, raw_input_patterns
+from audit.unit_of_work import StepAudit
+from runtime.config import build_runtime, raw_input_patterns
 from runtime.context import ContextInput, assemble_context
 from runtime.context import Turn as ContextTurn
 from runtime.loop import AgentConfig, AgentLoop
@@ -28,7 +30,7 @@ def initial_checkpoint(run: Run, model_info: Any) -> Checkpoint:
     What the user typed is masked again here (idempotent; ``start_run`` stored it masked), so rows written
     before input masking or by other paths never bring raw personal data or secrets to the model.
     """
-    raw = raw_input_patterns(run.version.policy)
+    raw = raw_input_patterns(policy_for(run).document)
     turns = list(Turn.objects.filter(session_id=run.session_id).order_by("-turn_seq")[:HISTORY_TURNS])
     history = [
         ContextTurn(t.turn_seq, [{"role": "user", "content": mask_text(t.user_message, keep=raw)},
@@ -61,7 +63,7 @@ def visible_tools(run: Run) -> list[Tool]:
 
 def approval_overrides(run: Run) -> dict[str, dict[str, Any]]:
     """Per-version approval policy overrides by tool name (``policy.approvals.tools``)."""
-    overrides = ((run.version.policy or {}).get("approvals") or {}).get("tools") or {}
+    overrides = policy_for(run).section("approvals", "tools")
     return {str(k): dict(v) for k, v in overrides.items() if isinstance(v, dict)}
 
 
@@ -84,10 +86,7 @@ def build_loop(run: Run, lease_token: str) -> AgentLoop:
     enabled = [t for t in tools if t.enabled]
     info = model_info_for(run)
     extensions = extension_registry()  # the hook/interceptor kinds the platform allows (entry points + built-ins)
-    policy = parse_policy(run.version.policy or {}, extensions=extensions)
-    tier_table = (run.tenant.settings or {}).get("tiers")
-    if tier_table and not policy.document["limits"]["tiers"]["table"]:
-        policy.document["limits"]["tiers"]["table"] = tier_table
+    policy = policy_for(run)  # parsed once for the run (routing and approvals read the same), never edited after
     config = AgentConfig(
         model=run.version.model,
         system_prompt=run.version.system_prompt,
@@ -97,8 +96,8 @@ def build_loop(run: Run, lease_token: str) -> AgentLoop:
         context_window=info.context_window if info else 128_000,
     )
     runtime = build_runtime(policy, config, extensions=extensions)  # instantiates the policy's hooks and interceptors
-    audit_buffer: list[Any] = []
-    store = DjangoRunStore(run, lease_token, initial=lambda: initial_checkpoint(run, info), audit_buffer=audit_buffer)
-    gateway = ToolGateway(run=run, tools=tools, audit_buffer=audit_buffer, grants=session_grants(run),
+    audit = StepAudit()  # the step's audit rows: the gateway adds them, the store commits them with the step
+    store = DjangoRunStore(run, lease_token, initial=lambda: initial_checkpoint(run, info), audit=audit)
+    gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=session_grants(run),
                           approvals=ApprovalGate(run, overrides=approval_overrides(run)), tool_policy=hooks.tool_allowed_for)
     return runtime.loop(model_client_for(run), gateway, store)

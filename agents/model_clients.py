@@ -40,12 +40,12 @@ from agents.providers import (
     guarded_client_for,
     provider_config,
 )
+from agents.run_policy import policy_for
 from config.buckets import bucket_store
 from llm import GatewayConfig, ModelGateway, ModelInfo, ProviderConfig, ProviderError, RateLimit
 from llm.breaker import CircuitBreaker
 from llm.openai_client import split_model
 from llm.ratelimit import Bucket, BucketStore
-from runtime.config import parse_policy
 from runtime.protocols import ModelClient
 from runtime.types import ModelRequest, ModelResponse
 
@@ -105,7 +105,7 @@ class ScopedBucketStore:
 
 def _routing(run: Any) -> dict[str, Any]:
     try:
-        section = parse_policy(run.version.policy or {}).document["model"]
+        section = policy_for(run).section("model")
     except ValueError:
         section = {"fallbacks": [], "task_models": {}}  # the loop reports the invalid policy itself
     return {"fallbacks": list(section["fallbacks"]), "task_models": dict(section["task_models"])}

@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from agents import attention, metrics, otel
 from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
-from audit.chain import write_sealed
 from audit.masking import mask_value
+from audit.unit_of_work import StepAudit
 from config import live
 from runtime.protocols import Checkpoint, StepAck, StepRecord
 from runtime.types import Event, Phase, Usage
@@ -95,11 +95,11 @@ def _with_attention_events(events: list[Event], reasons: list[dict[str, Any]], w
 class DjangoRunStore:
     """Implements ``runtime.protocols.RunStore`` for one run held under a lease."""
 
-    def __init__(self, run: Run, lease_token: str, *, initial: Callable[[], Checkpoint], audit_buffer: list[Any]) -> None:
+    def __init__(self, run: Run, lease_token: str, *, initial: Callable[[], Checkpoint], audit: StepAudit) -> None:
         self.run = run
         self.lease_token = lease_token
         self.initial = initial
-        self.audit_buffer = audit_buffer
+        self.audit = audit  # the step's audit rows, added by the tool gateway, committed (or dropped) here
 
     def load(self, run_id: str) -> Checkpoint:
         """A fresh run gets its assembled context; a resumed one its committed log and checkpoint."""
@@ -128,11 +128,11 @@ class DjangoRunStore:
                 .first()
             )
             if locked is None or locked["lease_token"] != self.lease_token or locked["step"] != record.step - 1:
-                self.audit_buffer.clear()
+                self.audit.discard()
                 return StepAck(lease_lost=True)
             # A write whose outcome is unknown marks the run for an operator, with this step (agents/attention.py).
-            reasons = attention.reasons_for_writes(self.audit_buffer, at=now)
-            events = _with_attention_events(record.events, reasons, self.audit_buffer)
+            reasons = attention.reasons_for_writes(self.audit.pending, at=now)
+            events = _with_attention_events(record.events, reasons, self.audit.pending)
             rows = event_rows(run, locked["last_seq"] + 1, record.step, events)
             RunEvent.objects.bulk_create(rows)
             if record.appended_messages:
@@ -140,9 +140,7 @@ class DjangoRunStore:
                     RunMessage(tenant_id=run.tenant_id, run_id=run.pk, index=locked["message_count"] + i, step=record.step, message=m)
                     for i, m in enumerate(record.appended_messages)
                 )
-            if self.audit_buffer:
-                write_sealed(self.audit_buffer, run.tenant_id)
-                self.audit_buffer.clear()
+            self.audit.commit(run.tenant_id)
             finished = record.phase == Phase.FINISHED
             changes: dict[str, Any] = {
                 "step": record.step,

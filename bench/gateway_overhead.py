@@ -93,7 +93,7 @@ def make_world() -> World:
     return World(tenant, run, tools)
 
 
-def gateway(world: World, *, production: bool, buffer: list[Any]) -> Any:
+def gateway(world: World, *, production: bool, buffer: Any) -> Any:
     """A ToolGateway for the run; ``production``: wired as ``agents.engine.build_loop`` wires it."""
     from agents.engine import approval_overrides, session_grants
     from approvals.gate import ApprovalGate
@@ -101,8 +101,8 @@ def gateway(world: World, *, production: bool, buffer: list[Any]) -> Any:
     from tools.gateway import ToolGateway
 
     if not production:
-        return ToolGateway(run=world.run, tools=world.tools, audit_buffer=buffer)
-    return ToolGateway(run=world.run, tools=world.tools, audit_buffer=buffer, grants=session_grants(world.run),
+        return ToolGateway(run=world.run, tools=world.tools, audit=buffer)
+    return ToolGateway(run=world.run, tools=world.tools, audit=buffer, grants=session_grants(world.run),
                        approvals=ApprovalGate(world.run, overrides=approval_overrides(world.run)), tool_policy=tool_allowed_for)
 
 
@@ -192,7 +192,9 @@ def measure_calls(world: World, calls: int, warmup: int) -> list[dict[str, Any]]
             return cursor.fetchone()
 
     def through(production: bool, name: str) -> Callable[[int], Any]:
-        buffer: list[Any] = []
+        from audit.unit_of_work import StepAudit
+
+        buffer = StepAudit()
         gw = gateway(world, production=production, buffer=buffer)
         run_id = str(world.run.pk)
 
@@ -201,7 +203,7 @@ def measure_calls(world: World, calls: int, warmup: int) -> list[dict[str, Any]]
             outcome = gw.execute(ToolCall(f"call_{i}", name, "{}"), ToolContext(run_id=run_id, step=i + 1_000_000, span_id="s"))
             if outcome.status != ToolStatus.OK:
                 raise SystemExit(f"the benchmark call failed: {outcome.status}: {outcome.content}")
-            buffer.clear()  # the step's commit would write them; measured separately
+            buffer.discard()  # the step's commit would write them; measured separately
             return outcome
 
         return one
@@ -218,13 +220,14 @@ def measure_calls(world: World, calls: int, warmup: int) -> list[dict[str, Any]]
 
 
 def measure_audit(world: World, batches: int, warmup: int) -> list[dict[str, Any]]:
+    from audit.unit_of_work import StepAudit
     from runtime.types import ToolCall, ToolContext
 
-    rows: list[Any] = []
+    rows = StepAudit()
     gw = gateway(world, production=False, buffer=rows)
 
     def audit_rows(n: int) -> list[Any]:
-        rows.clear()
+        rows.discard()
         for _ in range(n):
             gw.execute(ToolCall("call_a", "noop", "{}"), ToolContext(run_id=str(world.run.pk), step=1, span_id="s"))
         return list(rows)

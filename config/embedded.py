@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from celery.beat import EmbeddedService
-from celery.contrib.testing.worker import TestWorkController, setup_app_for_worker
+from celery.worker import WorkController
 
 from config.celery import app
 
@@ -25,6 +26,22 @@ log = logging.getLogger(__name__)
 
 _started = threading.Event()
 _lock = threading.Lock()
+READY_TIMEOUT_SECONDS = 30
+
+
+class EmbeddedWorker(WorkController):
+    """Celery's own worker (``celery.worker.WorkController``, what ``celery worker`` runs), told when it consumes.
+
+    Logging stays Django's (``settings.LOGGING``): the worker does not set up its own.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.consuming = threading.Event()
+        super().__init__(*args, **kwargs)
+
+    def on_consumer_ready(self, consumer: Any) -> None:
+        super().on_consumer_ready(consumer)
+        self.consuming.set()
 
 
 def start_embedded_worker(concurrency: int = 4) -> None:
@@ -32,8 +49,10 @@ def start_embedded_worker(concurrency: int = 4) -> None:
     with _lock:
         if _started.is_set():
             return
-        setup_app_for_worker(app, loglevel="WARNING", logfile=None)
-        worker = TestWorkController(
+        app.finalize()
+        app.set_current()
+        app.set_default()
+        worker = EmbeddedWorker(
             app=app, concurrency=concurrency, pool="threads", loglevel="WARNING", logfile=None,
             hostname="embedded@agentops", ready_callback=None,
             without_heartbeat=True, without_mingle=True, without_gossip=True,
@@ -41,7 +60,8 @@ def start_embedded_worker(concurrency: int = 4) -> None:
         )
         thread = threading.Thread(target=worker.start, name="embedded-celery-worker", daemon=True)
         thread.start()
-        worker.ensure_started()
+        if not worker.consuming.wait(READY_TIMEOUT_SECONDS):
+            raise RuntimeError(f"the embedded Celery worker did not start consuming within {READY_TIMEOUT_SECONDS} s")
         _started.set()
         log.info("embedded Celery worker started (%d threads, in-memory broker)", concurrency)
         beat = EmbeddedService(app, thread=True, scheduler_cls="celery.beat:Scheduler")

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from audit.masking import mask_value, summarize_arguments
 from audit.models import ToolCallAudit, ToolCallStatus
+from audit.unit_of_work import StepAudit
 from config.buckets import bucket_store
 from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from tools import bulkhead, rate_limits
@@ -93,7 +94,7 @@ class ToolGateway:
         *,
         run: Any,
         tools: list[Tool],
-        audit_buffer: list[AuditWrite],
+        audit: StepAudit,
         grants: set[str] | None = None,
         approvals: Any = None,
         tool_policy: Any = None,
@@ -101,7 +102,7 @@ class ToolGateway:
     ) -> None:
         self.run = run
         self.tools = {t.name: t for t in tools}
-        self.audit_buffer = audit_buffer
+        self.audit = audit  # the step's unit of work: the run store commits these rows with the step
         self.whitelist = {n for n in run.version.tools if isinstance(n, str)}
         self.grants = set(grants or ())
         self.approvals = approvals
@@ -392,7 +393,7 @@ class ToolGateway:
         if s.started_row is not None:
             row.created_at = s.started_row.created_at  # completing the started row keeps its time
             row.attempt_call_ids = attempt_ids(s.started_row, s.call.id)
-        self.audit_buffer.append(AuditWrite(row, started_pk=s.started_row.pk if s.started_row is not None else None))
+        self.audit.add(AuditWrite(row, started_pk=s.started_row.pk if s.started_row is not None else None))
         tool = s.tool
         outcome.trace.append(
             {

@@ -16,6 +16,7 @@ from agents import services
 from agents.models import Agent, AgentVersion, Run, RunStatus
 from audit.chain import write_sealed
 from audit.models import ToolCallAudit
+from audit.unit_of_work import StepAudit
 from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_world
@@ -50,8 +51,8 @@ def _parent(world: World, tool: Tool, **facts: Any) -> tuple[ToolGateway, list[A
     if facts:
         Run.objects.filter(pk=run.pk).update(facts={**run.facts, **facts})
         run.refresh_from_db()
-    buffer: list[AuditWrite] = []
-    return ToolGateway(run=run, tools=[tool], audit_buffer=buffer), buffer, run
+    buffer = StepAudit()
+    return ToolGateway(run=run, tools=[tool], audit=buffer), buffer, run
 
 
 def _call(gw: ToolGateway, arguments: dict[str, Any]) -> Any:

@@ -24,6 +24,7 @@ from agents.models import RunMessage
 from audit import chain
 from audit.chain import verify_tenant, write_sealed
 from audit.models import ToolCallAudit
+from audit.unit_of_work import StepAudit
 from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_world
@@ -59,14 +60,14 @@ def _write_tool(world: World, *, idempotent: bool = True) -> Tool:
 
 def _attempt(world: World, run: Any, tool_row: Tool, call_id: str, *, step: int = 1) -> tuple[ToolOutcome, list[AuditWrite]]:
     """One attempt of the step: the model named the call ``call_id``; the gateway runs it into a fresh buffer."""
-    buffer: list[AuditWrite] = []
+    buffer = StepAudit()
     run.version.tools = [tool_row.name]
-    gateway = ToolGateway(run=run, tools=[tool_row], audit_buffer=buffer)
+    gateway = ToolGateway(run=run, tools=[tool_row], audit=buffer)
     call = ToolCall(call_id, tool_row.name, json.dumps({"order_id": "O202411280001"}))
     return gateway.execute(call, ToolContext(run_id=str(run.pk), step=step, span_id="s")), buffer
 
 
-def _commit_step(world: World, run: Any, buffer: list[AuditWrite], call_id: str, outcome: ToolOutcome) -> None:
+def _commit_step(world: World, run: Any, buffer: StepAudit, call_id: str, outcome: ToolOutcome) -> None:
     """What the run store commits for the step: the assistant's call, its tool message and the audit rows."""
     with transaction.atomic():
         count = RunMessage.objects.filter(run=run).count()
@@ -151,9 +152,9 @@ def test_every_attempt_is_kept_through_two_crashes_and_a_repeated_id_is_not_doub
 
 def test_ordinary_rows_list_their_one_id(world: World) -> None:
     run = _run(world)
-    buffer: list[AuditWrite] = []
+    buffer = StepAudit()
     rows = list(Tool.objects.for_tenant(world.tenant))
-    gateway = ToolGateway(run=run, tools=rows, audit_buffer=buffer)
+    gateway = ToolGateway(run=run, tools=rows, audit=buffer)
     for call_id, name in (("c-read", "query_order"), ("c-unknown", "no_such_tool")):
         gateway.execute(ToolCall(call_id, name, '{"order_id": "O202411280001"}'), ToolContext(run_id=str(run.pk), step=1, span_id="s"))
     with transaction.atomic():

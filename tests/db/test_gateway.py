@@ -17,9 +17,11 @@ import tests.support.tools  # noqa: F401 - registers the test tools
 from agents import services
 from audit.chain import verify_tenant, write_sealed
 from audit.models import ToolCallAudit
+from audit.unit_of_work import StepAudit
 from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_world
+from tests.support.deployment import set_env
 from tools.gateway import AuditWrite, ToolGateway
 from tools.models import Tool, ToolCategory, ToolKind
 from tools.services import install_python_tool
@@ -72,10 +74,10 @@ def _run(world: World, **facts: Any) -> Any:
 def _gateway(
     world: World, run: Any, *, tools: list[Tool] | None = None, grants: set[str] | None = None
 ) -> tuple[ToolGateway, list[AuditWrite]]:
-    buffer: list[AuditWrite] = []
+    buffer = StepAudit()
     rows = tools if tools is not None else list(Tool.objects.for_tenant(world.tenant))
     run.version.tools = [t.name for t in rows]
-    return ToolGateway(run=run, tools=rows, audit_buffer=buffer, grants=grants), buffer
+    return ToolGateway(run=run, tools=rows, audit=buffer, grants=grants), buffer
 
 
 def _call(gw: ToolGateway, name: str, arguments: Any, *, step: int = 1, call_id: str = "c1") -> Any:
@@ -83,7 +85,7 @@ def _call(gw: ToolGateway, name: str, arguments: Any, *, step: int = 1, call_id:
     return gw.execute(ToolCall(call_id, name, raw), ToolContext(run_id="r", step=step, span_id="s"))
 
 
-def _commit(buffer: list[AuditWrite], tenant_id: int) -> list[ToolCallAudit]:
+def _commit(buffer: Any, tenant_id: int) -> list[ToolCallAudit]:
     with transaction.atomic():
         write_sealed(buffer, tenant_id)
     return list(ToolCallAudit.objects.filter(tenant_id=tenant_id).order_by("chain_seq"))
@@ -100,7 +102,7 @@ def test_unknown_disabled_and_unlisted_tools_are_denied_and_audited(world: World
     gw.whitelist.discard("query_logistics")
     unlisted = _call(gw, "query_logistics", {"order_id": "O202411280001"})
     assert unlisted.status == ToolStatus.DENIED and "may not use" in unlisted.content
-    rows = _commit(buffer + buffer2, world.tenant.pk)
+    rows = _commit([*buffer, *buffer2], world.tenant.pk)
     assert [r.status for r in rows] == ["denied", "denied", "denied"]
     assert all(r.error for r in rows)
 
@@ -141,7 +143,7 @@ def test_a_write_repeated_with_the_same_arguments_is_blocked(world: World) -> No
     gw, buffer = _gateway(world, run)
     assert _call(gw, "note", {"text": "call back"}, step=1).status == ToolStatus.OK
     _commit(buffer, world.tenant.pk)
-    buffer.clear()
+    buffer.discard()
     again = _call(gw, "note", {"text": "call back"}, step=2, call_id="c9")
     assert again.status == ToolStatus.DUPLICATE_BLOCKED and "already did this" in again.content
     assert _call(gw, "note", {"text": "something else"}, step=2, call_id="c10").status == ToolStatus.OK
@@ -176,8 +178,8 @@ def _http_tool(world: World, url: str, *, idempotent: bool, allow: list[str] | N
 
 def test_http_tools_send_an_idempotency_key_and_secrets_never_reach_audit_or_trace(
     world: World, target: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setenv("TOOL_SECRET_REFUNDS", "s3cr3t-refund-token-value")
+, settings: Any) -> None:
+    set_env(settings, "TOOL_SECRET_REFUNDS", "s3cr3t-refund-token-value")
     tool = _http_tool(world, target, idempotent=True, allow=["127.0.0.1"])
     run = _run(world)
     gw, buffer = _gateway(world, run, tools=[tool])
@@ -196,9 +198,9 @@ def test_http_tools_send_an_idempotency_key_and_secrets_never_reach_audit_or_tra
 
 
 def test_a_replayed_write_reuses_its_key_if_idempotent_and_is_not_repeated_otherwise(
-    world: World, target: str, monkeypatch: pytest.MonkeyPatch
+    world: World, target: str, monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
-    monkeypatch.setenv("TOOL_SECRET_REFUNDS", "token")
+    set_env(settings, "TOOL_SECRET_REFUNDS", "token")
     tool = _http_tool(world, target, idempotent=True, allow=["127.0.0.1"])
     run = _run(world)
     gw, _lost = _gateway(world, run, tools=[tool])

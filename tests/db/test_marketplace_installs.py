@@ -10,7 +10,7 @@ from accounts import services as tenant_services
 from agents.models import Agent
 from agents.services import RunRefused, start_run
 from audit.models import ConfigChange
-from marketplace import services
+from marketplace import installs, services
 from marketplace.access import resolvable_tools, tool_allowed_for
 from marketplace.catalog import AgentPreset, PluginCatalog, PluginSpec, PluginTool
 from marketplace.models import InstallStatus, PluginInstall
@@ -55,16 +55,16 @@ def test_an_operators_install_waits_for_an_owners_consent() -> None:
     owner = owner_of(world.tenant)
 
     # when an operator installs order-desk, which needs scopes
-    install = services.install_plugin(tenant=world.tenant, plugin_key="order-desk", actor=world.operator)
+    install = services.install_plugin(tenant=world.tenant, plugin_key="order-desk", actor=actor_for_user(world.operator))
 
     # then it waits for consent and provides no tool yet
     assert install.status == InstallStatus.PENDING_CONSENT and install.plugin is None
     assert "refund_order" not in names(world.tenant)
     with pytest.raises(services.NotAllowed, match="owner"):
-        services.accept_consent(install=install, actor=world.operator)
+        services.accept_consent(install=install, actor=actor_for_user(world.operator))
 
     # when the owner accepts
-    install = services.accept_consent(install=install, actor=owner)
+    install = services.accept_consent(install=install, actor=actor_for_user(owner))
 
     # then the plugin's tools exist, linked to the install (the tenant's own copies of the same functions adopted)
     assert install.status == InstallStatus.INSTALLED and install.granted_scopes == ["orders:read", "orders:refund"]
@@ -82,13 +82,13 @@ def test_an_operators_install_waits_for_an_owners_consent() -> None:
 def test_an_upgrade_adding_tools_scopes_and_hosts_is_held_until_consent(monkeypatch: pytest.MonkeyPatch) -> None:
     world = make_world()
     owner = owner_of(world.tenant)
-    monkeypatch.setattr(services, "catalog", flight_catalog("0.9.0", rebook=False))
-    install = services.install_plugin(tenant=world.tenant, plugin_key="flight-desk", actor=owner)
+    monkeypatch.setattr(installs, "catalog", flight_catalog("0.9.0", rebook=False))
+    install = services.install_plugin(tenant=world.tenant, plugin_key="flight-desk", actor=actor_for_user(owner))
     assert install.status == InstallStatus.INSTALLED and install.version == "0.9.0"
 
     # when the code ships 2.0.0 (a new write tool, a new scope, an outbound host) and an operator upgrades
-    monkeypatch.setattr(services, "catalog", flight_catalog("2.0.0", rebook=True, hosts=("api.airline.example",)))
-    install = services.upgrade_plugin(install=install, actor=world.operator)
+    monkeypatch.setattr(installs, "catalog", flight_catalog("2.0.0", rebook=True, hosts=("api.airline.example",)))
+    install = services.upgrade_plugin(install=install, actor=actor_for_user(world.operator))
 
     # then it is held; the old version keeps working and the new tool stays hidden (it does not even exist)
     assert install.status == InstallStatus.PENDING_CONSENT
@@ -101,10 +101,10 @@ def test_an_upgrade_adding_tools_scopes_and_hosts_is_held_until_consent(monkeypa
                                    "tools": ["flight_desk.rebook_flight"]}
     with pytest.raises(services.PluginNotInstalled, match="waits for an owner's consent"):
         services.create_agent_from_preset(tenant=world.tenant, plugin_key="flight-desk", preset_slug="flight-assistant",
-                                          actor=world.operator)
+                                          actor=actor_for_user(world.operator))
 
     # when the owner accepts
-    install = services.accept_consent(install=install, actor=owner)
+    install = services.accept_consent(install=install, actor=actor_for_user(owner))
 
     # then 2.0.0 is live with its new tool
     assert install.status == InstallStatus.INSTALLED and install.version == "2.0.0"
@@ -112,37 +112,37 @@ def test_an_upgrade_adding_tools_scopes_and_hosts_is_held_until_consent(monkeypa
     assert Tool.objects.get(tenant=world.tenant, name="rebook_flight").requires_approval
     assert "rebook_flight" in names(world.tenant)
     agent = services.create_agent_from_preset(tenant=world.tenant, plugin_key="flight-desk", preset_slug="flight-assistant",
-                                              actor=world.operator)
+                                              actor=actor_for_user(world.operator))
     assert agent.current_version.tools == ["search_flights", "rebook_flight"]
 
 
 def test_an_upgrade_that_needs_nothing_new_applies_at_once_and_drops_removed_tools(monkeypatch: pytest.MonkeyPatch) -> None:
     world = make_world()
     owner = owner_of(world.tenant)
-    monkeypatch.setattr(services, "catalog", flight_catalog("2.0.0", rebook=True))
-    install = services.install_plugin(tenant=world.tenant, plugin_key="flight-desk", actor=owner)
+    monkeypatch.setattr(installs, "catalog", flight_catalog("2.0.0", rebook=True))
+    install = services.install_plugin(tenant=world.tenant, plugin_key="flight-desk", actor=actor_for_user(owner))
 
-    monkeypatch.setattr(services, "catalog", flight_catalog("2.1.0", rebook=False))
-    install = services.upgrade_plugin(install=install, actor=world.operator)
+    monkeypatch.setattr(installs, "catalog", flight_catalog("2.1.0", rebook=False))
+    install = services.upgrade_plugin(install=install, actor=actor_for_user(world.operator))
 
     assert install.status == InstallStatus.INSTALLED and install.version == "2.1.0"
     assert not Tool.objects.filter(tenant=world.tenant, name="rebook_flight").exists()
     assert ConfigChange.objects.filter(tenant=world.tenant, action="plugin.upgraded", actor=world.operator).exists()
     assert ConfigChange.objects.filter(tenant=world.tenant, action="tool.deleted", target_repr="rebook_flight").exists()
     with pytest.raises(services.MarketplaceError, match=r"already at 2\.1\.0"):
-        services.upgrade_plugin(install=install, actor=world.operator)
+        services.upgrade_plugin(install=install, actor=actor_for_user(world.operator))
 
 
 def test_disable_hides_the_tools_and_stops_preset_agents_and_uninstall_removes_them() -> None:
     world = make_world()
     owner = owner_of(world.tenant)
-    install = services.install_plugin(tenant=world.tenant, plugin_key="flight-desk", actor=owner)
+    install = services.install_plugin(tenant=world.tenant, plugin_key="flight-desk", actor=actor_for_user(owner))
     agent = services.create_agent_from_preset(tenant=world.tenant, plugin_key="flight-desk", preset_slug="flight-assistant",
-                                              actor=world.operator)
+                                              actor=actor_for_user(world.operator))
     rebook = Tool.objects.get(tenant=world.tenant, name="rebook_flight")
     assert tool_allowed_for(rebook, world.tenant.pk, "s-1") == (True, "")
 
-    services.disable_plugin(install=install, actor=world.operator)
+    services.disable_plugin(install=install, actor=actor_for_user(world.operator))
 
     assert "rebook_flight" not in names(world.tenant)
     allowed, reason = tool_allowed_for(rebook, world.tenant.pk, "s-1")
@@ -150,11 +150,11 @@ def test_disable_hides_the_tools_and_stops_preset_agents_and_uninstall_removes_t
     with pytest.raises(RunRefused, match="disabled in this tenant"):
         start_run(actor=actor_for_user(world.operator), agent=agent, text="rebook ABC123")
 
-    services.enable_plugin(install=install, actor=world.operator)
+    services.enable_plugin(install=install, actor=actor_for_user(world.operator))
     assert "rebook_flight" in names(world.tenant)
     assert start_run(actor=actor_for_user(world.operator), agent=agent, text="find flights").version == agent.current_version
 
-    services.uninstall_plugin(install=install, actor=world.operator)
+    services.uninstall_plugin(install=install, actor=actor_for_user(world.operator))
     assert not PluginInstall.objects.filter(pk=install.pk).exists()
     assert not Tool.objects.filter(tenant=world.tenant, name__in=["search_flights", "rebooking_policy", "rebook_flight"]).exists()
     assert ConfigChange.objects.get(tenant=world.tenant, action="plugin.uninstalled").details["tools_removed"] == [
@@ -168,7 +168,7 @@ def test_a_preset_is_refused_without_the_plugin_installed() -> None:
 
     with pytest.raises(services.PluginNotInstalled) as refused:
         services.create_agent_from_preset(tenant=world.tenant, plugin_key="flight-desk", preset_slug="flight-assistant",
-                                          actor=world.operator)
+                                          actor=actor_for_user(world.operator))
 
     message = str(refused.value)
     assert "flight-desk" in message and "has not installed" in message and "Install the plugin first" in message
@@ -178,10 +178,10 @@ def test_a_preset_is_refused_without_the_plugin_installed() -> None:
 def test_a_preset_creates_an_agent_with_its_first_version_audited() -> None:
     world = make_world()
     owner = owner_of(world.tenant)
-    services.install_plugin(tenant=world.tenant, plugin_key="order-desk", actor=owner)
+    services.install_plugin(tenant=world.tenant, plugin_key="order-desk", actor=actor_for_user(owner))
 
     agent = services.create_agent_from_preset(tenant=world.tenant, plugin_key="order-desk", preset_slug="order-desk-assistant",
-                                              actor=world.operator, slug="desk")
+                                              actor=actor_for_user(world.operator), slug="desk")
 
     version = agent.current_version
     assert (agent.slug, version.number, version.model) == ("desk", 1, "demo/planner")
@@ -189,9 +189,10 @@ def test_a_preset_creates_an_agent_with_its_first_version_audited() -> None:
     assert ConfigChange.objects.filter(action="agent.created_from_preset", actor=world.operator, target_id=str(agent.pk)).exists()
     with pytest.raises(services.MarketplaceError, match="already has an agent 'desk'"):
         services.create_agent_from_preset(tenant=world.tenant, plugin_key="order-desk", preset_slug="order-desk-assistant",
-                                          actor=world.operator, slug="desk")
+                                          actor=actor_for_user(world.operator), slug="desk")
     with pytest.raises(services.MarketplaceError, match="no preset 'nope'; its presets are: order-desk-assistant"):
-        services.create_agent_from_preset(tenant=world.tenant, plugin_key="order-desk", preset_slug="nope", actor=world.operator)
+        services.create_agent_from_preset(tenant=world.tenant, plugin_key="order-desk", preset_slug="nope",
+                                          actor=actor_for_user(world.operator))
 
 
 def test_config_is_validated_against_the_plugins_schema_naming_each_field() -> None:
@@ -199,7 +200,7 @@ def test_config_is_validated_against_the_plugins_schema_naming_each_field() -> N
     owner = owner_of(world.tenant)
 
     with pytest.raises(services.InvalidConfig) as invalid:
-        services.install_plugin(tenant=world.tenant, plugin_key="order-desk", actor=owner,
+        services.install_plugin(tenant=world.tenant, plugin_key="order-desk", actor=actor_for_user(owner),
                                 config={"refund_limit": -1, "colour": "red", "currency": "GBP"})
 
     errors = invalid.value.errors
@@ -208,9 +209,10 @@ def test_config_is_validated_against_the_plugins_schema_naming_each_field() -> N
     assert any(e.startswith("currency:") and "'GBP' is not one of" in e for e in errors)
     assert not PluginInstall.objects.filter(tenant=world.tenant).exists()
 
-    install = services.install_plugin(tenant=world.tenant, plugin_key="order-desk", actor=owner, config={"refund_limit": 100})
+    install = services.install_plugin(tenant=world.tenant, plugin_key="order-desk",
+                                      actor=actor_for_user(owner), config={"refund_limit": 100})
     assert install.config == {"refund_limit": 100, "currency": "CNY"}  # defaults filled in
-    install = services.configure_plugin(install=install, config={"refund_limit": 50}, actor=world.operator)
+    install = services.configure_plugin(install=install, config={"refund_limit": 50}, actor=actor_for_user(world.operator))
     assert ConfigChange.objects.get(action="plugin.configured").details == {"plugin": "order-desk", "changed": ["refund_limit"]}
 
 
@@ -220,21 +222,21 @@ def test_a_clashing_tool_of_the_tenant_is_not_taken_over() -> None:
     Tool.objects.create(tenant=world.tenant, name="search_flights", description="ours", kind=ToolKind.HTTP)
 
     with pytest.raises(services.MarketplaceError, match="already has its own tool named 'search_flights'"):
-        services.install_plugin(tenant=world.tenant, plugin_key="flight-desk", actor=owner)
+        services.install_plugin(tenant=world.tenant, plugin_key="flight-desk", actor=actor_for_user(owner))
     assert not PluginInstall.objects.filter(tenant=world.tenant).exists()
 
 
 def test_another_tenants_operator_cannot_install_or_change_an_install() -> None:
     mine, theirs = make_world(), make_world()
     owner = owner_of(mine.tenant)
-    install = services.install_plugin(tenant=mine.tenant, plugin_key="flight-desk", actor=owner)
+    install = services.install_plugin(tenant=mine.tenant, plugin_key="flight-desk", actor=actor_for_user(owner))
 
     with pytest.raises(services.NotAllowed):
-        services.install_plugin(tenant=mine.tenant, plugin_key="order-desk", actor=theirs.operator)
+        services.install_plugin(tenant=mine.tenant, plugin_key="order-desk", actor=actor_for_user(theirs.operator))
     with pytest.raises(services.NotAllowed):
-        services.disable_plugin(install=install, actor=theirs.operator)
+        services.disable_plugin(install=install, actor=actor_for_user(theirs.operator))
     with pytest.raises(services.NotAllowed):
-        services.install_plugin(tenant=mine.tenant, plugin_key="order-desk", actor=mine.viewer)
+        services.install_plugin(tenant=mine.tenant, plugin_key="order-desk", actor=actor_for_user(mine.viewer))
 
 
 def test_refund_order_is_backed_by_the_demo_data() -> None:

@@ -16,8 +16,9 @@ from django.test import override_settings
 from agents import services
 from audit.chain import write_sealed
 from audit.models import ConfigChange, ToolCallAudit
+from audit.unit_of_work import StepAudit
 from runtime.types import ToolCall, ToolContext, ToolStatus
-from tenants.scoping import actor_for_api_key
+from tenants.scoping import actor_for_api_key, actor_for_user
 from tests.factories import World, make_world
 from tests.support.recording_sink import RecordingSink
 from tools.gateway import AuditWrite, ToolGateway
@@ -37,8 +38,8 @@ def world() -> World:
 def _gateway(world: World, tools: list[Tool]) -> tuple[ToolGateway, list[AuditWrite], Any]:
     run = services.start_run(actor=actor_for_api_key(world.key), agent=world.agent, text="what time is it in Paris?")
     run.version.tools = [t.name for t in tools]
-    buffer: list[AuditWrite] = []
-    return ToolGateway(run=run, tools=tools, audit_buffer=buffer), buffer, run
+    buffer = StepAudit()
+    return ToolGateway(run=run, tools=tools, audit=buffer), buffer, run
 
 
 def _call(gw: ToolGateway, name: str, arguments: dict[str, Any], call_id: str = "c1") -> Any:
@@ -47,7 +48,7 @@ def _call(gw: ToolGateway, name: str, arguments: dict[str, Any], call_id: str = 
 
 def test_the_time_servers_tools_are_imported_and_called_through_the_gateway(world: World) -> None:
     # given the tools of the real time server, imported into the tenant
-    report = import_mcp_tools(world.tenant, TIME_SERVER, world.operator)
+    report = import_mcp_tools(world.tenant, TIME_SERVER, actor_for_user(world.operator))
     assert sorted(report.created) == ["convert_time", "get_current_time"]
     tool = Tool.objects.get(tenant=world.tenant, name="get_current_time")
     assert tool.kind == ToolKind.MCP and tool.category == ToolCategory.READ and tool.idempotent

@@ -29,7 +29,7 @@ from approvals import decisions as approvals
 from approvals.tasks import expire_approvals_task
 from audit.models import ConfigChange
 from config.joblock import beat_interval, job_lock
-from marketplace import services as release
+from marketplace import rollouts as release
 from marketplace.models import ReleaseWeight
 from marketplace.tasks import check_release_guards_task
 from tenants.scoping import actor_for_user
@@ -155,8 +155,9 @@ def tripped_guard(world: World) -> None:
     """A candidate v2 at 10 % whose error rate is far above its guard's threshold."""
     v2 = AgentVersion.objects.create(tenant=world.tenant, agent=world.agent, number=2, model="demo/planner",
                                      system_prompt="v2", tools=world.version.tools, policy=world.version.policy)
-    release.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=world.operator)
-    release.set_release_guard(agent=world.agent, metric="error_rate", threshold=0.2, window=20, min_runs=5, actor=world.operator)
+    release.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=actor_for_user(world.operator))
+    release.set_release_guard(agent=world.agent, metric="error_rate", threshold=0.2, window=20, min_runs=5,
+                              actor=actor_for_user(world.operator))
     for _ in range(6):
         session = Session.objects.create(tenant=world.tenant, agent=world.agent)
         Run.objects.create(tenant=world.tenant, agent=world.agent, version=v2, session=session, input="x",

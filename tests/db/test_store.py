@@ -26,6 +26,7 @@ from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
 from agents.store import DjangoRunStore
 from agents.sweeper import stranded_runs, sweep_runs
 from audit.models import ToolCallAudit
+from audit.unit_of_work import StepAudit
 from runtime.protocols import StepRecord
 from runtime.scripted import ScriptedModel, call, say
 from runtime.types import Event, ModelRequest, ModelResponse, Phase, Usage
@@ -226,7 +227,7 @@ def test_a_step_is_never_committed_twice_nor_by_a_worker_that_lost_its_lease(wor
     token = uuid.uuid4().hex
     taken = services.acquire_lease(str(run.pk), token)
     assert taken is not None
-    store = DjangoRunStore(taken, token, initial=lambda: None, audit_buffer=[])  # type: ignore[arg-type,return-value]
+    store = DjangoRunStore(taken, token, initial=lambda: None, audit=StepAudit())  # type: ignore[arg-type,return-value]
 
     def record(step: int) -> StepRecord:
         return StepRecord(step=step, phase=Phase.OBSERVING, appended_messages=[{"role": "user", "content": "x"}],
@@ -237,7 +238,7 @@ def test_a_step_is_never_committed_twice_nor_by_a_worker_that_lost_its_lease(wor
     assert store.commit_step(str(run.pk), record(1)).lease_lost
     assert store.commit_step(str(run.pk), record(3)).lease_lost
     # or a worker whose lease another worker took commits step 2
-    stale = DjangoRunStore(taken, "not-the-lease", initial=lambda: None, audit_buffer=[])  # type: ignore[arg-type,return-value]
+    stale = DjangoRunStore(taken, "not-the-lease", initial=lambda: None, audit=StepAudit())  # type: ignore[arg-type,return-value]
     assert stale.commit_step(str(run.pk), record(2)).lease_lost
     # then only the first commit is there
     assert RunEvent.objects.filter(run=run).count() == 1

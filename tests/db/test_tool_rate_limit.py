@@ -22,14 +22,16 @@ from agents import services as run_services
 from approvals.gate import ApprovalGate
 from audit.chain import write_sealed
 from audit.models import ConfigChange, ToolCallAudit
+from audit.unit_of_work import StepAudit
 from llm.ratelimit import LocalBucketStore
+from marketplace import installs as market_installs
 from marketplace import services as market
 from marketplace.catalog import PluginCatalog, PluginDeclarationError, PluginSpec, PluginTool
 from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants.models import Role
-from tenants.scoping import actor_for_api_key
+from tenants.scoping import actor_for_api_key, actor_for_user
 from tests.factories import World, make_user, make_world
-from tools.gateway import AuditWrite, ToolGateway
+from tools.gateway import ToolGateway
 from tools.models import ApprovalRequest, ApprovalStatus, Tool
 from tools.services import install_python_tool
 
@@ -141,8 +143,8 @@ def test_a_plugin_declaring_a_bad_limit_is_refused_naming_the_tool(bad: Any) -> 
 def test_a_tenant_may_lower_a_plugins_limit_but_not_raise_or_remove_it(world: World, api: APIClient,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     owner = _owner(world)
-    monkeypatch.setattr(market, "catalog", _notes_catalog("1.0.0", 10))
-    install = market.install_plugin(tenant=world.tenant, plugin_key="notes-desk", actor=owner)
+    monkeypatch.setattr(market_installs, "catalog", _notes_catalog("1.0.0", 10))
+    install = market.install_plugin(tenant=world.tenant, plugin_key="notes-desk", actor=actor_for_user(owner))
     tool = Tool.objects.get(tenant=world.tenant, name="note")
     assert tool.plugin_install_id == install.pk and tool.rate_limit_per_minute == 10, "the manifest's limit is on the tool"
     # raising or removing it is a 400 naming the field and the plugin's limit
@@ -156,11 +158,11 @@ def test_a_tenant_may_lower_a_plugins_limit_but_not_raise_or_remove_it(world: Wo
     other = api.patch("/api/v1/tools/note", {"timeout_seconds": 3}, format="json")
     assert other.status_code == 400 and "lower its rate limit" in other.json()["timeout_seconds"][0]
     # a refresh or an upgrade of the plugin keeps the tenant's lower limit; going back up to the plugin's is allowed
-    market.install_plugin(tenant=world.tenant, plugin_key="notes-desk", actor=owner)
+    market.install_plugin(tenant=world.tenant, plugin_key="notes-desk", actor=actor_for_user(owner))
     assert Tool.objects.get(pk=tool.pk).rate_limit_per_minute == 4
-    monkeypatch.setattr(market, "catalog", _notes_catalog("1.1.0", 6))
+    monkeypatch.setattr(market_installs, "catalog", _notes_catalog("1.1.0", 6))
     install.refresh_from_db()
-    market.upgrade_plugin(install=install, actor=owner)
+    market.upgrade_plugin(install=install, actor=actor_for_user(owner))
     assert Tool.objects.get(pk=tool.pk).rate_limit_per_minute == 4
     assert api.patch("/api/v1/tools/note", {"rate_limit_per_minute": 6}, format="json").status_code == 200
     assert api.patch("/api/v1/tools/note", {"rate_limit_per_minute": 7}, format="json").status_code == 400
@@ -174,8 +176,8 @@ def test_a_tenant_may_lower_a_plugins_limit_but_not_raise_or_remove_it(world: Wo
 
 
 def test_a_plugin_without_a_limit_leaves_the_tenant_free(world: World, api: APIClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(market, "catalog", _notes_catalog("1.0.0", None))
-    market.install_plugin(tenant=world.tenant, plugin_key="notes-desk", actor=_owner(world))
+    monkeypatch.setattr(market_installs, "catalog", _notes_catalog("1.0.0", None))
+    market.install_plugin(tenant=world.tenant, plugin_key="notes-desk", actor=actor_for_user(_owner(world)))
     assert Tool.objects.get(tenant=world.tenant, name="note").rate_limit_per_minute is None
     assert api.patch("/api/v1/tools/note", {"rate_limit_per_minute": 500}, format="json").status_code == 200
     assert api.patch("/api/v1/tools/note", {"rate_limit_per_minute": None}, format="json").status_code == 200
@@ -184,9 +186,9 @@ def test_a_plugin_without_a_limit_leaves_the_tenant_free(world: World, api: APIC
 # -- the stage meets the approval gate and the exactly-once write path -------------------------------------------
 
 
-def _gateway(world: World, run: Any, tools: list[Tool], store: LocalBucketStore, buffer: list[AuditWrite]) -> ToolGateway:
+def _gateway(world: World, run: Any, tools: list[Tool], store: LocalBucketStore, buffer: StepAudit) -> ToolGateway:
     run.version.tools = [t.name for t in tools]
-    return ToolGateway(run=run, tools=tools, audit_buffer=buffer, approvals=ApprovalGate(run), bucket_store=store)
+    return ToolGateway(run=run, tools=tools, audit=buffer, approvals=ApprovalGate(run), bucket_store=store)
 
 
 def _run(world: World) -> Any:
@@ -196,7 +198,7 @@ def _run(world: World) -> Any:
 def test_a_limited_call_creates_no_approval_request_and_an_approved_one_is_not_counted_twice(world: World) -> None:
     refund = install_python_tool(tenant=world.tenant, key="order_desk.refund_order", actor=None, requires_approval=True,
                                  rate_limit_per_minute=1)
-    run, store, buffer = _run(world), LocalBucketStore(), []
+    run, store, buffer = _run(world), LocalBucketStore(), StepAudit()
     ctx = ToolContext(run_id="r", step=1, span_id="s")
     # the first call is counted and asks for approval
     first = _gateway(world, run, [refund], store, buffer).execute(ToolCall("c1", "refund_order", json.dumps(REFUND)), ctx)
@@ -223,9 +225,9 @@ def test_the_resumed_attempt_of_a_crashed_write_is_not_counted_again(world: Worl
     run, store = _run(world), LocalBucketStore()
     ctx = ToolContext(run_id="r", step=1, span_id="s")
     call = json.dumps({"text": "call back"})
-    assert _gateway(world, run, [note], store, []).execute(ToolCall("A", "note", call), ctx).status == ToolStatus.OK
+    assert _gateway(world, run, [note], store, StepAudit()).execute(ToolCall("A", "note", call), ctx).status == ToolStatus.OK
     # the worker dies before the step commits; the resumed step's attempt finds the started row and completes it
-    buffer: list[AuditWrite] = []
+    buffer = StepAudit()
     resumed = _gateway(world, run, [note], store, buffer).execute(ToolCall("B", "note", call), ctx)
     assert resumed.status == ToolStatus.OK, resumed.content
     with transaction.atomic():
@@ -233,6 +235,6 @@ def test_the_resumed_attempt_of_a_crashed_write_is_not_counted_again(world: Worl
     row = ToolCallAudit.objects.get(run=run)
     assert (row.status, row.attempt_call_ids) == ("ok", ["A", "B"])
     # while a new call in the same minute is limited
-    other = _gateway(world, run, [note], store, []).execute(ToolCall("C", "note", json.dumps({"text": "x"})),
+    other = _gateway(world, run, [note], store, StepAudit()).execute(ToolCall("C", "note", json.dumps({"text": "x"})),
                                                             ToolContext(run_id="r", step=2, span_id="s"))
     assert other.status == ToolStatus.RATE_LIMITED

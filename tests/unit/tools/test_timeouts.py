@@ -26,11 +26,12 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from audit.unit_of_work import StepAudit
 from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from tests.support import hung_tools
 from tools import bulkhead, isolation
 from tools.executors import ExecContext
-from tools.gateway import AuditWrite, ToolGateway
+from tools.gateway import ToolGateway
 from tools.models import Tool, ToolCategory, ToolKind
 from tools.pyfunc import registry
 from tools.serializers import config_problems
@@ -59,13 +60,13 @@ def http_tool(url: str, *, timeout: float, config_timeout: float | None = None) 
     return _tool(name, kind=ToolKind.HTTP, config=config, timeout=timeout)
 
 
-def call(tool: Tool, arguments: dict[str, Any], buffer: list[AuditWrite] | None = None) -> ToolOutcome:
+def call(tool: Tool, arguments: dict[str, Any], buffer: StepAudit | None = None) -> ToolOutcome:
     """One call through the gateway of a run that may use ``tool`` (a gateway per call, as per run)."""
     run = SimpleNamespace(
         pk=uuid.uuid4(), tenant_id=TENANT_ID, session_id=uuid.uuid4(), agent_id=1, version_id=1, created_by_id=None,
         api_key_id=None, version=SimpleNamespace(tools=[tool.name]),
     )
-    gateway = ToolGateway(run=run, tools=[tool], audit_buffer=buffer if buffer is not None else [])
+    gateway = ToolGateway(run=run, tools=[tool], audit=buffer if buffer is not None else StepAudit())
     return gateway.execute(ToolCall(f"c-{uuid.uuid4().hex[:6]}", tool.name, json.dumps(arguments)),
                            ToolContext(run_id=str(run.pk), step=1, span_id="s"))
 
@@ -117,7 +118,7 @@ def test_a_call_past_its_timeout_holds_its_slot_until_it_really_ends(monkeypatch
         assert outcome.status == ToolStatus.TIMEOUT and overrunning(tool) == 2
 
         # both slots are held by calls past their timeout: the next call is refused at once, not queued behind them
-        buffer: list[AuditWrite] = []
+        buffer = StepAudit()
         outcome, took = timed(lambda: call(tool, {"tag": tag, "seconds": 30}, buffer))
         assert took < 0.1
         assert outcome.status == ToolStatus.ERROR
@@ -214,7 +215,7 @@ def fork_server() -> None:
 def test_a_process_isolated_tool_that_never_returns_is_killed_at_the_timeout(fork_server: None, tmp_path: Any) -> None:
     tool = python_tool("test_hung.spin", timeout=1.0, isolation="process")
     pid_file = tmp_path / "pid"
-    buffer: list[AuditWrite] = []
+    buffer = StepAudit()
     outcome, took = timed(lambda: call(tool, {"pid_file": str(pid_file)}, buffer))
     assert outcome.status == ToolStatus.TIMEOUT and took < 1.8
     assert buffer[0].row.status == "timeout"
@@ -315,7 +316,7 @@ def slow_server() -> Iterator[SlowServer]:
 ])
 def test_an_http_tool_ends_its_request_at_the_timeout(slow_server: SlowServer, path: str, config_timeout: float | None) -> None:
     tool = http_tool(f"{slow_server.base}{path}", timeout=0.5, config_timeout=config_timeout)
-    buffer: list[AuditWrite] = []
+    buffer = StepAudit()
     started = time.monotonic()
     outcome = call(tool, {}, buffer)
     assert outcome.status == ToolStatus.TIMEOUT and time.monotonic() - started < 0.9

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 import tests.support.tools  # noqa: F401 - registers test.slow
+from audit.unit_of_work import StepAudit
 from llm.ratelimit import LocalBucketStore, RedisBucketStore
 from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
-from tools.gateway import AuditWrite, ToolGateway
+from tools.gateway import ToolGateway
 from tools.models import Tool, ToolCategory, ToolKind
 from tools.pyfunc import registry, tool
 
@@ -54,11 +55,11 @@ def _tool(tenant_id: int, limit: int | None, *, name: str = "counted", function:
                 parameters=registry.get(function).schema, rate_limit_per_minute=limit, timeout_seconds=5)
 
 
-def _gateway(tenant_id: int, tools: list[Tool], store: Any) -> tuple[ToolGateway, list[AuditWrite]]:
+def _gateway(tenant_id: int, tools: list[Tool], store: Any) -> tuple[ToolGateway, StepAudit]:
     run = SimpleNamespace(pk=uuid.uuid4(), tenant_id=tenant_id, agent_id=None, version_id=None, session_id=uuid.uuid4(),
                           created_by_id=None, api_key_id=None, version=SimpleNamespace(tools=[t.name for t in tools]))
-    buffer: list[AuditWrite] = []
-    return ToolGateway(run=run, tools=tools, audit_buffer=buffer, bucket_store=store), buffer
+    buffer = StepAudit()
+    return ToolGateway(run=run, tools=tools, audit=buffer, bucket_store=store), buffer
 
 
 def _call(gateway: ToolGateway, tenant_id: int, n: int, name: str = "counted") -> ToolOutcome:
@@ -162,7 +163,7 @@ def test_two_gateways_share_one_redis_bucket(redis_client: Any) -> None:
         # then two ran in all, and the key is the (tenant, tool) bucket
         assert statuses == [ToolStatus.OK, ToolStatus.OK, ToolStatus.RATE_LIMITED, ToolStatus.RATE_LIMITED]
         assert EXECUTED[tenant] == 2
-        assert [w.row.status for w in buffer1 + buffer2] == ["ok", "rate_limited", "ok", "rate_limited"]
+        assert [w.row.status for w in [*buffer1, *buffer2]] == ["ok", "rate_limited", "ok", "rate_limited"]
         assert redis_client.exists(f"{prefix}tool:{tenant}:counted:requests")
     finally:
         keys = list(redis_client.scan_iter(match=f"{prefix}*"))
@@ -176,6 +177,7 @@ django.setup()
 from types import SimpleNamespace
 from runtime.types import ToolCall, ToolContext
 import tests.support.tools  # registers test.slow
+from audit.unit_of_work import StepAudit
 from tools.gateway import ToolGateway
 from tools.models import Tool
 from tools.pyfunc import registry
@@ -185,7 +187,7 @@ row = Tool(tenant_id=tenant, name=name, kind="python", category="read", config={
 run = SimpleNamespace(pk=uuid.uuid4(), tenant_id=tenant, agent_id=None, version_id=None, session_id=uuid.uuid4(),
                       created_by_id=None, api_key_id=None, version=SimpleNamespace(tools=[name]))
 sys.stdin.readline()  # both processes start calling together
-gateway = ToolGateway(run=run, tools=[row], audit_buffer=[])  # the process's own store: Redis, from REDIS_URL
+gateway = ToolGateway(run=run, tools=[row], audit=StepAudit())  # the process's own store: Redis, from REDIS_URL
 print(json.dumps([gateway.execute(ToolCall(f"c{i}", name, '{"seconds": 0}'), ToolContext("r", 1, "s")).status.value
                   for i in range(3)]))
 """
