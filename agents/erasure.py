@@ -41,12 +41,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents.models import ACTIVE_STATUSES, Run, RunEvent, RunMessage, Session, Turn
+from approvals.models import ApprovalRequest
 from audit.masking import mask_text
 from audit.models import ToolCallAudit
 from audit.services import record_change
 from config.errors import Conflict
 from tenants.scoping import Actor
-from tools.models import ApprovalRequest
 
 #: The tenant action erasing needs. ``own``, not ``operate``: erasure is irreversible and destroys the trace of what
 #: runs did, which approvers and auditors rely on; operators start runs, and the person who acted should not be able

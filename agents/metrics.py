@@ -46,7 +46,7 @@ from typing import Any
 from django.db import transaction
 from prometheus_client import Counter, Histogram
 
-from tools.models import ApprovalRequest, ApprovalStatus
+from approvals.models import ApprovalRequest, ApprovalStatus
 
 log = logging.getLogger(__name__)
 

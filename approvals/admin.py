@@ -8,9 +8,9 @@ from django.contrib import admin, messages
 from django.http import HttpRequest
 
 from approvals import decisions
+from approvals.models import ApprovalRequest
 from tenants.admin_mixins import TenantScopedAdmin
 from tenants.scoping import actor_for_user
-from tools.models import ApprovalRequest
 
 
 class AgeFilter(admin.SimpleListFilter):

@@ -11,9 +11,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals import decisions
+from approvals.models import ApprovalRequest, ApprovalStatus
 from config.api import CursorPages
 from tenants.api import TenantScopedViewSet
-from tools.models import ApprovalRequest, ApprovalStatus
 
 
 class ApprovalSerializer(serializers.ModelSerializer):

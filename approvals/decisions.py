@@ -11,13 +11,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals import metrics
+from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 from audit.services import record_change
 from config import live
 from config.errors import DomainError
 from runtime.approval_policy import DEFAULT_APPROVER_ROLES
 from tenants.scoping import Actor
 from tools import handlers
-from tools.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 
 FINAL = (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED, ApprovalStatus.EXPIRED, ApprovalStatus.CANCELLED)
 

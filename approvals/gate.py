@@ -16,10 +16,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.decisions import expire, publish
+from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.policy import ApprovalRule, declared_policy, recorded_overrides, render_preview, rule_for
 from runtime.approval_policy import flagged
 from runtime.types import ToolCall, ToolContext, ToolStatus
-from tools.models import ApprovalRequest, ApprovalStatus, Tool
+from tools.models import Tool
 
 
 @dataclass
@@ -47,6 +48,12 @@ class ApprovalGate:
         if self._recorded is None:
             self._recorded = recorded_overrides(tenant_id=self.run.tenant_id, version_id=getattr(self.run, "version_id", None))
         return entry in self._recorded.get(tool.name, [])
+
+    def requested(self, *, call_id: str, tool_name: str, args_hash: str, step: int) -> bool:
+        """Whether this call (or the same call replayed in this step) already asked for approval."""
+        return ApprovalRequest.objects.filter(run_id=self.run.pk).filter(
+            Q(call_id=call_id) | Q(tool_name=tool_name, arguments_hash=args_hash, step=step)
+        ).exists()
 
     def gate(self, *, tool: Tool, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any], args_hash: str) -> GateDecision | None:
         override = self.overrides.get(tool.name)

@@ -13,8 +13,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from approvals import decisions
+from approvals.models import ApprovalRequest, ApprovalStatus
 from tenants.scoping import actor_for_user
-from tools.models import ApprovalRequest, ApprovalStatus
 
 
 def _visible(request: HttpRequest) -> Any:

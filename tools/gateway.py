@@ -33,7 +33,7 @@ from tools import bulkhead, rate_limits
 from tools.arguments import arguments_hash, parse_arguments
 from tools.executors import ExecContext, ToolFailure
 from tools.kinds import executor_for
-from tools.models import ApprovalRequest, Tool, ToolCategory
+from tools.models import Tool, ToolCategory
 from tools.shaping import shape_result
 
 #: After this many invalid calls in a row to one tool, the model is told to stop trying.
@@ -251,9 +251,9 @@ class ToolGateway:
             same_call, run_id=self.run.pk, step=s.ctx.step, status=ToolCallStatus.STARTED
         ).exists():
             return "the resumed attempt of a write cut off by a crash"
-        if self.approvals is not None and ApprovalRequest.objects.filter(run_id=self.run.pk).filter(
-            Q(call_id=s.call.id[:100]) | Q(tool_name=tool.name, arguments_hash=s.args_hash, step=s.ctx.step)
-        ).exists():
+        if self.approvals is not None and self.approvals.requested(
+            call_id=s.call.id[:100], tool_name=tool.name, args_hash=s.args_hash, step=s.ctx.step
+        ):
             return "counted when its approval was requested"
         return ""
 

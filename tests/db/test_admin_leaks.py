@@ -15,11 +15,12 @@ from accounts import services as tenant_services
 from accounts.admin import MembershipInline
 from agents.models import Agent, AgentVersion
 from agents.services import start_run
+from approvals.models import ApprovalRequest
 from tenants.models import Role, Tenant
 from tenants.scoping import actor_for_user
 from tests.db.test_admin_scoping import populate
 from tests.factories import World, make_user, make_world
-from tools.models import ApprovalRequest, Tool
+from tools.models import Tool
 
 pytestmark = pytest.mark.django_db
 
@@ -86,7 +87,7 @@ def test_the_author_of_a_version_is_the_user_who_saved_it(both: Both) -> None:
     assert version.created_by_id == both.b.operator.pk
 
 
-CHANGELISTS = ["tools_approvalrequest", "agents_run", "agents_session", "agents_runevent", "tools_tool", "agents_agent",
+CHANGELISTS = ["approvals_approvalrequest", "agents_run", "agents_session", "agents_runevent", "tools_tool", "agents_agent",
                "agents_agentversion", "audit_toolcallaudit", "audit_configchange", "tenants_membership", "tenants_apikey",
                "agents_provider", "marketplace_plugininstall", "marketplace_releaseweight", "marketplace_releaseguard",
                "marketplace_toolrollout", "marketplace_presetagent"]
@@ -105,7 +106,7 @@ def test_list_filters_name_only_the_users_tenants(both: Both) -> None:
 
 
 def test_the_approvals_filters_list_neither_other_tenants_nor_their_agents(both: Both) -> None:
-    response = logged_in(both.b.operator).get(reverse("admin:tools_approvalrequest_changelist"))
+    response = logged_in(both.b.operator).get(reverse("admin:approvals_approvalrequest_changelist"))
     specs = {getattr(spec, "field_path", spec.title): spec for spec in response.context["cl"].filter_specs}
     assert f"{MARK}-agent" not in {str(v) for v in specs["run__agent__slug"].lookup_choices}
     if "tenant" in specs:  # shown only when there is a choice to make
@@ -115,7 +116,7 @@ def test_the_approvals_filters_list_neither_other_tenants_nor_their_agents(both:
 def test_a_superuser_still_sees_every_tenant(both: Both) -> None:
     root = make_user("root", is_staff=True, is_superuser=True)
     client = logged_in(root)
-    listed = client.get(reverse("admin:tools_approvalrequest_changelist"))
+    listed = client.get(reverse("admin:approvals_approvalrequest_changelist"))
     specs = {getattr(spec, "field_path", spec.title): spec for spec in listed.context["cl"].filter_specs}
     assert {both.a.tenant.pk, both.b.tenant.pk} <= {pk for pk, _ in specs["tenant"].lookup_choices}
     assert f"{MARK}-agent" in {str(v) for v in specs["run__agent__slug"].lookup_choices}

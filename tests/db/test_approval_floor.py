@@ -15,6 +15,7 @@ from agents import services
 from agents.engine import approval_overrides, session_grants
 from agents.models import AgentVersion
 from approvals.gate import ApprovalGate
+from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.policy import FLOOR_OVERRIDE_ACTION
 from audit.models import ConfigChange
 from audit.unit_of_work import StepAudit
@@ -24,7 +25,7 @@ from tenants.models import Role
 from tenants.scoping import actor_for_api_key, actor_for_user
 from tests.factories import World, make_user, make_world
 from tools.gateway import ToolGateway
-from tools.models import ApprovalRequest, ApprovalStatus, Tool
+from tools.models import Tool
 from tools.services import install_python_tool
 
 pytestmark = pytest.mark.django_db

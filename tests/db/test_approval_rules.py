@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from approvals.decisions import may_decide
+from approvals.models import ApprovalRequest
 from approvals.policy import policy_errors, rule_for
 from tenants.scoping import Actor
-from tools.models import ApprovalRequest, Tool
+from tools.models import Tool
 
 
 def _tool(**fields: object) -> Tool:

@@ -26,6 +26,7 @@ from agents.models import AgentVersion, Run, RunStatus, Session
 from agents.sweeper import sweep_runs
 from agents.tasks import sweep_runs_task
 from approvals import decisions as approvals
+from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.tasks import expire_approvals_task
 from audit.models import ConfigChange
 from config.joblock import beat_interval, job_lock
@@ -34,7 +35,6 @@ from marketplace.models import ReleaseWeight
 from marketplace.tasks import check_release_guards_task
 from tenants.scoping import actor_for_user
 from tests.factories import World, make_world
-from tools.models import ApprovalRequest, ApprovalStatus
 
 T = TypeVar("T")
 

@@ -14,11 +14,12 @@ from rest_framework.test import APIClient
 from accounts import services as tenant_services
 from agents import services
 from agents.models import Agent, AgentVersion, Run, RunEvent, RunMessage, RunStatus, Session, Turn
+from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.models import ConfigChange, ToolCallAudit
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_user, make_world
-from tools.models import ApprovalRequest, ApprovalStatus, Tool, ToolKind
+from tools.models import Tool, ToolKind
 from tools.services import install_python_tool
 
 pytestmark = pytest.mark.django_db

@@ -10,11 +10,11 @@ from django.utils import timezone
 
 from accounts import services as tenant_services
 from agents.services import start_run
+from approvals.models import ApprovalRequest
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key
 from tenants.ws_auth import origin_allowed
 from tests.factories import World, make_user, make_world
-from tools.models import ApprovalRequest
 
 pytestmark = pytest.mark.django_db
 

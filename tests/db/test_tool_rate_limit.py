@@ -20,6 +20,7 @@ import tests.support.tools  # noqa: F401 - registers test.note
 from accounts import services as tenant_services
 from agents import services as run_services
 from approvals.gate import ApprovalGate
+from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.chain import write_sealed
 from audit.models import ConfigChange, ToolCallAudit
 from audit.unit_of_work import StepAudit
@@ -32,7 +33,7 @@ from tenants.models import Role
 from tenants.scoping import actor_for_api_key, actor_for_user
 from tests.factories import World, make_user, make_world
 from tools.gateway import ToolGateway
-from tools.models import ApprovalRequest, ApprovalStatus, Tool
+from tools.models import Tool
 from tools.services import install_python_tool
 
 pytestmark = pytest.mark.django_db

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from approvals.models import ApprovalRequest
 from tests.e2e.conftest import SCREENSHOTS
 from tests.factories import make_world
 from tests.integration.test_approvals import Desk, RefundTarget, target  # noqa: F401 - the refund target fixture
-from tools.models import ApprovalRequest
 
 PASSWORD = "correct-horse-battery"
 

@@ -11,12 +11,13 @@ import pytest
 
 from accounts import services as tenant_services
 from agents.models import Run, RunMessage
+from approvals.models import ApprovalRequest
 from audit.models import ConfigChange, ToolCallAudit
 from tenants.models import Role
 from tests.factories import World, make_user, make_world
 from tests.support.deployment import set_env
 from tests.support.refund_target import RefundTarget, add_refund_tool, serve_refund_target
-from tools.models import ApprovalRequest, Tool
+from tools.models import Tool
 
 pytestmark = pytest.mark.integration
 

@@ -20,10 +20,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from accounts import services as tenant_services
+from approvals.models import ApprovalRequest
 from tenants.models import Role
 from tests.factories import make_user, make_world
 from tests.support.refund_target import add_refund_tool, serve_refund_target
-from tools.models import ApprovalRequest
 
 pytestmark = pytest.mark.integration
 
