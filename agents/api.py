@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import Exists, OuterRef
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
@@ -13,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from agents import acceptance, attention, services
+from agents.filters import RunFilter
 from agents.models import Agent, AgentVersion, Run, RunEvent, Session
 from agents.serializers import (
     AgentCreateSerializer,
@@ -42,21 +44,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     scope_actions = {**TenantScopedViewSet.scope_actions, "cancel": "operate", "events": "view",
                      "resolve_attention": attention.RESOLVE_ACTION}
     throttle_scopes = {"create": "run_create"}  # RUN_CREATE_THROTTLE_RATE per key, on top of the API-wide rate
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = RunFilter
 
-    @extend_schema(parameters=[OpenApiParameter(
-        "needs_attention", bool,
-        description="true: only runs an operator must check (needs_attention); false: only the others.",
-    )])
-    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().list(request, *args, **kwargs)
-
-    def filter_queryset(self, queryset: Any) -> Any:
-        queryset = super().filter_queryset(queryset)
-        if self.action == "list":
-            wanted = _boolean(self.request.query_params.get("needs_attention"), "needs_attention")
-            if wanted is not None:
-                queryset = queryset.filter(needs_attention=wanted)
-        return queryset
 
     @extend_schema(
         request=RunCreateSerializer,
@@ -154,17 +144,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         return Response(RunSerializer(self.get_queryset().get(pk=run.pk), context={"request": request}).data)
 
 
-_TRUE, _FALSE = frozenset({"true", "1"}), frozenset({"false", "0"})
 
 
-def _boolean(raw: str | None, name: str) -> bool | None:
-    if raw is None or raw == "":
-        return None
-    if raw.lower() in _TRUE:
-        return True
-    if raw.lower() in _FALSE:
-        return False
-    raise exceptions.ValidationError({name: [f"Must be true or false; got {raw!r}."]})
 
 
 def _non_negative_int(raw: str | None, name: str, default: int) -> int:

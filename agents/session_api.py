@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Count
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.request import Request
@@ -16,12 +17,12 @@ from rest_framework.response import Response
 
 from agents.api import NewestFirst
 from agents.erasure import ERASE_ACTION, erase_session
+from agents.filters import SessionFilter
 from agents.models import Run, Session, Turn
 from tenants.api import TenantScopedViewSet
 
 #: A session's detail lists at most this many of its turns and of its runs (the latest); the counts say how many in all.
 DETAIL_MAX = 500
-_TRUE, _FALSE = {"true", "1"}, {"false", "0"}
 
 
 def _base(context: dict[str, Any]) -> str:
@@ -100,15 +101,6 @@ class SessionDetailSerializer(SessionSerializer):
         return SessionRunSerializer(rows, many=True, context=self.context).data  # type: ignore[return-value]
 
 
-def _bool_param(request: Request, name: str) -> bool | None:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return None
-    if raw.lower() in _TRUE:
-        return True
-    if raw.lower() in _FALSE:
-        return False
-    raise exceptions.ValidationError({name: [f"Must be true or false; got {raw!r}."]})
 
 
 @extend_schema(tags=["sessions"])
@@ -122,17 +114,13 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSco
     # DELETE needs ``own`` (see agents.erasure.ERASE_ACTION): erasing is irreversible and removes the record of what
     # runs did, so it is the tenant owner's decision (a data controller's), not an operator's.
     scope_actions = {**TenantScopedViewSet.scope_actions, "destroy": ERASE_ACTION}
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = SessionFilter
 
     def get_queryset(self) -> Any:
         queryset = super().get_queryset()
         if self.action == "list":
             queryset = queryset.annotate(run_count=Count("runs"))
-            agent = self.request.query_params.get("agent")
-            if agent:
-                queryset = queryset.filter(agent__slug=agent)
-            erased = _bool_param(self.request, "erased")
-            if erased is not None:
-                queryset = queryset.filter(erased_at__isnull=not erased)
         return queryset
 
     def get_serializer_class(self) -> Any:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import exceptions, mixins, serializers, status
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals import decisions
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.filters import ApprovalFilter
+from approvals.models import ApprovalRequest
 from config.api import CursorPages
 from tenants.api import TenantScopedViewSet
 
@@ -63,19 +65,11 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
     serializer_class = ApprovalSerializer
     pagination_class = OldestFirst
     scope_actions = {"list": "review", "retrieve": "review", "approve": "review", "reject": "review"}
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = ApprovalFilter
 
     def get_queryset(self) -> Any:
-        queryset = self.queryset.for_actor(self.actor, "review")
-        wanted = self.request.query_params.get("status")
-        if self.action == "list" and wanted:
-            if wanted not in ApprovalStatus.values:
-                raise exceptions.ValidationError({"status": [f"Must be one of {', '.join(ApprovalStatus.values)}; got {wanted!r}."]})
-            queryset = queryset.filter(status=wanted)
-        return queryset
-
-    @extend_schema(parameters=[OpenApiParameter("status", str, enum=ApprovalStatus.values)])
-    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().list(request, *args, **kwargs)
+        return self.queryset.for_actor(self.actor, "review")
 
     def _decide(self, request: Request, pk: Any, approve: bool) -> Response:
         body = DecisionSerializer(data=request.data)

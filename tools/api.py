@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Q
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -15,12 +16,11 @@ from config.api import CursorPages
 from tenants.api import TenantScopedViewSet
 from tools import kinds, services
 from tools.arguments import parse_arguments
+from tools.filters import ToolFilter
 from tools.http_exec import HttpToolError
 from tools.kinds.base import Kind
-from tools.models import Tool, ToolKind
+from tools.models import Tool
 from tools.serializers import DryRunSerializer, McpImportSerializer, ToolSerializer
-
-_TRUE, _FALSE = {"1", "true", "yes"}, {"0", "false", "no"}
 
 
 class ToolsByName(CursorPages):
@@ -33,32 +33,11 @@ class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
 
     queryset = Tool.objects.select_related("tenant", "plugin_install").order_by("tenant_id", "name")
     serializer_class = ToolSerializer
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = ToolFilter
     pagination_class = ToolsByName
     lookup_value_regex = "[^/]+"
     scope_actions = {**TenantScopedViewSet.scope_actions, "dry_run": "view", "import_mcp": "operate"}
-
-    @extend_schema(parameters=[
-        OpenApiParameter("kind", str, enum=ToolKind.values, description="Only tools of this kind."),
-        OpenApiParameter("enabled", bool, description="Only enabled (true) or switched-off (false) tools."),
-    ])
-    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().list(request, *args, **kwargs)
-
-    def filter_queryset(self, queryset: Any) -> Any:
-        if self.action != "list":
-            return queryset
-        params = self.request.query_params
-        kind = params.get("kind")
-        if kind:
-            if kind not in ToolKind.values:
-                raise exceptions.ValidationError({"kind": [f"Must be one of {', '.join(ToolKind.values)}; got {kind!r}."]})
-            queryset = queryset.filter(kind=kind)
-        enabled = params.get("enabled", "").lower()
-        if enabled:
-            if enabled not in _TRUE | _FALSE:
-                raise exceptions.ValidationError({"enabled": ["Must be true or false."]})
-            queryset = queryset.filter(enabled=enabled in _TRUE)
-        return queryset
 
     def get_object(self) -> Tool:
         ref = str(self.kwargs["pk"])

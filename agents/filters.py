@@ -1,0 +1,26 @@
+"""``/runs`` and ``/sessions`` query parameters (config/filters.py)."""
+
+from __future__ import annotations
+
+import django_filters
+
+from agents.models import Run, Session
+from config.filters import TrueFalse
+
+
+class RunFilter(django_filters.FilterSet):
+    needs_attention = TrueFalse(help_text="true: only runs an operator must check (needs_attention); false: only the others.")
+
+    class Meta:
+        model = Run
+        fields = ["needs_attention"]
+
+
+class SessionFilter(django_filters.FilterSet):
+    agent = django_filters.CharFilter(field_name="agent__slug", help_text="Only this agent's sessions (its slug).")
+    erased = TrueFalse(field_name="erased_at", lookup_expr="isnull", exclude=True,
+                       help_text="true: only erased sessions; false: only the others.")
+
+    class Meta:
+        model = Session
+        fields = ["agent", "erased"]

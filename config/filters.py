@@ -1,0 +1,146 @@
+"""Query-parameter filters through django-filter, with errors that say what was wrong and what is expected.
+
+Each app declares a ``FilterSet`` (``tools/filters.py``, ``approvals/filters.py``, ``audit/filters.py``,
+``agents/filters.py``); the viewsets use ``DjangoFilterBackend``, so the parameters are documented in the OpenAPI
+schema, a bad value is a 400 naming the parameter, and the filters run on the already tenant-scoped queryset.
+The field classes here give the messages: ``Must be one of a, b; got 'x'.``, ``Must be true or false; ...``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import django_filters
+from django import forms
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+
+_TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
+
+
+def _refused(message: str, **params: Any) -> ValidationError:
+    """A field error whose user-given parts travel as params: django-filter formats ``message % params``, so a ``%``
+    in a query value must never reach the template itself."""
+    return ValidationError(message, params=params or {"_": ""})
+
+
+class OneOfField(forms.CharField):
+    def __init__(self, *, values: Sequence[str], **kwargs: Any) -> None:
+        self.values = list(values)
+        super().__init__(**kwargs)
+
+    def clean(self, value: Any) -> Any:
+        value = super().clean(value)
+        if value and value not in self.values:
+            raise _refused("Must be one of %(values)s; got %(got)s.", values=", ".join(self.values), got=repr(value))
+        return value
+
+
+class TrueFalseField(forms.Field):
+    def clean(self, value: Any) -> bool | None:
+        if value in (None, ""):
+            return None
+        if str(value).lower() in _TRUE:
+            return True
+        if str(value).lower() in _FALSE:
+            return False
+        raise _refused("Must be true or false; got %(got)s.", got=repr(value))
+
+
+class IdField(forms.CharField):
+    """A UUID; ``what`` names it in the message (``Must be a run id (a UUID); got 'x'.``)."""
+
+    def __init__(self, *, what: str, **kwargs: Any) -> None:
+        self.what = what
+        super().__init__(**kwargs)
+
+    def clean(self, value: Any) -> uuid.UUID | None:
+        value = super().clean(value)
+        if not value:
+            return None
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            raise _refused("Must be a %(what)s id (a UUID); got %(got)s.", what=self.what, got=repr(value)) from None
+
+
+class MomentField(forms.CharField):
+    """An ISO date-time or a date; a wrong form or an impossible value (``2020-13-45``) names the parameter."""
+
+    def clean(self, value: Any) -> dt.datetime | dt.date | None:
+        value = super().clean(value)
+        if not value:
+            return None
+        message = "Must be an ISO date-time (2024-11-28T14:30:00Z) or a date (2024-11-28); got %(got)s."
+        try:  # parse_* return None for a wrong form and raise ValueError for an impossible value
+            parsed = parse_datetime(value) or parse_date(value)
+        except ValueError as exc:
+            raise _refused(message + " (%(why)s)", got=repr(value), why=str(exc)) from None
+        if parsed is None:
+            raise _refused(message, got=repr(value))
+        # out of range (0001-01-01T00:00+05:00) is refused here, while the parameter's name is known
+        if isinstance(parsed, dt.datetime):
+            _aware(parsed)
+        else:
+            _aware(dt.datetime.combine(parsed, dt.time.min))
+            if parsed < dt.date.max:
+                _aware(dt.datetime.combine(parsed + dt.timedelta(days=1), dt.time.min))
+        return parsed
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    """In UTC (naive means the server's time zone); out of range (``0001-01-01T00:00+05:00``) is refused."""
+    try:
+        return (timezone.make_aware(value) if timezone.is_naive(value) else value).astimezone(dt.UTC)
+    except (ValueError, OverflowError) as exc:
+        raise _refused("Out of range: %(why)s.", why=str(exc)) from None
+
+
+class OneOf(django_filters.CharFilter):
+    """``?status=pending``: one of ``values`` (pass ``values=[...]``)."""
+
+    field_class = OneOfField
+
+
+class TrueFalse(django_filters.BooleanFilter):
+    """``?enabled=true`` (also 1, false, 0)."""
+
+    field_class = TrueFalseField
+
+
+class IdFilter(django_filters.CharFilter):
+    """``?run=<uuid>`` (pass ``what="run"``)."""
+
+    field_class = IdField
+
+
+class Since(django_filters.CharFilter):
+    """``?since=``: from this date-time on, or from the start of this date (inclusive)."""
+
+    field_class = MomentField
+
+    def filter(self, qs: Any, value: Any) -> Any:
+        if value in (None, ""):
+            return qs
+        start = value if isinstance(value, dt.datetime) else dt.datetime.combine(value, dt.time.min)
+        return qs.filter(**{f"{self.field_name}__gte": _aware(start)})
+
+
+class Until(django_filters.CharFilter):
+    """``?until=``: up to this date-time, or to the end of this date (inclusive)."""
+
+    field_class = MomentField
+
+    def filter(self, qs: Any, value: Any) -> Any:
+        if value in (None, ""):
+            return qs
+        if isinstance(value, dt.datetime):
+            return qs.filter(**{f"{self.field_name}__lte": _aware(value)})
+        if value >= dt.date.max:
+            return qs
+        end = dt.datetime.combine(value + dt.timedelta(days=1), dt.time.min)  # before the next day starts
+        return qs.filter(**{f"{self.field_name}__lt": _aware(end)})
