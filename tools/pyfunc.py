@@ -37,19 +37,18 @@ child process instead, killed at the timeout: the tool's config ``{"isolation": 
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as _dt
-import enum
 import inspect
-import json
 import re
 import threading
 import types
 import typing
-import uuid
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PydanticSchemaGenerationError, ValidationError, create_model
+from pydantic.json_schema import PydanticJsonSchemaWarning
 
 __all__ = [
     "Param",
@@ -164,231 +163,120 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return description, params
 
 
-# --------------------------------------------------------------------------- type -> schema
+# --------------------------------------------------------------------------- type hints -> pydantic -> JSON Schema
 
 
-def _is_union(tp: Any) -> bool:
-    return typing.get_origin(tp) in (typing.Union, types.UnionType)
+def _param_extra(meta: Sequence[Any]) -> dict[str, Any]:
+    """The JSON Schema a parameter's ``Annotated`` metadata adds: :class:`Param`, a description string, a mapping."""
+    extra: dict[str, Any] = {}
+    for item in meta:
+        if isinstance(item, Param):
+            extra.update(item.schema())
+        elif isinstance(item, str):
+            extra.setdefault("description", item)
+        elif isinstance(item, Mapping):
+            extra.update(item)
+    return extra
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, _dt.datetime | _dt.date | _dt.time):
-        return value.isoformat()
-    if isinstance(value, tuple | frozenset | set):
-        return list(value)
-    return value
-
-
-def _literal_type(values: Sequence[Any]) -> dict[str, Any]:
-    kinds = set()
-    for v in values:
-        if isinstance(v, bool):
-            kinds.add("boolean")
-        elif isinstance(v, int):
-            kinds.add("integer")
-        elif isinstance(v, float):
-            kinds.add("number")
-        elif isinstance(v, str):
-            kinds.add("string")
-        elif v is None:
-            kinds.add("null")
-    if len(kinds) == 1:
-        return {"type": kinds.pop()}
-    if kinds:
-        return {"type": sorted(kinds)}
-    return {}
-
-
-def type_schema(tp: Any) -> dict[str, Any]:
-    """JSON Schema for a Python annotation."""
-    if tp is inspect.Parameter.empty or tp is Any or tp is object:
-        return {}
+def _for_pydantic(tp: Any) -> Any:
+    """``tp`` with our ``Annotated`` metadata (anywhere in it) turned into pydantic ``Field``s."""
     origin = typing.get_origin(tp)
     if origin is Annotated:
         base, *meta = typing.get_args(tp)
-        schema = type_schema(base)
-        for item in meta:
-            if isinstance(item, Param):
-                schema.update(item.schema())
-            elif isinstance(item, str):
-                schema.setdefault("description", item)
-            elif isinstance(item, Mapping):
-                schema.update(item)
-        return schema
-    if _is_union(tp):
-        args = typing.get_args(tp)
-        non_null = [a for a in args if a is not type(None)]
-        nullable = len(non_null) != len(args)
-        if len(non_null) == 1:
-            inner = type_schema(non_null[0])
-            if not nullable:
-                return inner
-            t = inner.get("type")
-            if isinstance(t, str) and "anyOf" not in inner:
-                inner = {**inner, "type": [t, "null"]}
-                if "enum" in inner and None not in inner["enum"]:
-                    inner["enum"] = [*inner["enum"], None]
-                return inner
-            return {"anyOf": [inner, {"type": "null"}]}
-        options = [type_schema(a) for a in non_null]
-        if nullable:
-            options.append({"type": "null"})
-        return {"anyOf": options}
-    if origin is Literal:
-        values = list(typing.get_args(tp))
-        return {**_literal_type(values), "enum": [_json_default(v) for v in values]}
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        values = [m.value for m in tp]
-        return {**_literal_type(values), "enum": values}
-    if tp is bool:
-        return {"type": "boolean"}
-    if tp is int:
-        return {"type": "integer"}
-    if tp is float:
-        return {"type": "number"}
-    if tp is str:
-        return {"type": "string"}
-    if tp is _dt.datetime:
-        return {"type": "string", "format": "date-time"}
-    if tp is _dt.date:
-        return {"type": "string", "format": "date"}
-    if tp is _dt.time:
-        return {"type": "string", "format": "time"}
-    if tp is uuid.UUID:
-        return {"type": "string", "format": "uuid"}
-    if tp is type(None):
-        return {"type": "null"}
-    if tp in (list, tuple, set, frozenset) or origin in (list, tuple, set, frozenset, Sequence, typing.Sequence):
-        args = typing.get_args(tp)
-        schema: dict[str, Any] = {"type": "array"}
-        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
-            schema["prefixItems"] = [type_schema(a) for a in args]
-            schema["minItems"] = schema["maxItems"] = len(args)
-            return schema
-        if args:
-            items = type_schema(args[0])
-            if items:
-                schema["items"] = items
-        if origin in (set, frozenset) or tp in (set, frozenset):
-            schema["uniqueItems"] = True
-        return schema
-    if tp is dict or origin in (dict, Mapping, typing.Mapping):
-        args = typing.get_args(tp)
-        schema = {"type": "object"}
-        if len(args) == 2 and type_schema(args[1]):
-            schema["additionalProperties"] = type_schema(args[1])
-        return schema
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        hints = typing.get_type_hints(tp, include_extras=True)
-        props: dict[str, Any] = {}
-        required: list[str] = []
-        for f in dataclasses.fields(tp):
-            props[f.name] = type_schema(hints.get(f.name, Any))
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                required.append(f.name)
-        out: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
-        if required:
-            out["required"] = required
-        return out
-    if isinstance(tp, type) and typing.is_typeddict(tp):
-        hints = typing.get_type_hints(tp, include_extras=True)
-        required_keys = getattr(tp, "__required_keys__", frozenset(hints))
-        out = {
-            "type": "object",
-            "properties": {k: type_schema(v) for k, v in hints.items()},
-            "additionalProperties": False,
-        }
-        req = [k for k in hints if k in required_keys]
-        if req:
-            out["required"] = req
-        return out
-    raise TypeError(f"cannot describe the type {tp!r} in JSON Schema; use a JSON-friendly annotation")
+        extra = _param_extra(meta)
+        kept = [m for m in meta if not isinstance(m, Param | str | Mapping)]
+        inner = _for_pydantic(base)
+        return Annotated[(inner, *kept, Field(json_schema_extra=extra))] if extra else (
+            Annotated[(inner, *kept)] if kept else inner)
+    args = typing.get_args(tp)
+    if not args or origin is Literal:
+        return tp
+    rebuilt = tuple(_for_pydantic(a) if a is not Ellipsis else a for a in args)
+    if rebuilt == args:
+        return tp
+    if origin in (typing.Union, types.UnionType):
+        return typing.Union[rebuilt]  # noqa: UP007  (rebuilt from a tuple of types)
+    try:
+        return origin[rebuilt if len(rebuilt) > 1 else rebuilt[0]]
+    except TypeError:
+        return tp
+
+
+def _arguments_model(func: Callable[..., Any], arg_docs: Mapping[str, str]) -> type[BaseModel]:
+    """A pydantic model of ``func``'s parameters: it makes the JSON Schema and converts the model's arguments."""
+    sig = inspect.signature(func)
+    hints = typing.get_type_hints(func, include_extras=True)
+    fields: dict[str, Any] = {}
+    for name, param in sig.parameters.items():
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            raise TypeError(f"{func.__qualname__}: *args/**kwargs cannot be described to a model; name every parameter")
+        annotation = hints.get(name, param.annotation)
+        annotation = Any if annotation is inspect.Parameter.empty else _for_pydantic(annotation)
+        described = typing.get_origin(annotation) is Annotated and any(
+            "description" in (getattr(m, "json_schema_extra", None) or {}) for m in typing.get_args(annotation)[1:])
+        doc = arg_docs.get(name) if not described else None
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[name] = (annotation, Field(default, description=doc))
+    config = ConfigDict(extra="forbid", protected_namespaces=(), arbitrary_types_allowed=False)
+    try:
+        return create_model(f"{func.__name__}_arguments", __config__=config, **fields)
+    except PydanticSchemaGenerationError as exc:
+        raise TypeError(f"{func.__qualname__}: cannot describe a parameter's type in JSON Schema; use a JSON-friendly "
+                        f"annotation ({exc})") from None
+
+
+def _compact(node: Any, defs: Mapping[str, Any]) -> Any:
+    """pydantic's schema as the model reads it best: references inlined, no titles, ``Optional[X]`` as
+    ``{"type": [X, "null"]}``, objects closed (``additionalProperties: false``) as the arguments are."""
+    if isinstance(node, list):
+        return [_compact(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        siblings = {k: v for k, v in node.items() if k != "$ref"}
+        node = {**defs[node["$ref"].rsplit("/", 1)[-1]], **siblings}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("title", "$defs"):
+            continue
+        if key == "properties":
+            out[key] = {name: _compact(schema, defs) for name, schema in value.items()}
+        else:
+            out[key] = _compact(value, defs)
+    options = out.get("anyOf")
+    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
+        other = options[0] if options[1] == {"type": "null"} else options[1]
+        if isinstance(other.get("type"), str) and not {"anyOf", "oneOf", "allOf"} & set(other):
+            merged = {**other, "type": [other["type"], "null"]}
+            if "enum" in merged and None not in merged["enum"]:
+                merged["enum"] = [*merged["enum"], None]
+            out.pop("anyOf")
+            out = {**merged, **out}
+    if "properties" in out:
+        out.setdefault("additionalProperties", False)
+    return out
 
 
 def schema_for_function(func: Callable[..., Any]) -> tuple[dict[str, Any], str]:
     """(parameters JSON Schema, description) for ``func``."""
     description, arg_docs = parse_docstring(func.__doc__)
-    sig = inspect.signature(func)
-    hints = typing.get_type_hints(func, include_extras=True)
-    properties: dict[str, Any] = {}
-    required: list[str] = []
-    for name, param in sig.parameters.items():
-        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-            raise TypeError(f"{func.__qualname__}: *args/**kwargs cannot be described to a model; name every parameter")
-        prop = type_schema(hints.get(name, param.annotation))
-        if name in arg_docs and "description" not in prop:
-            prop = {"description": arg_docs[name], **prop}
-        if param.default is not inspect.Parameter.empty:
-            default = _json_default(param.default)
-            try:
-                json.dumps(default)
-            except (TypeError, ValueError):
-                pass
-            else:
-                prop["default"] = default
-        else:
-            required.append(name)
-        properties[name] = prop
-    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
-    if required:
-        schema["required"] = required
-    return schema, description
+    model = _arguments_model(func, arg_docs)
+    return _schema_of(model), description
 
 
-# --------------------------------------------------------------------------- conversion
+def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    with warnings.catch_warnings():  # a default JSON cannot hold is left out of the schema, as it should be
+        warnings.simplefilter("ignore", PydanticJsonSchemaWarning)
+        raw = model.model_json_schema()
+    schema = _compact(raw, raw.get("$defs", {}))
+    schema.setdefault("properties", {})
+    return schema
 
 
-def _convert(value: Any, tp: Any) -> Any:
-    """Turn JSON values into what the annotation asks for (ISO strings -> date/datetime, enums...)."""
-    if value is None or tp is inspect.Parameter.empty or tp is Any:
-        return value
-    origin = typing.get_origin(tp)
-    if origin is Annotated:
-        return _convert(value, typing.get_args(tp)[0])
-    if _is_union(tp):
-        options = [a for a in typing.get_args(tp) if a is not type(None)]
-        for option in options:
-            try:
-                converted = _convert(value, option)
-            except (TypeError, ValueError):
-                continue
-            if converted is not value or _matches(value, option):
-                return converted
-        return value
-    if tp is _dt.datetime and isinstance(value, str):
-        return _dt.datetime.fromisoformat(value.replace("z", "Z"))
-    if tp is _dt.date and isinstance(value, str):
-        return _dt.date.fromisoformat(value)
-    if tp is _dt.time and isinstance(value, str):
-        return _dt.time.fromisoformat(value)
-    if tp is uuid.UUID and isinstance(value, str):
-        return uuid.UUID(value)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum) and not isinstance(value, tp):
-        return tp(value)
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, list) and (origin in (list, tuple, set, frozenset, Sequence) or tp in (tuple, set)):
-        args = typing.get_args(tp)
-        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
-            items = [_convert(v, a) for v, a in zip(value, args, strict=False)]
-        else:
-            items = [_convert(v, args[0]) for v in value] if args else list(value)
-        container = origin or tp
-        return container(items) if container in (tuple, set, frozenset) else items
-    if isinstance(value, dict) and origin in (dict, Mapping):
-        args = typing.get_args(tp)
-        return {k: _convert(v, args[1]) for k, v in value.items()} if len(args) == 2 else value
-    if isinstance(value, dict) and dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        hints = typing.get_type_hints(tp, include_extras=True)
-        return tp(**{k: _convert(v, hints.get(k, Any)) for k, v in value.items()})
-    return value
-
-
-def _matches(value: Any, tp: Any) -> bool:
-    base = typing.get_origin(tp) or tp
-    return isinstance(base, type) and isinstance(value, base)
+def _problem(error: Mapping[str, Any]) -> str:
+    where = ".".join(str(part) for part in error.get("loc", ())) or "arguments"
+    return f"argument {where}: {error.get('msg', 'invalid')}"
 
 
 # --------------------------------------------------------------------------- registry
@@ -404,6 +292,8 @@ class PythonTool:
     description: str
     schema: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The pydantic model of the parameters (made at registration; converts the arguments).
+    model: type[BaseModel] | None = None
 
     @property
     def summary(self) -> str:
@@ -426,7 +316,6 @@ class PythonTool:
 
     def convert_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         sig = inspect.signature(self.func)
-        hints = typing.get_type_hints(self.func, include_extras=True)
         unknown = [k for k in arguments if k not in sig.parameters]
         if unknown:
             raise ToolArgumentError(
@@ -435,13 +324,12 @@ class PythonTool:
         missing = [n for n, p in sig.parameters.items() if p.default is inspect.Parameter.empty and n not in arguments]
         if missing:
             raise ToolArgumentError(f"{self.key}: missing required argument(s) {', '.join(missing)}")
-        converted: dict[str, Any] = {}
-        for name, value in arguments.items():
-            try:
-                converted[name] = _convert(value, hints.get(name, sig.parameters[name].annotation))
-            except (TypeError, ValueError) as exc:
-                raise ToolArgumentError(f"{self.key}: argument {name}: {exc}") from exc
-        return converted
+        model = self.model or _arguments_model(self.func, {})
+        try:
+            validated = model.model_validate(dict(arguments))
+        except ValidationError as exc:
+            raise ToolArgumentError(f"{self.key}: " + "; ".join(_problem(e) for e in exc.errors())) from exc
+        return {name: getattr(validated, name) for name in arguments}
 
     def __call__(self, arguments: Mapping[str, Any]) -> Any:
         kwargs = self.convert_arguments(arguments)
@@ -477,7 +365,9 @@ class PythonToolRegistry:
         name = name or func.__name__
         if not _NAME_RE.match(name):
             raise ValueError(f"tool name {name!r} must match {_NAME_RE.pattern} (OpenAI function-name rules)")
-        schema, doc_description = schema_for_function(func)
+        doc_description, arg_docs = parse_docstring(func.__doc__)
+        model = _arguments_model(func, arg_docs)
+        schema = _schema_of(model)
         entry = PythonTool(
             key=key,
             name=name,
@@ -487,6 +377,7 @@ class PythonToolRegistry:
             description=(description or doc_description).strip(),
             schema=schema,
             extra=dict(extra),
+            model=model,
         )
         with self._lock:
             if self._frozen:

@@ -115,7 +115,9 @@ def test_more_types(reg: PythonToolRegistry) -> None:
     }
     assert props["ids"] == {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
     assert props["anything"] == {}
-    assert props["who"]["properties"] == {"name": {"type": "string"}, "age": {"type": ["integer", "null"]}}
+    # a nested dataclass's field says its default too (pydantic's schema; the hand-written one left it out)
+    assert props["who"]["properties"] == {"name": {"type": "string"}, "age": {"type": ["integer", "null"], "default": None}}
+    assert props["who"]["additionalProperties"] is False
     assert props["who"]["required"] == ["name"]
     assert props["level"] == {"type": "integer", "enum": [1, 2], "default": 1}
     assert props["either"] == {"anyOf": [{"type": "integer"}, {"type": "string"}], "default": 0}
@@ -221,3 +223,31 @@ def test_parse_docstring_without_sections() -> None:
     """)
     assert description == "One line.\n\nSecond paragraph says when not to use it."
     assert params == {}
+
+
+@dataclass
+class Leg:
+    origin: str
+    day: dt.date
+
+
+def plan(legs: list[Leg], cabin: Cabin = Cabin.ECONOMY, budget: float = 0.0, window: tuple[int, int] = (0, 24)) -> dict:
+    """Plan legs."""
+    return {"legs": legs, "cabin": cabin, "budget": budget, "window": window}
+
+
+def test_arguments_are_converted_and_refused_by_the_parameters_model() -> None:
+    reg = PythonToolRegistry()
+
+    t = reg.register(plan, key="travel.plan")
+    out = reg.call(t.key, {"legs": [{"origin": "PEK", "day": "2024-11-28"}], "cabin": "business", "budget": 100,
+                           "window": [6, 12]})
+    assert out["legs"] == [Leg("PEK", dt.date(2024, 11, 28))] and out["cabin"] is Cabin.BUSINESS
+    assert out["budget"] == 100.0 and isinstance(out["budget"], float) and out["window"] == (6, 12)
+    legs = t.schema["properties"]["legs"]
+    assert legs["type"] == "array" and legs["items"]["properties"]["day"] == {"type": "string", "format": "date"}
+    assert legs["items"]["required"] == ["origin", "day"] and "$ref" not in str(t.schema)
+    with pytest.raises(ToolArgumentError, match=r"argument legs\.0\.day: .*date"):
+        reg.call(t.key, {"legs": [{"origin": "PEK", "day": "someday"}]})
+    with pytest.raises(ToolArgumentError, match="argument cabin"):
+        reg.call(t.key, {"legs": [], "cabin": "first"})
