@@ -147,7 +147,7 @@ def _grant(install: PluginInstall, plugin: Plugin, user: Any) -> None:
 
 
 @transaction.atomic
-def install_plugin(*, tenant: Tenant, plugin_key: str, actor: Any, config: dict[str, Any] | None = None) -> PluginInstall:
+def install_plugin(*, tenant: Tenant, plugin_key: str, actor: Actor | None, config: dict[str, Any] | None = None) -> PluginInstall:
     """Install the catalog's current version in a tenant, or refresh an existing install of that version.
 
     An owner's install grants the plugin's scopes and hosts. Anyone else's install of a plugin that
@@ -189,7 +189,7 @@ def install_plugin(*, tenant: Tenant, plugin_key: str, actor: Any, config: dict[
 
 
 @transaction.atomic
-def upgrade_plugin(*, install: PluginInstall, actor: Any, config: dict[str, Any] | None = None) -> PluginInstall:
+def upgrade_plugin(*, install: PluginInstall, actor: Actor | None, config: dict[str, Any] | None = None) -> PluginInstall:
     """Move an install to the catalog's current version.
 
     If that version adds scopes, outbound hosts or tools, the upgrade waits for an owner
@@ -224,7 +224,7 @@ def upgrade_plugin(*, install: PluginInstall, actor: Any, config: dict[str, Any]
 
 
 @transaction.atomic
-def accept_consent(*, install: PluginInstall, actor: Any) -> PluginInstall:
+def accept_consent(*, install: PluginInstall, actor: Actor | None) -> PluginInstall:
     """An owner grants the waiting version's scopes, hosts and tools; its tools become available."""
     who, user = acting_with_user(actor)
     require(who, "own", install.tenant_id, "consent to a plugin's scopes, hosts and tools")
@@ -247,7 +247,7 @@ def accept_consent(*, install: PluginInstall, actor: Any) -> PluginInstall:
 
 
 @transaction.atomic
-def disable_plugin(*, install: PluginInstall, actor: Any) -> PluginInstall:
+def disable_plugin(*, install: PluginInstall, actor: Actor | None) -> PluginInstall:
     """Its tools become unavailable at once (the next call is refused); nothing is deleted."""
     who, user = acting_with_user(actor)
     require(who, "operate", install.tenant_id, "disable plugins")
@@ -262,7 +262,7 @@ def disable_plugin(*, install: PluginInstall, actor: Any) -> PluginInstall:
 
 
 @transaction.atomic
-def enable_plugin(*, install: PluginInstall, actor: Any) -> PluginInstall:
+def enable_plugin(*, install: PluginInstall, actor: Actor | None) -> PluginInstall:
     who, user = acting_with_user(actor)
     require(who, "operate", install.tenant_id, "enable plugins")
     install = _locked(install)
@@ -290,7 +290,7 @@ def uninstall_plugin(*, install: PluginInstall, actor: Actor | None) -> None:
 
 
 @transaction.atomic
-def configure_plugin(*, install: PluginInstall, config: dict[str, Any], actor: Any) -> PluginInstall:
+def configure_plugin(*, install: PluginInstall, config: dict[str, Any], actor: Actor | None) -> PluginInstall:
     who, user = acting_with_user(actor)
     require(who, "operate", install.tenant_id, "configure plugins")
     install = _locked(install)
@@ -308,7 +308,7 @@ def configure_plugin(*, install: PluginInstall, config: dict[str, Any], actor: A
 
 
 @transaction.atomic
-def create_agent_from_preset(*, tenant: Tenant, plugin_key: str, preset_slug: str, actor: Any,
+def create_agent_from_preset(*, tenant: Tenant, plugin_key: str, preset_slug: str, actor: Actor | None,
                              slug: str | None = None, name: str | None = None) -> Agent:
     """A new agent (and its v1) from a plugin's preset. The tenant must have the plugin installed."""
     who, user = acting_with_user(actor)

@@ -29,6 +29,7 @@ from marketplace.models import (
     ToolRollout,
 )
 from marketplace.release import weight_errors
+from tenants.scoping import Actor
 from tools.models import Tool
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def _snapshot(agent: Agent) -> dict[str, int]:
 
 
 @transaction.atomic
-def set_release_weights(*, agent: Agent, weights: Mapping[Any, int], actor: Any) -> list[ReleaseWeight]:
+def set_release_weights(*, agent: Agent, weights: Mapping[Any, int], actor: Actor | None) -> list[ReleaseWeight]:
     """Replace an agent's release weights (keys: version numbers, "v2", or AgentVersion rows; values sum to 100).
 
     Takes effect for the next run: sessions are assigned by a stable hash, so a session keeps its
@@ -90,7 +91,7 @@ def set_release_weights(*, agent: Agent, weights: Mapping[Any, int], actor: Any)
 
 
 @transaction.atomic
-def rollback_version(*, agent: Agent, version: AgentVersion, actor: Any, reason: str = "",
+def rollback_version(*, agent: Agent, version: AgentVersion, actor: Actor | None, reason: str = "",
                      details: dict[str, Any] | None = None) -> ReleaseWeight | None:
     """Instant rollback: the version's weight goes to 0 and its share to the stable (current) version.
 
@@ -126,7 +127,7 @@ def rollback_version(*, agent: Agent, version: AgentVersion, actor: Any, reason:
 
 
 @transaction.atomic
-def set_release_guard(*, agent: Agent, metric: str, threshold: float, actor: Any, window: int = 50, min_runs: int = 10,
+def set_release_guard(*, agent: Agent, metric: str, threshold: float, actor: Actor | None, window: int = 50, min_runs: int = 10,
                       enabled: bool = True) -> ReleaseGuard:
     who, user = acting_with_user(actor)
     require(who, "operate", agent.tenant_id, "change release guards")
@@ -222,7 +223,7 @@ def check_release_guards(*, agent_ids: list[int] | None = None) -> list[GuardTri
 
 
 @transaction.atomic
-def set_tool_rollout(*, tool: Tool, enabled_percent: int | None, actor: Any) -> ToolRollout | None:
+def set_tool_rollout(*, tool: Tool, enabled_percent: int | None, actor: Actor | None) -> ToolRollout | None:
     """Release a tool to this share of sessions (sticky per session); ``None`` removes the gray release (everyone)."""
     who, user = acting_with_user(actor)
     require(who, "operate", tool.tenant_id, "change tool rollouts")

@@ -93,7 +93,7 @@ def create_tool(*, tenant: Any, actor: Actor | None, **fields: Any) -> Tool:
     return tool
 
 
-def _owner_in_person(actor: Any, tenant_id: Any) -> bool:
+def _owner_in_person(actor: Actor | None, tenant_id: Any) -> bool:
     """The tenant's owner with a session: an API key is not a person, whoever created it."""
     return isinstance(actor, Actor) and actor.api_key is None and actor.user is not None and actor.roles.get(tenant_id) == "owner"
 
@@ -114,7 +114,7 @@ def _check_policy(fields: dict[str, Any]) -> None:
         raise ToolRefused("; ".join(problems), field="approval_policy")
 
 
-def approval_loosening_refusal(*, tool: Tool, actor: Any, fields: dict[str, Any], changed: list[str]) -> list[tuple[str, str]]:
+def approval_loosening_refusal(*, tool: Tool, actor: Actor | None, fields: dict[str, Any], changed: list[str]) -> list[tuple[str, str]]:
     """``[(field, message)]`` when ``actor`` may not make this change to the tool's approval (empty: it may)."""
     loosened = _approval_loosened(tool, fields, [c for c in changed if c in TOOL_FIELDS])
     if not loosened or _owner_in_person(actor, tool.tenant_id):
