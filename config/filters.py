@@ -22,7 +22,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
 
 
-def _refused(message: str, **params: Any) -> ValidationError:
+def refused(message: str, **params: Any) -> ValidationError:
     """A field error whose user-given parts travel as params: django-filter formats ``message % params``, so a ``%``
     in a query value must never reach the template itself."""
     return ValidationError(message, params=params or {"_": ""})
@@ -36,7 +36,7 @@ class OneOfField(forms.CharField):
     def clean(self, value: Any) -> Any:
         value = super().clean(value)
         if value and value not in self.values:
-            raise _refused("Must be one of %(values)s; got %(got)s.", values=", ".join(self.values), got=repr(value))
+            raise refused("Must be one of %(values)s; got %(got)s.", values=", ".join(self.values), got=repr(value))
         return value
 
 
@@ -48,7 +48,7 @@ class TrueFalseField(forms.Field):
             return True
         if str(value).lower() in _FALSE:
             return False
-        raise _refused("Must be true or false; got %(got)s.", got=repr(value))
+        raise refused("Must be true or false; got %(got)s.", got=repr(value))
 
 
 class IdField(forms.CharField):
@@ -65,7 +65,7 @@ class IdField(forms.CharField):
         try:
             return uuid.UUID(value)
         except ValueError:
-            raise _refused("Must be a %(what)s id (a UUID); got %(got)s.", what=self.what, got=repr(value)) from None
+            raise refused("Must be a %(what)s id (a UUID); got %(got)s.", what=self.what, got=repr(value)) from None
 
 
 class MomentField(forms.CharField):
@@ -79,9 +79,9 @@ class MomentField(forms.CharField):
         try:  # parse_* return None for a wrong form and raise ValueError for an impossible value
             parsed = parse_datetime(value) or parse_date(value)
         except ValueError as exc:
-            raise _refused(message + " (%(why)s)", got=repr(value), why=str(exc)) from None
+            raise refused(message + " (%(why)s)", got=repr(value), why=str(exc)) from None
         if parsed is None:
-            raise _refused(message, got=repr(value))
+            raise refused(message, got=repr(value))
         # out of range (0001-01-01T00:00+05:00) is refused here, while the parameter's name is known
         if isinstance(parsed, dt.datetime):
             _aware(parsed)
@@ -97,7 +97,7 @@ def _aware(value: dt.datetime) -> dt.datetime:
     try:
         return (timezone.make_aware(value) if timezone.is_naive(value) else value).astimezone(dt.UTC)
     except (ValueError, OverflowError) as exc:
-        raise _refused("Out of range: %(why)s.", why=str(exc)) from None
+        raise refused("Out of range: %(why)s.", why=str(exc)) from None
 
 
 class OneOf(django_filters.CharFilter):
@@ -144,3 +144,34 @@ class Until(django_filters.CharFilter):
             return qs
         end = dt.datetime.combine(value + dt.timedelta(days=1), dt.time.min)  # before the next day starts
         return qs.filter(**{f"{self.field_name}__lt": _aware(end)})
+
+
+class IdNumberField(forms.CharField):
+    """A row's numeric id (``?agent=12``)."""
+
+    def clean(self, value: Any) -> int | None:
+        value = super().clean(value)
+        if not value:
+            return None
+        if not value.isdigit():
+            raise refused("Must be a number (an id); got %(got)s.", got=repr(value))
+        return int(value)
+
+
+class DayField(forms.CharField):
+    """A calendar day, ``YYYY-MM-DD``."""
+
+    def clean(self, value: Any) -> dt.date | None:
+        value = super().clean(value)
+        if not value:
+            return None
+        try:
+            return dt.date.fromisoformat(value)
+        except ValueError:
+            raise refused("Must be a date as YYYY-MM-DD; got %(got)s.", got=repr(value)) from None
+
+
+class IdNumber(django_filters.CharFilter):
+    """``?agent=12``: rows pointing at this id."""
+
+    field_class = IdNumberField

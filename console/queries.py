@@ -18,7 +18,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from agents.models import Agent, AgentVersion, Run, RunStatus
-from runtime.types import TerminalReason
+from console.filters import TERMINAL_REASONS, RunListFilter
 from tenants.models import Membership
 from tenants.scoping import Actor
 
@@ -26,7 +26,6 @@ RUN_LIST_PAGE = 50
 SPEND_MAX_RUNS = 20_000
 SPEND_MAX_DAYS = 366
 TOP_RUNS = 10
-TERMINAL_REASONS = [r.value for r in TerminalReason]
 
 
 # --- formatting (shared by the templates and the live run-list socket) ----------------------
@@ -105,25 +104,13 @@ def runs_for(actor: Actor) -> QuerySet[Run]:
 
 # --- run-list filters -----------------------------------------------------------------------
 
-def _int(raw: str | None) -> int | None:
-    if raw is None or raw == "":
-        return None
-    return int(raw) if raw.isdigit() else -1
-
-
-def _date(raw: str | None) -> dt.date | str | None:
-    if not raw:
-        return None
-    try:
-        return dt.date.fromisoformat(raw)
-    except ValueError:
-        return "bad"
-
-
 @dataclass
 class RunFilters:
     """The run list's GET parameters: ``agent``, ``version``, ``user`` (ids), ``status``, ``reason``,
-    ``day`` and ``since`` (YYYY-MM-DD, UTC), ``attention`` (1: only runs that need attention, 0: only the others)."""
+    ``day`` and ``since`` (YYYY-MM-DD, UTC), ``attention`` (1: only runs that need attention, 0: only the others).
+
+    Parsed and applied by :class:`console.filters.RunListFilter`; a bad value is ignored, with a message in ``errors``.
+    """
 
     agent: int | None = None
     version: int | None = None
@@ -137,55 +124,21 @@ class RunFilters:
 
     @classmethod
     def from_query(cls, params: Mapping[str, str]) -> RunFilters:
-        f = cls()
-        for name in ("agent", "version", "user"):
-            value = _int(params.get(name))
-            if value == -1:
-                f.errors.append(f"{name} must be a number (an id); got {params.get(name)!r}. The filter was ignored.")
-            else:
-                setattr(f, name, value)
-        status = params.get("status", "")
-        if status and status not in RunStatus.values:
-            f.errors.append(f"status must be one of {', '.join(RunStatus.values)}; got {status!r}. The filter was ignored.")
-        else:
-            f.status = status
-        reason = params.get("reason", "")
-        if reason and reason not in TERMINAL_REASONS:
-            f.errors.append(f"reason must be one of {', '.join(TERMINAL_REASONS)}; got {reason!r}. The filter was ignored.")
-        else:
-            f.reason = reason
-        attention = params.get("attention", "")
-        if attention and attention not in ("0", "1"):
-            f.errors.append(f"attention must be 1 (needs attention) or 0; got {attention!r}. The filter was ignored.")
-        else:
-            f.attention = attention
-        for name in ("day", "since"):
-            value = _date(params.get(name))
-            if value == "bad":
-                f.errors.append(f"{name} must be a date as YYYY-MM-DD; got {params.get(name)!r}. The filter was ignored.")
-            else:
-                setattr(f, name, value)
-        return f
+        data = {name: params.get(name, "") for name in RunListFilter.base_filters}
+        checked = RunListFilter(data=data, queryset=Run.objects.none())
+        errors = []
+        if not checked.is_valid():
+            for name, problems in checked.errors.items():
+                problem = str(problems[0])
+                errors.append(f"{name} {problem[:1].lower()}{problem[1:]} The filter was ignored.")
+                data[name] = ""
+            checked = RunListFilter(data=data, queryset=Run.objects.none())
+            checked.is_valid()
+        values = {k: v for k, v in checked.form.cleaned_data.items() if v not in (None, "")}
+        return cls(**values, errors=errors)
 
     def apply(self, runs: QuerySet[Run]) -> QuerySet[Run]:
-        if self.agent is not None:
-            runs = runs.filter(agent_id=self.agent)
-        if self.version is not None:
-            runs = runs.filter(version_id=self.version)
-        if self.user is not None:
-            runs = runs.filter(created_by_id=self.user)
-        if self.status:
-            runs = runs.filter(status=self.status)
-        if self.reason:
-            runs = runs.filter(terminal_reason=self.reason)
-        if self.attention:
-            runs = runs.filter(needs_attention=self.attention == "1")
-        if self.day is not None:
-            start = dt.datetime.combine(self.day, dt.time.min, tzinfo=dt.UTC)
-            runs = runs.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1))
-        if self.since is not None:
-            runs = runs.filter(created_at__gte=dt.datetime.combine(self.since, dt.time.min, tzinfo=dt.UTC))
-        return runs
+        return RunListFilter(data=self.params(), queryset=runs).qs
 
     def params(self) -> dict[str, str]:
         raw = {
