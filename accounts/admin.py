@@ -56,10 +56,15 @@ class TenantAdmin(TenantScopedAdmin):
     def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
         """Members added, changed or removed on the tenant's page go through the membership services."""
         actor = self._actor(request)
-        for membership in formset.save(commit=False):
-            services.set_membership(tenant=form.instance, user=membership.user, role=membership.role, actor=actor)
+        formset.save(commit=False)  # fills new_objects, changed_objects and deleted_objects; writes nothing
         for membership in formset.deleted_objects:
             services.remove_membership(membership=membership, actor=actor)
+        for membership, changed in formset.changed_objects:
+            if "user" in changed:  # the row now names someone else: the old member leaves, the new one joins
+                services.remove_membership(membership=Membership.objects.get(pk=membership.pk), actor=actor)
+            services.set_membership(tenant=form.instance, user=membership.user, role=membership.role, actor=actor)
+        for membership in formset.new_objects:
+            services.set_membership(tenant=form.instance, user=membership.user, role=membership.role, actor=actor)
 
 
 @admin.register(Membership)

@@ -32,6 +32,9 @@ from tools.models import Tool
 
 pytestmark = pytest.mark.django_db
 
+#: The apps whose admins this walk holds to the services (the others are Django's and django-axes').
+OUR_APPS = {"accounts", "agents", "approvals", "audit", "console", "marketplace", "tenants", "tools"}
+
 WRITES = {
     "add": ("save_model",),
     "change": ("save_model",),
@@ -77,13 +80,16 @@ def _request(user: Any) -> Any:
 # 1 ------------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("role", ["operator", "owner"])
+@pytest.mark.parametrize("role", ["operator", "owner", "superuser"])
 def test_every_admin_a_tenant_member_writes_through_writes_through_a_service(walk: Walk, role: str) -> None:
-    user = walk.world.operator if role == "operator" else walk.owner
+    people = {"operator": walk.world.operator, "owner": walk.owner}
+    user = people[role] if role in people else make_user(is_staff=True, is_superuser=True)
     request = _request(user)
     problems, writable = [], []
     for model, model_admin in admin.site._registry.items():
         label = model._meta.label
+        if model._meta.app_label not in OUR_APPS:
+            continue  # Django's users and groups, django-axes' lockout records: the platform's, not a tenant's
         allowed = {
             "add": model_admin.has_add_permission(request),
             "change": model_admin.has_change_permission(request),
@@ -295,3 +301,34 @@ def test_api_keys_and_members_through_the_admin_are_audited_and_role_checked(wal
     other: World = make_world()
     with pytest.raises(Exception, match="No such object"):
         accounts.rename_api_key(key=other.key, name="hijacked", actor=actor_for_user(walk.owner))
+
+
+def test_members_added_changed_and_removed_on_the_tenant_page_go_through_the_services(walk: Walk) -> None:
+    """The members inline of the tenant page (Django shows it to superusers: it needs the model permissions)."""
+    admin_user = make_user(is_staff=True, is_superuser=True)
+    newcomer = make_user()
+    client = Client()
+    client.force_login(admin_user)
+    url = _url(walk.world.tenant)
+    parser = _FormValues("tenant_form")
+    parser.feed(client.get(url).content.decode())
+    data: dict[str, list[str]] = {}
+    for name, value in parser.values:
+        data.setdefault(name, []).append(value)
+    assert any(k.endswith("-TOTAL_FORMS") for k in data), sorted(data)
+    prefix = next(k for k in data if k.endswith("-TOTAL_FORMS")).removesuffix("-TOTAL_FORMS")
+    rows = int(data[f"{prefix}-TOTAL_FORMS"][0])
+    viewer_row = next(i for i in range(rows) if data.get(f"{prefix}-{i}-user") == [str(walk.world.viewer.pk)])
+    data[f"{prefix}-{viewer_row}-DELETE"] = ["on"]
+    data[f"{prefix}-TOTAL_FORMS"] = [str(rows + 1)]
+    data[f"{prefix}-{rows}-user"] = [str(newcomer.pk)]
+    data[f"{prefix}-{rows}-role"] = [Role.VIEWER]
+    data[f"{prefix}-{rows}-tenant"] = [str(walk.world.tenant.pk)]
+    data["_save"] = ["Save"]
+    response = client.post(url, data)
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    assert Membership.objects.filter(tenant=walk.world.tenant, user=newcomer, role=Role.VIEWER).exists()
+    assert not Membership.objects.filter(tenant=walk.world.tenant, user=walk.world.viewer).exists()
+    rows_by = ConfigChange.objects.filter(tenant=walk.world.tenant, actor=admin_user)
+    assert rows_by.filter(action="membership.created", details__user=newcomer.username).exists()
+    assert rows_by.filter(action="membership.removed", details__user=walk.world.viewer.username).exists()
