@@ -47,7 +47,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PydanticSchemaGenerationError, ValidationError, create_model
+import typing_extensions
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PydanticSchemaGenerationError,
+    PydanticUserError,
+    ValidationError,
+    create_model,
+)
 from pydantic.json_schema import PydanticJsonSchemaWarning
 
 __all__ = [
@@ -179,8 +188,30 @@ def _param_extra(meta: Sequence[Any]) -> dict[str, Any]:
     return extra
 
 
+_TYPED_DICTS: dict[Any, Any] = {}
+
+
+def _typed_dict(tp: Any) -> Any:
+    """A ``typing.TypedDict`` as ``typing_extensions.TypedDict``: pydantic takes only the latter before Python 3.12."""
+    if tp not in _TYPED_DICTS:
+        hints = typing.get_type_hints(tp, include_extras=True)
+        required = getattr(tp, "__required_keys__", frozenset(hints))
+        fields: dict[str, Any] = {}
+        for key, hint in hints.items():
+            if typing.get_origin(hint) in (typing_extensions.Required, typing_extensions.NotRequired):
+                hint = typing.get_args(hint)[0]
+            hint = _for_pydantic(hint)
+            fields[key] = hint if key in required else typing_extensions.NotRequired[hint]
+        converted = typing_extensions.TypedDict(tp.__name__, fields)  # type: ignore[operator]
+        converted.__doc__ = tp.__doc__
+        _TYPED_DICTS[tp] = converted
+    return _TYPED_DICTS[tp]
+
+
 def _for_pydantic(tp: Any) -> Any:
     """``tp`` with our ``Annotated`` metadata (anywhere in it) turned into pydantic ``Field``s."""
+    if isinstance(tp, type) and typing.is_typeddict(tp):
+        return _typed_dict(tp)
     origin = typing.get_origin(tp)
     if origin is Annotated:
         base, *meta = typing.get_args(tp)
@@ -221,7 +252,7 @@ def _arguments_model(func: Callable[..., Any], arg_docs: Mapping[str, str]) -> t
     config = ConfigDict(extra="forbid", protected_namespaces=(), arbitrary_types_allowed=False)
     try:
         return create_model(f"{func.__name__}_arguments", __config__=config, **fields)
-    except PydanticSchemaGenerationError as exc:
+    except (PydanticSchemaGenerationError, PydanticUserError) as exc:
         raise TypeError(f"{func.__qualname__}: cannot describe a parameter's type in JSON Schema; use a JSON-friendly "
                         f"annotation ({exc})") from None
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 from dataclasses import dataclass
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, Optional, TypedDict
 
 import pytest
 
@@ -251,3 +251,28 @@ def test_arguments_are_converted_and_refused_by_the_parameters_model() -> None:
         reg.call(t.key, {"legs": [{"origin": "PEK", "day": "someday"}]})
     with pytest.raises(ToolArgumentError, match="argument cabin"):
         reg.call(t.key, {"legs": [], "cabin": "first"})
+
+
+class SeatRow(TypedDict):
+    row: int
+
+
+class Seat(SeatRow, total=False):  # a plain typing.TypedDict: pydantic takes only typing_extensions' before 3.12
+    letter: str
+
+
+def choose(seat: Seat, seats: list[Seat] | None = None) -> dict:
+    """Choose a seat."""
+    return {"seat": seat, "seats": seats}
+
+
+def test_a_typeddict_parameter_is_described_and_checked() -> None:
+    reg = PythonToolRegistry()
+    t = reg.register(choose, key="travel.choose")
+    seat = t.schema["properties"]["seat"]
+    assert seat["properties"] == {"row": {"type": "integer"}, "letter": {"type": "string"}}
+    assert seat["required"] == ["row"] and seat["additionalProperties"] is False
+    assert t.schema["properties"]["seats"]["type"] == ["array", "null"]
+    assert reg.call(t.key, {"seat": {"row": 3}}) == {"seat": {"row": 3}, "seats": None}
+    with pytest.raises(ToolArgumentError, match=r"argument seat\.row"):
+        reg.call(t.key, {"seat": {"letter": "A"}})
