@@ -6,7 +6,6 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import Exists, OuterRef
-from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
@@ -27,6 +26,7 @@ from agents.serializers import (
     RunSerializer,
 )
 from config.api import CursorPages
+from config.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
 
 EVENTS_PAGE_MAX = 500
@@ -44,7 +44,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     scope_actions = {**TenantScopedViewSet.scope_actions, "cancel": "operate", "events": "view",
                      "resolve_attention": attention.RESOLVE_ACTION}
     throttle_scopes = {"create": "run_create"}  # RUN_CREATE_THROTTLE_RATE per key, on top of the API-wide rate
-    filter_backends = [DjangoFilterBackend]
+    filter_backends = [ListFilterBackend]
     filterset_class = RunFilter
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Count
-from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.request import Request
@@ -19,6 +18,7 @@ from agents.api import NewestFirst
 from agents.erasure import ERASE_ACTION, erase_session
 from agents.filters import SessionFilter
 from agents.models import Run, Session, Turn
+from config.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
 
 #: A session's detail lists at most this many of its turns and of its runs (the latest); the counts say how many in all.
@@ -114,7 +114,7 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSco
     # DELETE needs ``own`` (see agents.erasure.ERASE_ACTION): erasing is irreversible and removes the record of what
     # runs did, so it is the tenant owner's decision (a data controller's), not an operator's.
     scope_actions = {**TenantScopedViewSet.scope_actions, "destroy": ERASE_ACTION}
-    filter_backends = [DjangoFilterBackend]
+    filter_backends = [ListFilterBackend]
     filterset_class = SessionFilter
 
     def get_queryset(self) -> Any:

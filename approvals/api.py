@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
@@ -15,6 +14,7 @@ from approvals import decisions
 from approvals.filters import ApprovalFilter
 from approvals.models import ApprovalRequest
 from config.api import CursorPages
+from config.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
 
 
@@ -65,7 +65,7 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
     serializer_class = ApprovalSerializer
     pagination_class = OldestFirst
     scope_actions = {"list": "review", "retrieve": "review", "approve": "review", "reject": "review"}
-    filter_backends = [DjangoFilterBackend]
+    filter_backends = [ListFilterBackend]
     filterset_class = ApprovalFilter
 
     def get_queryset(self) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers
 from rest_framework.request import Request
@@ -13,6 +12,7 @@ from rest_framework.response import Response
 from audit.filters import ConfigChangeFilter, ToolCallFilter
 from audit.models import ConfigChange, ToolCallAudit
 from config.api import CursorPages
+from config.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
 
 
@@ -60,7 +60,7 @@ class ConfigChangeSerializer(serializers.ModelSerializer):
 
 class _ReadOnlyAudit(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     pagination_class = NewestFirst
-    filter_backends = [DjangoFilterBackend]
+    filter_backends = [ListFilterBackend]
 
 
 _WINDOW = [OpenApiParameter("limit", int, description="Page size (default 50, at most 500).")]

@@ -18,6 +18,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
+from django_filters.rest_framework import DjangoFilterBackend
 
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
 
@@ -100,6 +101,16 @@ def _aware(value: dt.datetime) -> dt.datetime:
         raise refused("Out of range: %(why)s.", why=str(exc)) from None
 
 
+class ListFilterBackend(DjangoFilterBackend):
+    """Filters narrow lists only: ``/runs/<id>?needs_attention=false`` still finds the run, and an action on one
+    object (cancel, approve, events) is never a 404 because of a list parameter."""
+
+    def filter_queryset(self, request: Any, queryset: Any, view: Any) -> Any:
+        if getattr(view, "action", None) != "list":
+            return queryset
+        return super().filter_queryset(request, queryset, view)
+
+
 class OneOf(django_filters.CharFilter):
     """``?status=pending``: one of ``values`` (pass ``values=[...]``)."""
 
@@ -146,14 +157,17 @@ class Until(django_filters.CharFilter):
         return qs.filter(**{f"{self.field_name}__lt": _aware(end)})
 
 
+MAX_ID = 2**63 - 1  # the largest id a database row can have (bigint)
+
+
 class IdNumberField(forms.CharField):
-    """A row's numeric id (``?agent=12``)."""
+    """A row's numeric id (``?agent=12``): ASCII digits, at most a bigint."""
 
     def clean(self, value: Any) -> int | None:
         value = super().clean(value)
         if not value:
             return None
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()) or int(value) > MAX_ID:
             raise refused("Must be a number (an id); got %(got)s.", got=repr(value))
         return int(value)
 
@@ -166,9 +180,12 @@ class DayField(forms.CharField):
         if not value:
             return None
         try:
-            return dt.date.fromisoformat(value)
+            day = dt.date.fromisoformat(value)
         except ValueError:
             raise refused("Must be a date as YYYY-MM-DD; got %(got)s.", got=repr(value)) from None
+        if day >= dt.date.max:  # the day after it cannot be computed
+            raise refused("Must be a date before 9999-12-31; got %(got)s.", got=repr(value))
+        return day
 
 
 class IdNumber(django_filters.CharFilter):

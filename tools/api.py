@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Q
-from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
@@ -13,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from config.api import CursorPages
+from config.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
 from tools import kinds, services
 from tools.arguments import parse_arguments
@@ -33,7 +33,7 @@ class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
 
     queryset = Tool.objects.select_related("tenant", "plugin_install").order_by("tenant_id", "name")
     serializer_class = ToolSerializer
-    filter_backends = [DjangoFilterBackend]
+    filter_backends = [ListFilterBackend]
     filterset_class = ToolFilter
     pagination_class = ToolsByName
     lookup_value_regex = "[^/]+"

@@ -79,3 +79,32 @@ def test_the_openapi_schema_lists_the_filters() -> None:
     assert {"agent", "erased"} <= _parameters(schema, "/api/v1/sessions")
     assert {"run", "session", "tool", "status", "agent", "since", "until", "limit"} <= _parameters(schema, "/api/v1/audit/tool-calls")
     assert {"action", "target_type", "target_id", "actor", "since", "until"} <= _parameters(schema, "/api/v1/audit/changes")
+
+
+def test_list_filters_never_narrow_one_object_or_an_action_on_it() -> None:
+    from tests.e2e.builders import make_run
+
+    world = make_world()
+    run = make_run(world)  # finished, needs no attention
+    api = client_for(world.raw_key)
+    assert api.get(f"/api/v1/runs/{run.pk}", {"needs_attention": "true"}).status_code == 200
+    assert api.get(f"/api/v1/runs/{run.pk}/events", {"needs_attention": "true"}).status_code == 200
+    assert api.get("/api/v1/tools/query_order", {"enabled": "false"}).status_code == 200
+
+
+@pytest.mark.parametrize(("query", "message"), [
+    ({"agent": "²"}, "agent must be a number (an id); got &#x27;²&#x27;."),
+    ({"user": "99999999999999999999"}, "user must be a number (an id)"),
+    ({"day": "9999-12-31"}, "day must be a date before 9999-12-31"),
+    ({"since": "2024-02-30"}, "since must be a date as YYYY-MM-DD"),
+    ({"status": "50%"}, "status must be one of"),
+])
+def test_the_console_ignores_a_bad_filter_with_a_message_and_never_fails(query: dict[str, str], message: str) -> None:
+    from django.test import Client
+
+    world = make_world()
+    client = Client()
+    client.force_login(world.operator)
+    page = client.get("/console/runs/", query)
+    assert page.status_code == 200
+    assert message in page.content.decode() and "The filter was ignored." in page.content.decode()
