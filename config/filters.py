@@ -26,18 +26,21 @@ _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
 def refused(message: str, **params: Any) -> ValidationError:
     """A field error whose user-given parts travel as params: django-filter formats ``message % params``, so a ``%``
     in a query value must never reach the template itself."""
-    return ValidationError(message, params=params or {"_": ""})
+    return ValidationError(message, params=params)
 
 
 class OneOfField(forms.CharField):
-    def __init__(self, *, values: Sequence[str], **kwargs: Any) -> None:
+    """One of ``values``; ``expected`` words them for the message when "one of a, b" says too little."""
+
+    def __init__(self, *, values: Sequence[str], expected: str = "", **kwargs: Any) -> None:
         self.values = list(values)
+        self.expected = expected or f"one of {', '.join(self.values)}"
         super().__init__(**kwargs)
 
     def clean(self, value: Any) -> Any:
         value = super().clean(value)
         if value and value not in self.values:
-            raise refused("Must be one of %(values)s; got %(got)s.", values=", ".join(self.values), got=repr(value))
+            raise refused("Must be %(expected)s; got %(got)s.", expected=self.expected, got=repr(value))
         return value
 
 

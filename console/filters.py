@@ -10,10 +10,9 @@ import datetime as dt
 from typing import Any
 
 import django_filters
-from django import forms
 
 from agents.models import Run, RunStatus
-from config.filters import DayField, IdNumber, OneOf, OneOfField, refused
+from config.filters import DayField, IdNumber, OneOf
 from runtime.types import TerminalReason
 
 TERMINAL_REASONS = [r.value for r in TerminalReason]
@@ -44,34 +43,19 @@ class SinceDayFilter(django_filters.CharFilter):
         return qs.filter(created_at__gte=_start_of(value)) if value else qs
 
 
-class AttentionField(OneOfField):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(values=["1", "0"], **kwargs)
-
-    def clean(self, value: Any) -> Any:
-        value = forms.CharField.clean(self, value)
-        if value and value not in self.values:
-            raise refused("Must be 1 (needs attention) or 0; got %(got)s.", got=repr(value))
-        return value
-
-
-class AttentionFilter(django_filters.CharFilter):
-    field_class = AttentionField
-
-    def filter(self, qs: Any, value: Any) -> Any:
-        return qs.filter(needs_attention=value == "1") if value else qs
-
-
 class RunListFilter(django_filters.FilterSet):
     agent = IdNumber(field_name="agent_id")
     version = IdNumber(field_name="version_id")
     user = IdNumber(field_name="created_by_id")
     status = OneOf(values=RunStatus.values)
     reason = OneOf(field_name="terminal_reason", values=TERMINAL_REASONS)
-    attention = AttentionFilter()
+    attention = OneOf(values=["1", "0"], expected="1 (needs attention) or 0", method="by_attention")
     day = DayFilter()
     since = SinceDayFilter()
 
     class Meta:
         model = Run
         fields = ["agent", "version", "user", "status", "reason", "attention", "day", "since"]
+
+    def by_attention(self, queryset: Any, name: str, value: str) -> Any:
+        return queryset.filter(needs_attention=value == "1")
