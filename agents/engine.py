@@ -12,7 +12,7 @@ from agents.store import DjangoRunStore
 from approvals.gate import ApprovalGate
 from audit.masking import mask_text
 from audit.unit_of_work import StepAudit
-from runtime.config import build_runtime, raw_input_patterns
+from runtime.config import build_runtime
 from runtime.context import ContextInput, assemble_context
 from runtime.context import Turn as ContextTurn
 from runtime.loop import AgentConfig, AgentLoop
@@ -30,7 +30,7 @@ def initial_checkpoint(run: Run, model_info: Any) -> Checkpoint:
     What the user typed is masked again here (idempotent; ``start_run`` stored it masked), so rows written
     before input masking or by other paths never bring raw personal data or secrets to the model.
     """
-    raw = raw_input_patterns(policy_for(run).document)
+    raw = tuple(policy_for(run).policy.input_masking.raw)
     turns = list(Turn.objects.filter(session_id=run.session_id).order_by("-turn_seq")[:HISTORY_TURNS])
     history = [
         ContextTurn(t.turn_seq, [{"role": "user", "content": mask_text(t.user_message, keep=raw)},
@@ -63,8 +63,7 @@ def visible_tools(run: Run) -> list[Tool]:
 
 def approval_overrides(run: Run) -> dict[str, dict[str, Any]]:
     """Per-version approval policy overrides by tool name (``policy.approvals.tools``)."""
-    overrides = policy_for(run).section("approvals", "tools")
-    return {str(k): dict(v) for k, v in overrides.items() if isinstance(v, dict)}
+    return {name: dict(entry) for name, entry in policy_for(run).policy.approvals.tools.items()}
 
 
 def session_grants(run: Run) -> set[str]:

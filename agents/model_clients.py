@@ -105,10 +105,10 @@ class ScopedBucketStore:
 
 def _routing(run: Any) -> dict[str, Any]:
     try:
-        section = policy_for(run).section("model")
+        routing = policy_for(run).policy.model
     except ValueError:
-        section = {"fallbacks": [], "task_models": {}}  # the loop reports the invalid policy itself
-    return {"fallbacks": list(section["fallbacks"]), "task_models": dict(section["task_models"])}
+        return {"fallbacks": [], "task_models": {}}  # the loop reports the invalid policy itself
+    return {"fallbacks": list(routing.fallbacks), "task_models": dict(routing.task_models)}
 
 
 def tenant_rate_limit(tenant: Any) -> RateLimit | None:

@@ -15,6 +15,6 @@ Entry points for the Django side:
 Modules: ``loop`` (state machine), ``step`` (what a step commits), ``calls`` (one model/tool call),
 ``hooks``, ``interceptors``, ``limits`` (call limits, tiers, loop detection), ``budgets``,
 ``compaction`` (summarization, compression, context editing), ``context`` (contributors),
-``config`` + ``policy_checks`` (the policy), ``plugins`` (the table of hook and interceptor kinds: built-ins and
-installed packages' entry points), ``serde`` (JSON), ``scripted`` (test model), ``tokens``.
+``config`` + ``policy_document`` (the policy, a typed document: ``documents``), ``plugins`` (the table of
+hook and interceptor kinds: built-ins and installed packages' entry points), ``serde`` (JSON), ``scripted`` (test model), ``tokens``.
 """

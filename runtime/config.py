@@ -56,135 +56,55 @@ and what is expected; :func:`build_runtime` turns a parsed policy into the loop'
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime.budgets import BudgetGuard, BudgetLimits, CallGuard
-from runtime.compaction import DEFAULT_IDENTIFIER_PATTERNS, Compactor, Compression, ContextEditing, Summarization
+from runtime.compaction import Compactor, Compression, ContextEditing, Summarization
+from runtime.documents import DocumentError, problems, type_name
 from runtime.hooks import Hook
 from runtime.interceptors import ModelInterceptor, ToolInterceptor
 from runtime.limits import LoopDetection, ModelCallLimit, TierLimit
 from runtime.loop import AgentConfig, AgentLoop
 from runtime.plugins import ExtensionRegistry, default_registry
-from runtime.policy_checks import BUILTIN_HOOK_NAMES as BUILTIN_HOOK_NAMES
-from runtime.policy_checks import Checker, check_document
+from runtime.policy_document import BUILTIN_HOOK_NAMES as BUILTIN_HOOK_NAMES
+from runtime.policy_document import RAW_INPUT_PATTERNS, Budget, Policy
 from runtime.protocols import EventSink, ModelClient, RunStore, ToolExecutor
 from runtime.state import StateSchema, parse_strategies
 
-DEFAULT_POLICY: dict[str, Any] = {
-    "version": 1,
-    "state": {"strategies": {}},
-    "limits": {
-        "max_recursion": 10,
-        "model_calls": {"run_limit": 8, "thread_limit": None, "exit_behavior": "end", "message": None},
-        "tiers": {
-            "enabled": False,
-            "table": {},
-            "default_tier": None,
-            "scope": "run",
-            "exit_behavior": "end",
-            "message": None,
-        },
-    },
-    "budgets": {
-        "max_output_tokens": 1024,
-        "run": {"tokens": None, "cost": None, "wall_seconds": 300},
-        "session": {"tokens": None, "cost": None, "wall_seconds": None},
-    },
-    "loop_detection": {"enabled": True, "max_repeats": 3, "max_consecutive_failures": 3, "message": None},
-    "context": {
-        "context_window": None,
-        "summarization": {
-            "enabled": False,
-            "token_threshold": 6000,
-            "keep_last": 6,
-            "model": None,
-            "max_summary_tokens": 512,
-        },
-        "editing": {"enabled": False, "trigger": 12000, "keep": 6000, "clear_at_least": 0, "exclude_tools": []},
-        "compression": {
-            "enabled": True,
-            "window_share": 0.7,
-            "keep_last": 6,
-            "pin_state_keys": [],
-            "extract_identifiers": True,
-            "identifier_patterns": list(DEFAULT_IDENTIFIER_PATTERNS),
-            "model": None,
-            "max_summary_tokens": 512,
-        },
-    },
-    "approvals": {"stop_on_rejection": False, "tools": {}},
-    "input_masking": {"raw": []},
-    "hooks": [],
-    "interceptors": {"model": [], "tool": []},
-    "model": {"fallbacks": [], "task_models": {}},
-}
+#: The documented default document: every field of :class:`~runtime.policy_document.Policy` at its default.
+DEFAULT_POLICY: dict[str, Any] = Policy().to_json()
 
 
-#: What ``input_masking.raw`` may name: personal data an agent may need verbatim (the masking rules are in
-#: ``audit.masking``, whose ``OPTIONAL_PATTERNS`` is the same set). Card numbers and secrets are not optional.
-RAW_INPUT_PATTERNS = ("email", "id_number", "phone")
-
-
-class PolicyError(ValueError):
+class PolicyError(DocumentError):
     """The policy is invalid; ``errors`` lists every problem as ``path: what is wrong``."""
 
     def __init__(self, errors: Sequence[str]) -> None:
-        self.errors = list(errors)
-        super().__init__("invalid runtime policy:\n" + "\n".join(f"- {e}" for e in self.errors))
+        super().__init__(errors, "runtime policy")
 
 
 @dataclass(frozen=True)
 class RuntimePolicy:
-    """A validated policy. ``document`` is the complete JSON (defaults filled in) to store."""
+    """A validated policy: ``policy`` is the typed document (frozen), ``document`` the complete JSON to store."""
 
-    document: dict[str, Any]
+    policy: Policy
 
-    def section(self, *path: str) -> Any:
-        node: Any = self.document
-        for key in path:
-            node = node[key]
-        return node
-
-
-def _merge(defaults: Any, data: Any) -> Any:
-    if isinstance(defaults, dict) and isinstance(data, dict):
-        merged = copy.deepcopy(defaults)
-        for key, value in data.items():
-            merged[key] = _merge(defaults[key], value) if key in defaults else copy.deepcopy(value)
-        return merged
-    return copy.deepcopy(data)
-
-
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
+    @property
+    def document(self) -> dict[str, Any]:
+        return self.policy.to_json()
 
 
 def check_policy(data: Any, *, extensions: ExtensionRegistry | None = None) -> list[str]:
     """Every problem of a policy document (empty list: valid). Hook and interceptor kinds are looked up in
     ``extensions`` (default: the process-wide table)."""
+    return _parse(data, extensions)[1]
+
+
+def _parse(data: Any, extensions: ExtensionRegistry | None) -> tuple[Policy | None, list[str]]:
     if not isinstance(data, dict):
-        return [f"policy: must be a JSON object, got {_type_name(data)}"]
-    c = Checker()
-    if not c.fields(data, "policy", DEFAULT_POLICY):
-        return c.errors
-    doc = _merge(DEFAULT_POLICY, data)
-    if doc["version"] != 1:
-        c.fail("version", "must be 1", doc["version"])
-    check_document(c, doc, DEFAULT_POLICY, default_registry() if extensions is None else extensions)
-    _check_input_masking(c, doc["input_masking"])
-    return [e.replace("policy.", "", 1) if e.startswith("policy.") else e for e in c.errors]
-
-
-def _check_input_masking(c: Checker, node: Any) -> None:
-    if not c.fields(node, "input_masking", DEFAULT_POLICY["input_masking"]):
-        return
-    raw = node.get("raw")
-    if not isinstance(raw, list) or any(name not in RAW_INPUT_PATTERNS for name in raw):
-        c.fail("input_masking.raw", f"must be a list of names from {list(RAW_INPUT_PATTERNS)} (card numbers, passwords, "
-               "tokens and keys are always masked)", raw)
+        return None, [f"policy: must be a JSON object, got {type_name(data)}"]
+    return problems(Policy, data, context={"extensions": default_registry() if extensions is None else extensions})
 
 
 def raw_input_patterns(policy: Mapping[str, Any] | None) -> tuple[str, ...]:
@@ -195,10 +115,10 @@ def raw_input_patterns(policy: Mapping[str, Any] | None) -> tuple[str, ...]:
 
 def parse_policy(data: Any, *, extensions: ExtensionRegistry | None = None) -> RuntimePolicy:
     """Validate a policy document; raise :class:`PolicyError` listing every problem."""
-    errors = check_policy(data, extensions=extensions)
-    if errors:
+    policy, errors = _parse(data, extensions)
+    if errors or policy is None:
         raise PolicyError(errors)
-    return RuntimePolicy(_merge(DEFAULT_POLICY, data))
+    return RuntimePolicy(policy)
 
 
 @dataclass
@@ -245,50 +165,50 @@ def build_runtime(
     built-ins, then the policy's, then the extra Python hooks/interceptors (custom code); the first model
     interceptor is the outermost, so the policy's see the request after context editing and compression."""
     table = default_registry() if extensions is None else extensions
-    doc = policy.document
-    limits, budgets, ctx = doc["limits"], doc["budgets"], doc["context"]
-    window = ctx["context_window"] or config.context_window
+    doc = policy.policy
+    limits, budgets, ctx = doc.limits, doc.budgets, doc.context
+    window = ctx.context_window or config.context_window
     config = replace(
         config,
-        max_recursion=limits["max_recursion"],
-        max_output_tokens=budgets["max_output_tokens"],
+        max_recursion=limits.max_recursion,
+        max_output_tokens=budgets.max_output_tokens,
         context_window=window,
-        stop_on_rejection=doc["approvals"]["stop_on_rejection"],
+        stop_on_rejection=doc.approvals.stop_on_rejection,
     )
-    mc, tiers, ld = limits["model_calls"], limits["tiers"], doc["loop_detection"]
-    hooks: list[Hook] = [ModelCallLimit(mc["run_limit"], mc["thread_limit"], mc["exit_behavior"], mc["message"])]
-    if tiers["enabled"]:
-        hooks.append(TierLimit(dict(tiers["table"]), tiers["default_tier"], tiers["scope"], tiers["exit_behavior"], tiers["message"]))
-    if ld["enabled"]:
-        hooks.append(LoopDetection(ld["max_repeats"], ld["max_consecutive_failures"], ld["message"]))
-    hooks += table.build_hooks(doc["hooks"])
+    mc, tiers, ld = limits.model_calls, limits.tiers, doc.loop_detection
+    hooks: list[Hook] = [ModelCallLimit(mc.run_limit, mc.thread_limit, mc.exit_behavior, mc.message)]
+    if tiers.enabled:
+        hooks.append(TierLimit(dict(tiers.table), tiers.default_tier, tiers.scope, tiers.exit_behavior, tiers.message))
+    if ld.enabled:
+        hooks.append(LoopDetection(ld.max_repeats, ld.max_consecutive_failures, ld.message))
+    hooks += table.build_hooks(doc.hooks)
     hooks += extra_hooks
-    guards: list[CallGuard] = [BudgetGuard(_limits(budgets["run"]), _limits(budgets["session"]))]
-    s, e, p = ctx["summarization"], ctx["editing"], ctx["compression"]
+    guards: list[CallGuard] = [BudgetGuard(_limits(budgets.run), _limits(budgets.session))]
+    s, e, p = ctx.summarization, ctx.editing, ctx.compression
     compactors: list[Compactor] = []
     interceptors: list[ModelInterceptor] = []
-    if s["enabled"]:
-        compactors.append(Summarization(s["token_threshold"], s["keep_last"], s["model"], s["max_summary_tokens"]))
-    if e["enabled"]:
-        interceptors.append(ContextEditing(e["trigger"], e["keep"], e["clear_at_least"], frozenset(e["exclude_tools"])))
-    if p["enabled"]:
+    if s.enabled:
+        compactors.append(Summarization(s.token_threshold, s.keep_last, s.model, s.max_summary_tokens))
+    if e.enabled:
+        interceptors.append(ContextEditing(e.trigger, e.keep, e.clear_at_least, frozenset(e.exclude_tools)))
+    if p.enabled:
         compression = Compression(
             context_window=window,
-            window_share=float(p["window_share"]),
-            keep_last=p["keep_last"],
-            pin_keys=tuple(p["pin_state_keys"]),
-            identifier_patterns=tuple(p["identifier_patterns"]) if p["extract_identifiers"] else (),
-            model=p["model"],
-            max_summary_tokens=p["max_summary_tokens"],
-            exclude_tools=frozenset(e["exclude_tools"]) if e["enabled"] else frozenset(),
+            window_share=float(p.window_share),
+            keep_last=p.keep_last,
+            pin_keys=tuple(p.pin_state_keys),
+            identifier_patterns=tuple(p.identifier_patterns) if p.extract_identifiers else (),
+            model=p.model,
+            max_summary_tokens=p.max_summary_tokens,
+            exclude_tools=frozenset(e.exclude_tools) if e.enabled else frozenset(),
         )
         compactors.append(compression)
         interceptors.append(compression)
-    schema, _ = parse_strategies(doc["state"]["strategies"], path="state.strategies")
-    interceptors += table.build_model_interceptors(doc["interceptors"]["model"])
-    tool_chain = [*table.build_tool_interceptors(doc["interceptors"]["tool"]), *tool_interceptors]
+    schema, _ = parse_strategies(doc.state.strategies, path="state.strategies")
+    interceptors += table.build_model_interceptors(doc.interceptors.model)
+    tool_chain = [*table.build_tool_interceptors(doc.interceptors.tool), *tool_interceptors]
     return Runtime(config, hooks, interceptors + list(model_interceptors), tool_chain, guards, compactors, schema)
 
 
-def _limits(node: Mapping[str, Any]) -> BudgetLimits:
-    return BudgetLimits(node["tokens"], node["cost"], node["wall_seconds"])
+def _limits(budget: Budget) -> BudgetLimits:
+    return BudgetLimits(budget.tokens, budget.cost, budget.wall_seconds)

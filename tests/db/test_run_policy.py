@@ -36,7 +36,7 @@ def test_a_run_parses_its_policy_once_and_everyone_reads_the_same(monkeypatch: p
     model_clients._routing(run)
     approval_overrides(run)
     assert len(calls) == 1
-    assert policy_for(run).section("limits", "tiers", "table") == {"free": 1, "vip": 7}
+    assert policy_for(run).policy.limits.tiers.table == {"free": 1, "vip": 7}
 
 
 @pytest.mark.django_db

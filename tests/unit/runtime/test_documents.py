@@ -96,7 +96,7 @@ def test_parse_raises_with_every_problem_and_documents_are_frozen() -> None:
     assert str(caught.value).startswith("invalid policy:")
     doc = parse(Outer, {})
     with pytest.raises(ValidationError):
-        doc.enabled = False  # type: ignore[misc]
+        doc.enabled = False
 
 
 def test_the_json_schema_says_what_the_checks_say() -> None:
