@@ -12,7 +12,9 @@ from agents import attention
 from agents import services as agent_services
 from agents.erasure import ERASE_ACTION, ErasureRefused, erase_session
 from agents.models import Agent, AgentVersion, Run, RunEvent, Session
+from config.documents import DocumentWidget
 from config.errors import DomainError
+from runtime.policy_document import Policy
 from tenants.admin_mixins import TenantScopedAdmin
 
 
@@ -82,6 +84,7 @@ class AgentVersionAdmin(TenantScopedAdmin):
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         """The form also holds the tools' approval floors for this user (a form error, as the service would refuse)."""
+        kwargs.setdefault("widgets", {})["policy"] = DocumentWidget(Policy)
         base = super().get_form(request, obj, change, **kwargs)
         actor = self._actor(request)
 

@@ -8,6 +8,8 @@ from django.conf import settings
 from rest_framework import serializers
 
 from agents.models import Agent, AgentVersion, Run, RunEvent
+from config.documents import document_field
+from runtime.policy_document import Policy
 from runtime.state import LLM_CALL_COUNT, LOOP_DETECTION, MESSAGES, SESSION_MODEL_CALLS, SESSION_USAGE
 
 #: A fact's key: a letter, then letters, digits, ``_ . : -``; 64 characters at most (keys starting with ``_`` are the loop's).
@@ -139,6 +141,7 @@ class AgentVersionSerializer(serializers.ModelSerializer):
     locked = serializers.SerializerMethodField(help_text="True once a run used it: it can no longer change.")
     current = serializers.SerializerMethodField(help_text="True if new runs of the agent use this version.")
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    policy = document_field(Policy, read_only=True, help_text="The runtime policy, every default filled in.")
 
     class Meta:
         model = AgentVersion
@@ -160,7 +163,8 @@ class AgentVersionWriteSerializer(serializers.Serializer):
     model = serializers.CharField(max_length=200, help_text="provider/model, e.g. demo/planner.")
     system_prompt = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
     tools = serializers.JSONField(required=False, help_text='Names of tools of this tenant, e.g. ["query_order"].')
-    policy = serializers.JSONField(
+    policy = document_field(
+        Policy,
         required=False,
         help_text="The runtime policy (limits, budgets, hooks, context, approvals); stored normalised. approvals.tools.<tool> may "
                   "make a tool's own approval policy stricter, never looser; only the tenant's owner, signed in, may loosen "

@@ -35,9 +35,11 @@ __all__ = [
     "Leaf",
     "Names",
     "choice",
+    "field_rows",
     "integer",
     "json_list",
     "json_object",
+    "json_schema",
     "number",
     "parse",
     "pattern",
@@ -322,3 +324,53 @@ def _names(value: Any) -> list[str]:
 
 Flag = Annotated[bool, Leaf(_flag, {"type": "boolean"})]
 Names = Annotated[list[str], Leaf(_names, {"type": "array", "items": {"type": "string", "minLength": 1}})]
+
+
+def json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON Schema with every ``$ref`` inlined: one self-contained object for OpenAPI and the admin."""
+    raw = model.model_json_schema()
+    defs = raw.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                target = inline(defs[ref.rsplit("/", 1)[1]])
+                return {**target, **{k: inline(v) for k, v in node.items() if k != "$ref"}}
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return inline(raw)
+
+
+def field_rows(schema: Mapping[str, Any], path: str = "") -> list[tuple[str, str, Any]]:
+    """``(path, what it takes, default)`` for every leaf of an inlined schema: the admin editor's field table."""
+    properties = schema.get("properties")
+    if isinstance(properties, dict) and properties:
+        rows: list[tuple[str, str, Any]] = []
+        for name, sub in properties.items():
+            rows += field_rows(sub, f"{path}.{name}" if path else name)
+        return rows
+    return [(path, _describe(schema), schema.get("default"))]
+
+
+def _describe(schema: Mapping[str, Any]) -> str:
+    if "anyOf" in schema:
+        return " or ".join(_describe(s) for s in schema["anyOf"])
+    if "enum" in schema:
+        return "one of " + ", ".join(repr(v) for v in schema["enum"])
+    if "const" in schema:
+        return repr(schema["const"])
+    kind = str(schema.get("type", "any"))
+    if kind == "integer" and "minimum" in schema:
+        return f"integer >= {schema['minimum']}"
+    if kind == "number" and "exclusiveMinimum" in schema:
+        upper = f" and <= {schema['maximum']}" if "maximum" in schema else ""
+        return f"number > {schema['exclusiveMinimum']}{upper}"
+    if kind == "array":
+        return f"list of {_describe(schema.get('items') or {})}"
+    if kind == "string" and "pattern" in schema:
+        return f"string matching {schema['pattern']}"
+    return "null" if kind == "null" else kind
