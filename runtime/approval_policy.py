@@ -27,16 +27,64 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import model_validator
+
+from runtime.documents import Document, Flag, Leaf, choice, integer, problem, problems, text
 
 DEFAULT_EXPIRY_SECONDS = 3600
+MAX_EXPIRY_SECONDS = 30 * 86400
 DEFAULT_APPROVER_ROLES = ("owner", "approver")
 APPROVER_ROLES = ("owner", "operator", "approver")
 OPERATORS = (">", ">=", "<", "<=", "==", "!=", "in", "not in")
 MODES = ("never", "condition", "always")  # loosest first
 #: The flag in an agent version's per-tool entry with which the tenant's owner loosens the tool's floor.
 OVERRIDE_FLAG = "override_floor"
-_FIELDS = ("mode", "condition", "conditions", "expires_in_seconds", "approver_roles", "four_eyes")
+
+
+def _mode(value: Any) -> str:
+    if value not in MODES:
+        raise problem("must be always, never or condition", value)
+    return str(value)
+
+
+def _roles(value: Any) -> list[str]:
+    if not isinstance(value, list) or not value or any(r not in APPROVER_ROLES for r in value):
+        raise problem(f"must be a non-empty list of {', '.join(APPROVER_ROLES)}", value)
+    return list(value)
+
+
+class Condition(Document):
+    """``{"field": "amount", "op": ">", "value": 100}``: holds when the call's argument compares so."""
+
+    field: Annotated[str, text(nullable=False, example='"amount" (an argument of the tool)')]
+    op: Annotated[str, choice(*OPERATORS)]
+    value: Any
+
+
+class ApprovalPolicy(Document):
+    """A tool's approval policy (the floor) or an agent version's entry for one tool."""
+
+    mode: Annotated[str, Leaf(_mode, {"type": "string", "enum": list(MODES)})] = "always"
+    condition: Condition | None = None
+    conditions: list[Condition] | None = None
+    expires_in_seconds: Annotated[int, integer(10, maximum=MAX_EXPIRY_SECONDS)] = DEFAULT_EXPIRY_SECONDS
+    approver_roles: Annotated[list[str], Leaf(_roles, {"type": "array", "minItems": 1, "items": {"enum": list(APPROVER_ROLES)}})] = list(
+        DEFAULT_APPROVER_ROLES)
+    four_eyes: Flag = False
+
+    @model_validator(mode="after")
+    def _conditions_for_condition_mode(self) -> ApprovalPolicy:
+        if self.mode == "condition" and not (self.conditions or self.condition):
+            raise problem('required when mode is condition, e.g. {"field": "amount", "op": ">", "value": 100}', at=".condition")
+        return self
+
+
+class ApprovalOverride(ApprovalPolicy):
+    """An agent version's entry (``policy.approvals.tools.<tool>``): with the owner's flag to loosen the floor."""
+
+    override_floor: Flag = False
 
 
 def policy_errors(policy: Any, *, path: str = "approval_policy", allow_override: bool = False) -> list[str]:
@@ -45,33 +93,7 @@ def policy_errors(policy: Any, *, path: str = "approval_policy", allow_override:
         return []
     if not isinstance(policy, dict):
         return [f'{path}: must be an object, e.g. {{"mode": "always"}}']
-    errors: list[str] = []
-    known = set(_FIELDS) | ({OVERRIDE_FLAG} if allow_override else set())
-    for key in sorted(set(policy) - known, key=str):
-        errors.append(f"{path}.{key}: unknown field; expected one of {', '.join(sorted(known))}")
-    mode = policy.get("mode", "always")
-    if mode not in MODES:
-        errors.append(f"{path}.mode: must be always, never or condition, got {mode!r}")
-    raw = policy.get("conditions", [policy["condition"]] if policy.get("condition") else [])
-    if not isinstance(raw, list):
-        errors.append(f'{path}.conditions: must be a list of {{"field": ..., "op": ..., "value": ...}}')
-        raw = []
-    if mode == "condition" and not raw:
-        errors.append(f'{path}.condition: required when mode is condition, e.g. {{"field": "amount", "op": ">", "value": 100}}')
-    for i, cond in enumerate(raw):
-        if not _well_formed(cond):
-            errors.append(f'{path}.conditions[{i}]: must be {{"field": <argument name>, "op": one of {" ".join(OPERATORS)}, "value": ...}}')
-    expires = policy.get("expires_in_seconds", DEFAULT_EXPIRY_SECONDS)
-    if not isinstance(expires, int) or isinstance(expires, bool) or not 10 <= expires <= 30 * 86400:
-        errors.append(f"{path}.expires_in_seconds: must be an integer between 10 and 2592000, got {expires!r}")
-    roles = policy.get("approver_roles", list(DEFAULT_APPROVER_ROLES))
-    if not isinstance(roles, list) or not roles or any(r not in APPROVER_ROLES for r in roles):
-        errors.append(f"{path}.approver_roles: must be a non-empty list of owner, operator, approver; got {roles!r}")
-    if not isinstance(policy.get("four_eyes", False), bool):
-        errors.append(f"{path}.four_eyes: must be true or false")
-    if allow_override and not isinstance(policy.get(OVERRIDE_FLAG, False), bool):
-        errors.append(f"{path}.{OVERRIDE_FLAG}: must be true or false")
-    return errors
+    return problems(ApprovalOverride if allow_override else ApprovalPolicy, policy, path=path)[1]
 
 
 def _well_formed(cond: Any) -> bool:
@@ -87,7 +109,7 @@ def normalise(policy: Mapping[str, Any] | None, *, requires_approval: bool = Fal
     if mode not in MODES or (mode == "condition" and not conditions):
         mode = "always"  # unreadable: ask a person rather than guess
     expires = policy.get("expires_in_seconds")
-    if not isinstance(expires, int) or isinstance(expires, bool) or not 10 <= expires <= 30 * 86400:
+    if not isinstance(expires, int) or isinstance(expires, bool) or not 10 <= expires <= MAX_EXPIRY_SECONDS:
         expires = DEFAULT_EXPIRY_SECONDS
     roles = policy.get("approver_roles")
     if not isinstance(roles, list) or not roles or any(r not in APPROVER_ROLES for r in roles):

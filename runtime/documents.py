@@ -225,17 +225,20 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def integer(minimum: int = 1, *, nullable: bool = False) -> Leaf:
-    """An integer of at least ``minimum`` (``must be a positive integer`` for 1)."""
-    kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+def integer(minimum: int = 1, *, nullable: bool = False, maximum: int | None = None) -> Leaf:
+    """An integer of at least ``minimum`` (``must be a positive integer`` for 1), at most ``maximum``."""
+    if maximum is not None:
+        kind = f"an integer from {minimum} to {maximum}"
+    else:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     message = f"must be {kind}{' or null' if nullable else ''}"
 
     def check(value: Any) -> int:
-        if not _is_int(value) or value < minimum:
+        if not _is_int(value) or value < minimum or (maximum is not None and value > maximum):
             raise _invalid(message)
         return int(value)
 
-    return Leaf(check, {"type": "integer", "minimum": minimum}, nullable)
+    return Leaf(check, {"type": "integer", "minimum": minimum, **({"maximum": maximum} if maximum is not None else {})}, nullable)
 
 
 def number(*, nullable: bool = True, maximum: float | None = None) -> Leaf:
@@ -342,7 +345,8 @@ def json_schema(model: type[BaseModel]) -> dict[str, Any]:
             return [inline(v) for v in node]
         return node
 
-    return inline(raw)
+    schema: dict[str, Any] = inline(raw)
+    return schema
 
 
 def field_rows(schema: Mapping[str, Any], path: str = "") -> list[tuple[str, str, Any]]:
@@ -365,7 +369,8 @@ def _describe(schema: Mapping[str, Any]) -> str:
         return repr(schema["const"])
     kind = str(schema.get("type", "any"))
     if kind == "integer" and "minimum" in schema:
-        return f"integer >= {schema['minimum']}"
+        upper = schema.get("maximum")
+        return f"integer from {schema['minimum']} to {upper}" if upper is not None else f"integer >= {schema['minimum']}"
     if kind == "number" and "exclusiveMinimum" in schema:
         upper = f" and <= {schema['maximum']}" if "maximum" in schema else ""
         return f"number > {schema['exclusiveMinimum']}{upper}"

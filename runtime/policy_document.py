@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import ValidationInfo, field_validator, model_validator
 
+from runtime.approval_policy import ApprovalOverride
 from runtime.approval_policy import policy_errors as approval_policy_errors
 from runtime.compaction import DEFAULT_IDENTIFIER_PATTERNS
 from runtime.documents import (
@@ -25,6 +26,7 @@ from runtime.documents import (
     integer,
     json_list,
     json_object,
+    json_schema,
     number,
     pattern,
     problem,
@@ -237,7 +239,7 @@ class ApprovalsPolicy(Document):
     stop_on_rejection: Flag = False
     tools: Annotated[dict[str, dict[str, Any]], json_object(
         'must map tool names to approval policies, e.g. {"refund_order": {"mode": "always"}}',
-        {"type": "object", "additionalProperties": {"type": "object"}},
+        {"type": "object", "additionalProperties": json_schema(ApprovalOverride)},
     )] = {}
 
     @field_validator("tools")

@@ -5,6 +5,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from config.documents import DocumentWidget
 from runtime import approval_policy
 from tenants.admin_mixins import TenantScopedAdmin
 from tools import services
@@ -27,6 +28,7 @@ class ToolAdmin(TenantScopedAdmin):
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         """The API's checks, field by field, as form errors: the admin accepts no tool definition the API refuses."""
+        kwargs.setdefault("widgets", {})["approval_policy"] = DocumentWidget(approval_policy.ApprovalPolicy)
         base = super().get_form(request, obj, change, **kwargs)
         actor = self._actor(request)
 

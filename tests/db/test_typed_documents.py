@@ -49,6 +49,19 @@ def test_the_admin_editor_lists_every_field_with_what_it_takes_and_its_default()
     assert "&quot;max_recursion&quot;: 10" in page  # the stored document, pretty-printed in the editor
 
 
+def test_the_tool_admin_edits_the_approval_policy_with_its_fields_listed() -> None:
+    world = make_world()
+    client = Client()
+    client.force_login(make_user(is_staff=True, is_superuser=True))
+    tool = world.tenant.tool_set.first() if hasattr(world.tenant, "tool_set") else None
+    url = f"/admin/tools/tool/{tool.pk}/change/" if tool else "/admin/tools/tool/add/"
+    page = client.get(url).content.decode()
+    assert 'data-document="ApprovalPolicy"' in page
+    for path in ("mode", "expires_in_seconds", "approver_roles", "four_eyes"):
+        assert f"<code>{path}</code>" in page
+    assert "integer from 10 to 2592000" in page
+
+
 def _wrong_value(takes: str) -> Any:
     if takes.startswith(("integer", "number")):
         return "many"

@@ -84,9 +84,25 @@ def test_an_unreadable_policy_is_read_strictly() -> None:
 
 def test_version_entries_are_checked_and_only_they_take_the_override_flag() -> None:
     assert policy_errors({"mode": "never", "override_floor": True}) == [
-        "approval_policy.override_floor: unknown field; expected one of approver_roles, condition, conditions, "
-        "expires_in_seconds, four_eyes, mode"]
+        "approval_policy.override_floor: unknown field; expected one of ['approver_roles', 'condition', 'conditions', "
+        "'expires_in_seconds', 'four_eyes', 'mode']"]
     assert policy_errors({"mode": "never", "override_floor": True}, allow_override=True) == []
     errors = check_policy({"approvals": {"tools": {"refund_order": {"mode": "sometimes", "override_floor": "yes"}}}})
     assert any(e.startswith("approvals.tools.refund_order.mode: must be always, never or condition") for e in errors)
     assert any(e.startswith("approvals.tools.refund_order.override_floor: must be true or false") for e in errors)
+
+
+def test_every_problem_of_a_policy_is_named_by_its_path() -> None:
+    errors = policy_errors({"mode": "condition", "conditions": [{"field": "amount", "op": "~", "value": 1}, {"op": ">"}],
+                            "expires_in_seconds": 5, "approver_roles": ["root"], "four_eyes": "yes"})
+    assert errors == [
+        "approval_policy.conditions[0].op: must be one of ['>', '>=', '<', '<=', '==', '!=', 'in', 'not in'], got '~'",
+        "approval_policy.conditions[1].field: is required",
+        "approval_policy.conditions[1].value: is required",
+        "approval_policy.expires_in_seconds: must be an integer from 10 to 2592000, got 5",
+        "approval_policy.approver_roles: must be a non-empty list of owner, operator, approver, got list",
+        "approval_policy.four_eyes: must be true or false, got 'yes'",
+    ]
+    assert policy_errors({"mode": "condition"}) == [
+        'approval_policy.condition: required when mode is condition, e.g. {"field": "amount", "op": ">", "value": 100}']
+    assert policy_errors(["always"]) == ['approval_policy: must be an object, e.g. {"mode": "always"}']
