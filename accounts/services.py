@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import record_change
-from config.errors import Conflict, Forbidden, Invalid
+from config.errors import Conflict, Forbidden, Invalid, only_fields
 from tenants.models import ApiKey, Membership, Role, Tenant, hash_key
 from tenants.scoping import Actor, acting
 
@@ -107,10 +107,7 @@ def update_tenant(*, tenant: Tenant, actor: Actor | None, **changes: Any) -> Ten
     """Change a tenant: its owners may rename it; its slug, activity and settings are the platform's to set."""
     who = acting(actor)
     who.require("own", tenant.pk)
-    unknown = sorted(set(changes) - set(TENANT_FIELDS))
-    if unknown:
-        raise Invalid(f"A tenant's {', '.join(unknown)} cannot be changed; expected only {', '.join(TENANT_FIELDS)}.",
-                      field=unknown[0])
+    only_fields("A tenant's", changes, TENANT_FIELDS)
     changed = {name: value for name, value in changes.items() if getattr(tenant, name) != value}
     platform_only = sorted(set(changed) - set(TENANT_OWNER_FIELDS))
     if platform_only and not who.is_superuser:

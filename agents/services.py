@@ -22,7 +22,7 @@ from approvals.decisions import cancel_for_run, resume_run
 from approvals.policy import FLOOR_OVERRIDE_ACTION, floor_for, loosening, recorded_overrides
 from audit.masking import mask_text, mask_value
 from audit.services import record_change
-from config.errors import Conflict, Refused
+from config.errors import Conflict, Refused, only_fields
 from runtime.approval_policy import OVERRIDE_FLAG, flagged
 from runtime.config import PolicyError, raw_input_patterns
 from runtime.types import Event, TerminalReason
@@ -240,10 +240,7 @@ AGENT_FIELDS = ("name", "description", "current_version")
 def update_agent(*, actor: Actor, agent: Agent, **fields: Any) -> Agent:
     """Rename or re-describe an agent; audited as ``agent.changed`` with the fields that changed."""
     actor.require("operate", agent.tenant_id)
-    unknown = sorted(set(fields) - set(AGENT_FIELDS))
-    if unknown:
-        raise RunRefused(f"An agent's {', '.join(unknown)} cannot be changed; expected only {', '.join(AGENT_FIELDS)}.",
-                         field=unknown[0])
+    only_fields("An agent's", fields, AGENT_FIELDS, RunRefused)
     changed = {name: value for name, value in fields.items() if getattr(agent, name) != value}
     if not changed:
         return agent

@@ -93,3 +93,10 @@ class InvalidDocument(Invalid):
 
     def details(self) -> Any:
         return self.errors
+
+
+def only_fields(what: str, given: Any, allowed: Any, error: type[DomainError] = Invalid) -> None:
+    """Refuse a change naming fields outside ``allowed`` (``what``: "A tenant's"), naming the first at fault."""
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise error(f"{what} {', '.join(unknown)} cannot be changed; expected only {', '.join(allowed)}.", field=unknown[0])

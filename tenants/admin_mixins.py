@@ -20,6 +20,9 @@ from config.errors import DomainError
 from tenants.models import Membership
 from tenants.scoping import Actor, actor_for_user
 
+#: Set on a request whose save a service refused after the form validated: the form is shown again with the refusal.
+REFUSAL_ATTR = "_admin_service_refusal"
+
 
 def scoped_choices(model: type[models.Model], actor: Actor, action: str, queryset: Any = None) -> Any:
     """The rows of ``model`` an actor may pick or filter by (for ``action``); ``None`` if ``model`` is not the tenants' business.
@@ -178,9 +181,19 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin):
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change, **kwargs)
-        if issubclass(form, SameTenantForm):
+        if not issubclass(form, SameTenantForm):
+            form = type(form.__name__, (SameTenantForm, form), {})
+        refusal = getattr(request, REFUSAL_ATTR, None)
+        if refusal is None:
             return form
-        return type(form.__name__, (SameTenantForm, form), {})
+
+        class RefusedForm(form):  # type: ignore[valid-type,misc]
+            def clean(self) -> Any:
+                cleaned = super().clean()
+                self.add_error(refusal.field if refusal.field in self.fields else None, f"Not saved: {refusal.message}")
+                return cleaned
+
+        return RefusedForm
 
     def save_form(self, request: HttpRequest, form: Any, change: bool) -> Any:
         obj = super().save_form(request, form, change)
@@ -189,9 +202,17 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin):
         return obj
 
     # A service's refusal that got past the form (a race, a rule the form cannot see): the change is rolled back
-    # (Django runs these views in a transaction) and the page says why, never a 500.
+    # (Django runs these views in a transaction) and the page says why, never a 500. On a form the same POST is
+    # shown again with the refusal as the form's error, so nothing the user typed is lost.
     def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-        return self._refusals_as_messages(request, super().changeform_view, request, *args, **kwargs)
+        try:
+            return super().changeform_view(request, *args, **kwargs)
+        except DomainError as exc:
+            if request.method != "POST" or getattr(request, REFUSAL_ATTR, None) is not None:
+                self.message_user(request, f"Not saved: {exc.message}", messages.ERROR)
+                return HttpResponseRedirect(request.get_full_path())
+            setattr(request, REFUSAL_ATTR, exc)
+            return super().changeform_view(request, *args, **kwargs)
 
     def delete_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         return self._refusals_as_messages(request, super().delete_view, request, *args, **kwargs)

@@ -332,3 +332,26 @@ def test_members_added_changed_and_removed_on_the_tenant_page_go_through_the_ser
     rows_by = ConfigChange.objects.filter(tenant=walk.world.tenant, actor=admin_user)
     assert rows_by.filter(action="membership.created", details__user=newcomer.username).exists()
     assert rows_by.filter(action="membership.removed", details__user=walk.world.viewer.username).exists()
+
+
+def test_a_refusal_after_the_form_validated_shows_the_form_again_with_what_was_typed(
+    walk: Walk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A rule the form cannot see (a race: another operator's change in between) refuses in the service.
+    from agents import services as agent_services
+    from agents.services import RunRefused
+
+    def refuse(**_: Any) -> Any:
+        raise RunRefused("Another change to this version landed first; review it and save again.", field="note")
+
+    monkeypatch.setattr(agent_services, "update_version", refuse)
+    operator = Client()
+    operator.force_login(walk.world.operator)
+    before = ConfigChange.objects.filter(tenant=walk.world.tenant).count()
+    response = _post_back(operator, _url(walk.draft), AgentVersion, {"note": "typed with care"})
+    page = response.content.decode()
+    assert response.status_code == 200  # the form again, not a redirect that drops the input
+    assert "Not saved: Another change to this version landed first" in page
+    assert "typed with care" in page
+    assert AgentVersion.objects.get(pk=walk.draft.pk).note != "typed with care"
+    assert ConfigChange.objects.filter(tenant=walk.world.tenant).count() == before
