@@ -1,0 +1,441 @@
+"""Flows: a DAG of tool, agent, llm, approval and switch nodes, as a typed document, with its scheduler.
+
+A flow definition (``FlowDefinition``; stored per flow version)::
+
+    {"version": 1,
+     "scopes": ["orders:read", "orders:refund"],            # what the flow's tool nodes may need
+     "nodes": [
+       {"id": "order", "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}},
+       {"id": "logistics", "kind": "tool", "tool": "query_logistics", "inputs": {"order_id": "input.order_id"}},
+       {"id": "route", "kind": "switch", "after": ["order", "logistics"],
+        "cases": [{"when": "nodes.order.amount > `100`", "goto": ["approve"]}], "default": ["refund"]},
+       {"id": "approve", "kind": "approval", "preview": "Refund {nodes.order.amount} for {input.order_id}?"},
+       {"id": "refund", "kind": "tool", "tool": "refund_order", "after": ["approve"],
+        "inputs": {"order_id": "input.order_id"}, "values": {"reason": "flow"}},
+       {"id": "summary", "kind": "llm", "after": ["refund"], "prompt": "Summarize: {nodes.refund}"}],
+     "output": "nodes.summary"}
+
+``inputs`` and a case's ``when`` are JMESPath expressions over ``{"input": <the flow's input>, "nodes": {<id>:
+<output>}}`` (never ``eval``); ``values`` are constants. A node runs once every node it depends on (its ``after``, and
+a switch that names it) has finished and at least one of them let it through (it finished, or the switch chose it);
+when none did, it is skipped, and so on down. So a switch's branches may join again. ``on_error``: ``fail`` (the
+flow fails), ``continue`` (the node's output is its error and the flow goes on) or ``route`` (its ``handler`` node
+runs instead; a handler has no ``after`` and runs only when routed to).
+
+Checks that need the tenant (do the tools and agents exist, do the scopes cover the tools) take a
+:class:`FlowCatalog` as ``context={"catalog": ...}``; the rest is pure. :func:`plan` is the scheduler: from the
+nodes' states it says which nodes are ready, which are skipped, and whether the flow is over.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from graphlib import CycleError, TopologicalSorter
+from typing import Annotated, Any
+
+import jmespath
+from jmespath.exceptions import JMESPathError
+from pydantic import ValidationInfo, model_validator
+
+from runtime.documents import (
+    Document,
+    Leaf,
+    Names,
+    choice,
+    integer,
+    json_object,
+    json_schema,
+    number,
+    pattern,
+    problem,
+    problems,
+    problems_of,
+    text,
+)
+
+NODE_KINDS = ("tool", "agent", "llm", "approval", "switch")
+ON_ERROR = ("fail", "continue", "route")
+_ID = r"^[a-z][a-z0-9_]{0,62}$"
+NodeId = Annotated[str, pattern(_ID, "must be a node id: lower-case letters, digits and _ (e.g. lookup_order)")]
+_TEMPLATE_FIELD = re.compile(r"\{([^{}]+)\}")
+
+
+def _expression(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise problem('must be a JMESPath expression over {"input": ..., "nodes": ...}, e.g. "input.order_id"', value)
+    try:
+        jmespath.compile(value)
+    except JMESPathError as exc:
+        raise problem(f"is not a JMESPath expression ({str(exc).splitlines()[0]})", value) from None
+    return value
+
+
+Expression = Annotated[str, Leaf(_expression, {"type": "string", "description": "A JMESPath expression"})]
+
+
+def referenced_nodes(expression: str) -> set[str]:
+    """The node ids an expression reads (``nodes.<id>...``)."""
+    found: set[str] = set()
+
+    def walk(ast: Mapping[str, Any]) -> None:
+        children = ast.get("children") or []
+        if ast.get("type") == "subexpression" and len(children) >= 2:
+            head, second = children[0], children[1]
+            if head.get("type") == "field" and head.get("value") == "nodes" and second.get("type") == "field":
+                found.add(str(second.get("value")))
+        for child in children:
+            if isinstance(child, dict):
+                walk(child)
+
+    walk(jmespath.compile(expression).parsed)
+    return found
+
+
+def template_expressions(template: str) -> list[str]:
+    """The ``{expression}`` fields of a prompt or preview template."""
+    return [m.group(1).strip() for m in _TEMPLATE_FIELD.finditer(template)]
+
+
+class Case(Document):
+    when: Expression
+    goto: Annotated[list[str], Leaf(lambda v: _ids(v), {"type": "array", "items": {"type": "string", "pattern": _ID}})]
+
+
+def _ids(value: Any) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and re.match(_ID, v) for v in value):
+        raise problem("must be a non-empty list of node ids", value)
+    return list(value)
+
+
+#: The fields each kind takes besides the common ones (``id``, ``kind``, ``after``, ``inputs``, ``values``,
+#: ``timeout_seconds``, ``retries``, ``on_error``, ``handler``, ``description``).
+KIND_FIELDS: dict[str, tuple[str, ...]] = {
+    "tool": ("tool",),
+    "agent": ("agent",),
+    "llm": ("prompt", "output_schema", "model"),
+    "approval": ("preview", "expires_in_seconds", "approver_roles"),
+    "switch": ("cases", "default"),
+}
+_REQUIRED = {"tool": "tool", "agent": "agent", "llm": "prompt", "switch": "cases"}
+
+
+class Node(Document):
+    id: NodeId
+    kind: Annotated[str, choice(*NODE_KINDS)]
+    description: Annotated[str | None, text()] = None
+    after: list[NodeId] = []
+    inputs: dict[str, Expression] = {}
+    values: Annotated[dict[str, Any], json_object("must be an object of argument -> constant value")] = {}
+    timeout_seconds: Annotated[float, number(nullable=False, maximum=3600)] = 60
+    retries: Annotated[int, integer(0, maximum=5)] = 0
+    on_error: Annotated[str, choice(*ON_ERROR)] = "fail"
+    handler: Annotated[str | None, pattern(_ID, "must be a node id", nullable=True)] = None
+    # tool
+    tool: Annotated[str | None, text()] = None
+    # agent
+    agent: Annotated[str | None, text()] = None
+    # llm
+    prompt: Annotated[str | None, text()] = None
+    output_schema: Annotated[dict[str, Any] | None, json_object("must be a JSON Schema object")] = None
+    model: Annotated[str | None, text()] = None
+    # approval
+    preview: Annotated[str | None, text()] = None
+    expires_in_seconds: Annotated[int, integer(10, maximum=30 * 86400)] = 3600
+    approver_roles: Names = ["owner", "approver"]
+    # switch
+    cases: list[Case] = []
+    default: list[NodeId] = []
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Node:
+        found = []
+        required = _REQUIRED.get(self.kind)
+        if required and not getattr(self, required):
+            found.append(f"$.{required}: required for a {self.kind} node")
+        others = {f for kind, fields in KIND_FIELDS.items() if kind != self.kind for f in fields} - set(KIND_FIELDS[self.kind])
+        for name in sorted(others & self.model_fields_set):
+            found.append(f"$.{name}: not a field of a {self.kind} node; it takes {list(KIND_FIELDS[self.kind]) or 'no own fields'}")
+        if self.on_error == "route" and not self.handler:
+            found.append('$.handler: required when on_error is "route": the node that runs instead')
+        if self.handler and self.on_error != "route":
+            found.append('$.handler: only with on_error "route"')
+        if self.retries and self.kind not in ("tool", "llm"):
+            found.append(f"$.retries: only tool and llm nodes are retried, not a {self.kind} node")
+        if found:
+            raise problems_of(found)
+        return self
+
+    def expressions(self) -> list[tuple[str, str]]:
+        """``(relative path, expression)`` of every expression the node evaluates."""
+        out = [(f".inputs.{name}", expr) for name, expr in self.inputs.items()]
+        out += [(f".cases[{i}].when", case.when) for i, case in enumerate(self.cases)]
+        for name in ("prompt", "preview"):
+            template = getattr(self, name)
+            out += [(f".{name}", expr) for expr in template_expressions(template or "")]
+        return out
+
+    def targets(self) -> list[str]:
+        """The nodes a switch may choose."""
+        return [t for case in self.cases for t in case.goto] + list(self.default)
+
+
+@dataclass(frozen=True)
+class FlowCatalog:
+    """What a tenant's flow may name: its tools (name -> required scopes) and agents (slugs)."""
+
+    tools: Mapping[str, Iterable[str]] = field(default_factory=dict)
+    agents: Iterable[str] = ()
+
+
+def _nodes(value: Any) -> list[Node]:
+    if not isinstance(value, list) or not value:
+        raise problem("must be a non-empty list of nodes", value)
+    parsed, found = [], []
+    for index, item in enumerate(value):
+        node, errors = problems(Node, item, path=f"$[{index}]")
+        found += errors
+        if node is not None:
+            parsed.append(node)
+    if found:
+        raise problems_of(found)
+    return parsed
+
+
+class FlowDefinition(Document):
+    version: Annotated[int, integer(1, maximum=1)] = 1
+    description: Annotated[str | None, text()] = None
+    scopes: Names = []
+    nodes: Annotated[list[Node], Leaf(_nodes, {"type": "array", "minItems": 1, "items": json_schema(Node)})]
+    output: Annotated[str | None, Leaf(_expression, {"type": "string"}, nullable=True)] = None
+    max_parallel: Annotated[int, integer(1, maximum=32)] = 4
+
+    @model_validator(mode="after")
+    def _graph(self, info: ValidationInfo) -> FlowDefinition:
+        found = graph_problems(self)
+        catalog = (info.context or {}).get("catalog")
+        if not found and isinstance(catalog, FlowCatalog):
+            found = catalog_problems(self, catalog)
+        if found:
+            raise problems_of(found)
+        return self
+
+    # -- the graph ------------------------------------------------------------------------------------------
+
+    def node(self, node_id: str) -> Node:
+        return next(n for n in self.nodes if n.id == node_id)
+
+    def dependencies(self) -> dict[str, set[str]]:
+        """Each node's dependencies: its ``after`` and the switches that may choose it."""
+        deps = {n.id: set(n.after) for n in self.nodes}
+        for n in self.nodes:
+            for target in n.targets():
+                if target in deps:
+                    deps[target].add(n.id)
+        return deps
+
+    def handlers(self) -> set[str]:
+        return {n.handler for n in self.nodes if n.handler}
+
+    def order(self) -> list[str]:
+        return list(TopologicalSorter(self.dependencies()).static_order())
+
+
+def _where(flow: FlowDefinition) -> dict[str, str]:
+    return {n.id: f"$.nodes[{i}]" for i, n in enumerate(flow.nodes)}
+
+
+def graph_problems(flow: FlowDefinition) -> list[str]:
+    """Unique ids, known references, no cycle, expressions that only read upstream nodes, handlers that are free."""
+    found: list[str] = []
+    where: dict[str, str] = {}
+    for index, node in enumerate(flow.nodes):
+        if node.id in where:
+            found.append(f"$.nodes[{index}].id: {node.id!r} is already the id of {where[node.id][2:]}")
+        else:
+            where[node.id] = f"$.nodes[{index}]"
+    ids = sorted(where)
+    for node in flow.nodes:
+        for i, dep in enumerate(node.after):
+            if dep not in where:
+                found.append(f"{where[node.id]}.after[{i}]: no node {dep!r}; the nodes are {ids}")
+            elif dep == node.id:
+                found.append(f"{where[node.id]}.after[{i}]: a node cannot come after itself")
+        for path, target in [*((f".cases[{i}].goto", t) for i, c in enumerate(node.cases) for t in c.goto),
+                             *((".default", t) for t in node.default), *(((".handler", node.handler),) if node.handler else ())]:
+            if target not in where:
+                found.append(f"{where[node.id]}{path}: no node {target!r}; the nodes are {ids}")
+    if found:
+        return found
+    handlers = flow.handlers()
+    for node in flow.nodes:
+        if node.id in handlers and (node.after or any(node.id in other.targets() for other in flow.nodes)):
+            found.append(f"{where[node.id]}: {node.id!r} is an error handler, so it runs only when routed to; it cannot "
+                         "also come after other nodes or be chosen by a switch")
+    try:
+        order = flow.order()
+    except CycleError as exc:
+        cycle = list(exc.args[1])
+        return [*found, f"$.nodes: a cycle {' -> '.join(cycle)}; a flow is a graph without cycles (remove one of these "
+                        "dependencies)"]
+    ancestors: dict[str, set[str]] = {}
+    deps = flow.dependencies()
+    for node_id in order:
+        ancestors[node_id] = set().union(*(ancestors[d] | {d} for d in deps[node_id])) if deps[node_id] else set()
+    for node in flow.nodes:
+        for path, expression in node.expressions():
+            try:
+                read = referenced_nodes(expression)
+            except JMESPathError as exc:
+                found.append(f"{where[node.id]}{path}: {expression!r} is not a JMESPath expression ({str(exc).splitlines()[0]})")
+                continue
+            for ref in sorted(read):
+                if ref not in where:
+                    found.append(f"{where[node.id]}{path}: reads node {ref!r}, which does not exist; the nodes are {ids}")
+                elif ref not in ancestors[node.id]:
+                    found.append(f"{where[node.id]}{path}: reads node {ref!r}, which does not run before {node.id!r}; "
+                                 f"add it to {node.id}.after")
+    if flow.output:
+        for ref in sorted(referenced_nodes(flow.output)):
+            if ref not in where:
+                found.append(f"$.output: reads node {ref!r}, which does not exist; the nodes are {ids}")
+    return found
+
+
+def catalog_problems(flow: FlowDefinition, catalog: FlowCatalog) -> list[str]:
+    """Tools and agents the tenant has, and scopes that cover the tools."""
+    found: list[str] = []
+    agents = set(catalog.agents)
+    where = _where(flow)
+    scopes = set(flow.scopes)
+    for node in flow.nodes:
+        if node.kind == "tool" and node.tool:
+            if node.tool not in catalog.tools:
+                found.append(f"{where[node.id]}.tool: no tool {node.tool!r} for this tenant (its own, or from an installed "
+                             "plugin); the tools are " + str(sorted(catalog.tools)))
+            else:
+                missing = sorted(set(catalog.tools[node.tool]) - scopes)
+                if missing:
+                    found.append(f"{where[node.id]}.tool: {node.tool!r} needs the scopes {missing}, which the flow's scopes "
+                                 f"{sorted(scopes)} do not cover; add them to scopes")
+        if node.kind == "agent" and node.agent and node.agent not in agents:
+            found.append(f"{where[node.id]}.agent: no agent {node.agent!r} for this tenant; the agents are {sorted(agents)}")
+    return found
+
+
+# -- scheduling -------------------------------------------------------------------------------------------------
+
+
+class NodeState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING = "waiting"  # an approval node waiting for a person
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+FINISHED = frozenset({NodeState.DONE, NodeState.FAILED, NodeState.SKIPPED})
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to do next: ``ready`` nodes to start (at most ``max_parallel`` running), ``skip`` nodes to mark skipped;
+    ``outcome`` is ``succeeded`` or ``failed`` when the flow is over, else None."""
+
+    ready: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
+    outcome: str | None = None
+    failed_node: str | None = None
+
+
+def plan(flow: FlowDefinition, states: Mapping[str, str], chosen: Mapping[str, Iterable[str]] | None = None,
+         *, routed: Iterable[str] = ()) -> Plan:
+    """The next step of a flow from its nodes' states.
+
+    ``chosen``: for each finished switch, the nodes it chose. ``routed``: handler nodes a failed node routed to.
+    A failed node counts as finished-and-passing when its ``on_error`` is ``continue``; with ``fail`` the flow fails
+    (once nothing is running); with ``route`` its handler runs.
+    """
+    chosen = {k: set(v) for k, v in (chosen or {}).items()}
+    routed_to = set(routed)
+    state = {n.id: NodeState(states.get(n.id, NodeState.PENDING)) for n in flow.nodes}
+    deps = flow.dependencies()
+    handlers = flow.handlers()
+    running = sum(1 for s in state.values() if s in (NodeState.RUNNING,))
+    failed = [n for n in flow.nodes if state[n.id] == NodeState.FAILED and n.on_error == "fail"]
+    if failed:
+        outcome = "failed" if not any(s in (NodeState.RUNNING, NodeState.WAITING) for s in state.values()) else None
+        return Plan(outcome=outcome, failed_node=failed[0].id)
+
+    def passes(dep: str, node: str) -> bool:
+        s = state[dep]
+        if s == NodeState.SKIPPED:
+            return False
+        if s == NodeState.FAILED:
+            return flow.node(dep).on_error == "continue"
+        if node in flow.node(dep).targets():  # a switch that may choose this node: did it?
+            return s == NodeState.DONE and node in chosen.get(dep, set())
+        return s == NodeState.DONE
+
+    ready: list[str] = []
+    skip: list[str] = []
+    for node_id in flow.order():
+        if state[node_id] != NodeState.PENDING:
+            continue
+        if node_id in handlers:
+            if node_id in routed_to:
+                ready.append(node_id)
+            elif _all_finished_except_handlers(flow, state, handlers):
+                skip.append(node_id)
+            continue
+        if not deps[node_id]:
+            ready.append(node_id)
+            continue
+        if not all(state[d] in FINISHED for d in deps[node_id]):
+            continue
+        if any(passes(d, node_id) for d in deps[node_id]):
+            ready.append(node_id)
+        else:
+            skip.append(node_id)
+            state[node_id] = NodeState.SKIPPED  # so nodes after it are decided in the same pass
+    room = max(flow.max_parallel - running, 0)
+    ready = ready[:room]
+    pending_after = [n for n, s in state.items() if s not in FINISHED and n not in ready and n not in skip]
+    if not ready and not pending_after:
+        return Plan(skip=tuple(skip), outcome="succeeded")
+    return Plan(ready=tuple(ready), skip=tuple(skip))
+
+
+def _all_finished_except_handlers(flow: FlowDefinition, state: Mapping[str, NodeState], handlers: set[str]) -> bool:
+    return all(state[n.id] in FINISHED for n in flow.nodes if n.id not in handlers)
+
+
+def evaluate(expression: str, scope: Mapping[str, Any]) -> Any:
+    """An expression's value over ``{"input": ..., "nodes": ...}``."""
+    return jmespath.search(expression, dict(scope))
+
+
+def node_arguments(node: Node, scope: Mapping[str, Any]) -> dict[str, Any]:
+    """A node's arguments: its constants, then its inputs evaluated over the flow's input and earlier outputs."""
+    return {**node.values, **{name: evaluate(expr, scope) for name, expr in node.inputs.items()}}
+
+
+def render(template: str, scope: Mapping[str, Any]) -> str:
+    """A prompt or preview with each ``{expression}`` replaced by its value."""
+    def value(match: re.Match[str]) -> str:
+        result = evaluate(match.group(1).strip(), scope)
+        return result if isinstance(result, str) else "null" if result is None else str(result)
+
+    return _TEMPLATE_FIELD.sub(value, template)
+
+
+def choose(node: Node, scope: Mapping[str, Any]) -> list[str]:
+    """The nodes a switch chooses: the first case whose ``when`` holds, else its default."""
+    for case in node.cases:
+        if evaluate(case.when, scope):
+            return list(case.goto)
+    return list(node.default)
+

@@ -1,0 +1,189 @@
+"""Flow definitions: validation with JSON paths, and the scheduler's order (diamond, wide fan-out, switch, errors)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from runtime.documents import DocumentError, parse, problems
+from runtime.flows import FlowCatalog, FlowDefinition, NodeState, choose, node_arguments, plan, referenced_nodes, render
+
+REFUND_DESK: dict[str, Any] = {
+    "scopes": ["orders:read", "orders:refund"],
+    "nodes": [
+        {"id": "order", "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}},
+        {"id": "logistics", "kind": "tool", "tool": "query_logistics", "inputs": {"order_id": "input.order_id"}},
+        {"id": "route", "kind": "switch", "after": ["order", "logistics"],
+         "cases": [{"when": "nodes.order.amount > `100`", "goto": ["approve"]}], "default": ["refund"]},
+        {"id": "approve", "kind": "approval", "preview": "Refund {nodes.order.amount} for {input.order_id}?"},
+        {"id": "refund", "kind": "tool", "tool": "refund_order", "after": ["approve"],
+         "inputs": {"order_id": "input.order_id"}, "values": {"reason": "flow"}},
+        {"id": "summary", "kind": "llm", "after": ["refund"], "prompt": "Summarize: {nodes.refund}"},
+    ],
+    "output": "nodes.summary",
+}
+CATALOG = FlowCatalog(tools={"query_order": ["orders:read"], "query_logistics": [], "refund_order": ["orders:refund"]},
+                      agents=["order-assistant"])
+
+
+def _errors(doc: Any, catalog: FlowCatalog | None = None) -> list[str]:
+    return problems(FlowDefinition, doc, context={"catalog": catalog} if catalog else None)[1]
+
+
+def _flow(nodes: list[dict[str, Any]], **extra: Any) -> FlowDefinition:
+    return parse(FlowDefinition, {"nodes": nodes, **extra})
+
+
+def test_the_refund_desk_is_a_valid_flow_with_its_defaults() -> None:
+    flow = parse(FlowDefinition, REFUND_DESK, context={"catalog": CATALOG})
+    assert flow.max_parallel == 4 and flow.node("order").on_error == "fail" and flow.node("order").timeout_seconds == 60
+    assert flow.dependencies()["approve"] == {"route"} and flow.dependencies()["refund"] == {"approve", "route"}
+    assert flow.order()[:2] in (["order", "logistics"], ["logistics", "order"])
+
+
+def test_a_cycle_is_named() -> None:
+    errors = _errors({"nodes": [{"id": "a", "kind": "tool", "tool": "t", "after": ["c"]},
+                                {"id": "b", "kind": "tool", "tool": "t", "after": ["a"]},
+                                {"id": "c", "kind": "tool", "tool": "t", "after": ["b"]}]})
+    assert len(errors) == 1 and errors[0].startswith("nodes: a cycle ")
+    cycle = errors[0].split("a cycle ")[1].split(";")[0].split(" -> ")
+    assert cycle[0] == cycle[-1] and set(cycle) == {"a", "b", "c"}
+
+
+def test_references_ids_and_kinds_are_checked_with_their_paths() -> None:
+    errors = _errors({"nodes": [
+        {"id": "a", "kind": "tool", "tool": "t", "after": ["nope"]},
+        {"id": "a", "kind": "llm"},
+        {"id": "B", "kind": "robot", "tool": "x"},
+        {"id": "c", "kind": "llm", "prompt": "hi", "tool": "t", "on_error": "route"},
+    ]})
+    assert errors == [
+        "nodes[1].prompt: required for a llm node",
+        "nodes[2].id: must be a node id: lower-case letters, digits and _ (e.g. lookup_order), got 'B'",
+        "nodes[2].kind: must be one of ['tool', 'agent', 'llm', 'approval', 'switch'], got 'robot'",
+        "nodes[3].tool: not a field of a llm node; it takes ['prompt', 'output_schema', 'model']",
+        'nodes[3].handler: required when on_error is "route": the node that runs instead',
+    ]
+    errors = _errors({"nodes": [{"id": "a", "kind": "tool", "tool": "t", "after": ["nope"]},
+                                {"id": "a", "kind": "tool", "tool": "t"}]})
+    assert errors == ["nodes[1].id: 'a' is already the id of nodes[0]",
+                      "nodes[0].after[0]: no node 'nope'; the nodes are ['a']"]
+
+
+def test_expressions_may_only_read_nodes_that_run_before() -> None:
+    errors = _errors({"nodes": [
+        {"id": "a", "kind": "tool", "tool": "t", "inputs": {"x": "nodes.b.value"}},
+        {"id": "b", "kind": "tool", "tool": "t", "inputs": {"y": "nodes.zed", "z": "input.q"}},
+        {"id": "c", "kind": "llm", "after": ["b"], "prompt": "{nodes.a.total} and {nodes.b}"},
+        {"id": "d", "kind": "tool", "tool": "t", "inputs": {"bad": "nodes.[["}},
+    ], "output": "nodes.e"})
+    # a broken expression is refused by itself first (the graph is checked once every node is well-formed)
+    assert len(errors) == 1 and errors[0].startswith("nodes[3].inputs.bad: is not a JMESPath expression ("), errors
+    errors = _errors({"nodes": [
+        {"id": "a", "kind": "tool", "tool": "t", "inputs": {"x": "nodes.b.value"}},
+        {"id": "b", "kind": "tool", "tool": "t", "inputs": {"y": "nodes.zed", "z": "input.q"}},
+        {"id": "c", "kind": "llm", "after": ["b"], "prompt": "{nodes.a.total} and {nodes.b}"},
+    ], "output": "nodes.e"})
+    assert errors == [
+        "nodes[0].inputs.x: reads node 'b', which does not run before 'a'; add it to a.after",
+        "nodes[1].inputs.y: reads node 'zed', which does not exist; the nodes are ['a', 'b', 'c']",
+        "nodes[2].prompt: reads node 'a', which does not run before 'c'; add it to c.after",
+        "output: reads node 'e', which does not exist; the nodes are ['a', 'b', 'c']",
+    ]
+
+
+def test_the_tenants_tools_agents_and_the_flows_scopes_are_checked_at_save() -> None:
+    doc = copy.deepcopy(REFUND_DESK)
+    doc["scopes"] = ["orders:read"]
+    doc["nodes"][1]["tool"] = "track_parcel"
+    doc["nodes"].append({"id": "ask", "kind": "agent", "agent": "nobody", "after": ["summary"]})
+    assert _errors(doc, CATALOG) == [
+        "nodes[1].tool: no tool 'track_parcel' for this tenant (its own, or from an installed plugin); the tools are "
+        "['query_logistics', 'query_order', 'refund_order']",
+        "nodes[4].tool: 'refund_order' needs the scopes ['orders:refund'], which the flow's scopes ['orders:read'] do not "
+        "cover; add them to scopes",
+        "nodes[6].agent: no agent 'nobody' for this tenant; the agents are ['order-assistant']",
+    ]
+    with pytest.raises(DocumentError):
+        parse(FlowDefinition, doc, context={"catalog": CATALOG})
+
+
+def _run(flow: FlowDefinition, *, finish: dict[str, str] | None = None,
+         chosen: dict[str, list[str]] | None = None) -> list[list[str]]:
+    """Drive the scheduler to the end: every ready node finishes (as ``finish`` says, else done); the waves."""
+    states: dict[str, str] = {}
+    waves: list[list[str]] = []
+    routed: set[str] = set()
+    for _ in range(50):
+        routed |= {n.handler for n in flow.nodes if n.handler and states.get(n.id) == NodeState.FAILED}
+        step = plan(flow, states, chosen, routed=routed)
+        for node in step.skip:
+            states[node] = NodeState.SKIPPED
+        if step.outcome:
+            waves.append([f"={step.outcome}"])
+            return waves
+        assert step.ready, (states, step)
+        waves.append(sorted(step.ready))
+        for node in step.ready:
+            states[node] = (finish or {}).get(node, NodeState.DONE)
+    raise AssertionError("the flow never finished")
+
+
+def test_a_diamond_runs_its_two_branches_together_and_joins_once_both_are_done() -> None:
+    flow = _flow([{"id": "a", "kind": "tool", "tool": "t"},
+                  {"id": "b", "kind": "tool", "tool": "t", "after": ["a"]},
+                  {"id": "c", "kind": "tool", "tool": "t", "after": ["a"]},
+                  {"id": "d", "kind": "tool", "tool": "t", "after": ["b", "c"]}])
+    assert _run(flow) == [["a"], ["b", "c"], ["d"], ["=succeeded"]]
+    assert plan(flow, {"a": "done", "b": "done", "c": "running"}).ready == ()  # d waits for c
+
+
+def test_a_wide_fan_out_is_bounded_by_max_parallel() -> None:
+    wide = [{"id": f"n{i}", "kind": "tool", "tool": "t", "after": ["root"]} for i in range(10)]
+    flow = _flow([{"id": "root", "kind": "tool", "tool": "t"}, *wide,
+                  {"id": "join", "kind": "tool", "tool": "t", "after": [f"n{i}" for i in range(10)]}], max_parallel=4)
+    states = {"root": "done"}
+    first = plan(flow, states)
+    assert len(first.ready) == 4
+    states.update({n: "running" for n in first.ready})
+    assert plan(flow, states).ready == ()  # no room
+    states[first.ready[0]] = "done"
+    assert len(plan(flow, states).ready) == 1
+    waves = _run(flow)
+    assert waves[0] == ["root"] and [len(w) for w in waves[1:4]] == [4, 4, 2] and waves[4] == ["join"]
+
+
+def test_a_switch_runs_the_branch_it_chose_and_skips_the_other_down_to_the_join() -> None:
+    flow = parse(FlowDefinition, REFUND_DESK)
+    small = _run(flow, chosen={"route": ["refund"]})
+    assert small == [["logistics", "order"], ["route"], ["refund"], ["summary"], ["=succeeded"]]
+    large = _run(flow, chosen={"route": ["approve"]})
+    assert large == [["logistics", "order"], ["route"], ["approve"], ["refund"], ["summary"], ["=succeeded"]]
+    states = {"order": "done", "logistics": "done", "route": "done"}
+    step = plan(flow, states, {"route": ["refund"]})
+    assert step.skip == ("approve",) and step.ready == ("refund",)
+
+
+def test_errors_fail_the_flow_continue_or_route_to_a_handler() -> None:
+    nodes = [{"id": "a", "kind": "tool", "tool": "t"}, {"id": "b", "kind": "tool", "tool": "t", "after": ["a"]}]
+    assert _run(_flow(nodes), finish={"a": "failed"}) == [["a"], ["=failed"]]
+    assert plan(_flow(nodes), {"a": "failed"}).failed_node == "a"
+    cont = [{**nodes[0], "on_error": "continue"}, nodes[1]]
+    assert _run(_flow(cont), finish={"a": "failed"}) == [["a"], ["b"], ["=succeeded"]]
+    routed = [{**nodes[0], "on_error": "route", "handler": "apologise"}, nodes[1],
+              {"id": "apologise", "kind": "llm", "prompt": "Say sorry."}]
+    assert _run(_flow(routed), finish={"a": "failed"}) == [["a"], ["apologise"], ["=succeeded"]]
+    assert _run(_flow(routed)) == [["a"], ["b"], ["=succeeded"]]  # no failure: the handler is skipped
+    assert "handler" in _errors({"nodes": [*routed[:2], {**routed[2], "after": ["b"]}]})[0]
+
+
+def test_expressions_arguments_templates_and_switches_evaluate_over_input_and_outputs() -> None:
+    flow = parse(FlowDefinition, REFUND_DESK)
+    scope = {"input": {"order_id": "A-1"}, "nodes": {"order": {"amount": 250}}}
+    assert node_arguments(flow.node("refund"), scope) == {"reason": "flow", "order_id": "A-1"}
+    assert render(flow.node("approve").preview or "", scope) == "Refund 250 for A-1?"
+    assert choose(flow.node("route"), scope) == ["approve"]
+    assert choose(flow.node("route"), {**scope, "nodes": {"order": {"amount": 20}}}) == ["refund"]
+    assert referenced_nodes("nodes.order.amount > `100` && nodes.logistics.status == 'lost'") == {"order", "logistics"}
