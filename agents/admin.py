@@ -7,13 +7,17 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 
 from agents import attention
 from agents import services as agent_services
 from agents.erasure import ERASE_ACTION, ErasureRefused, erase_session
-from agents.models import Agent, AgentVersion, Run, RunEvent, Session
+from agents.flow_graph import render_svg
+from agents.models import Agent, AgentKind, AgentVersion, Flow, FlowVersion, Run, RunEvent, Session
 from config.documents import DocumentWidget
 from config.errors import DomainError
+from runtime.documents import DocumentError, parse
+from runtime.flows import FlowDefinition
 from runtime.policy_document import Policy
 from tenants.admin_mixins import TenantScopedAdmin
 
@@ -30,6 +34,12 @@ class AgentAdmin(TenantScopedAdmin):
     search_fields = ["slug", "name"]
     inlines: list[Any] = []  # the marketplace adds its release weights here (marketplace/admin.py)
 
+    kind = AgentKind.AGENT
+    exclude = ["kind"]  # agents and flows each have their own admin
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).filter(kind=self.kind)
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         # An agent's slug names it in URLs, sessions and presets: made once, never changed.
         base = [*super().get_readonly_fields(request, obj), "updated_at"]
@@ -43,7 +53,7 @@ class AgentAdmin(TenantScopedAdmin):
             saved = agent_services.update_agent(actor=actor, agent=Agent.objects.get(pk=obj.pk), **changed)
         else:
             saved = agent_services.create_agent(actor=actor, tenant=obj.tenant, slug=obj.slug, name=obj.name,
-                                                description=obj.description)
+                                                description=obj.description, kind=self.kind)
         obj.pk = saved.pk
         obj._state.adding = False
 
@@ -63,6 +73,17 @@ class AgentVersionAdmin(TenantScopedAdmin):
     list_select_related = ["agent", "tenant"]
     actions = ["new_version_from"]
     author_field = "created_by"  # who made a version is the user saving it, never a choice
+    kind = AgentKind.AGENT
+    exclude = ["definition"]
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).filter(agent__kind=self.kind)
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
+        if db_field.name == "agent" and field is not None:
+            field.queryset = field.queryset.filter(kind=self.kind)
+        return field
 
     @admin.action(description="New version from this one (a copy you can edit)")
     def new_version_from(self, request: HttpRequest, queryset: Any) -> None:
@@ -84,7 +105,7 @@ class AgentVersionAdmin(TenantScopedAdmin):
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         """The form also holds the tools' approval floors for this user (a form error, as the service would refuse)."""
-        kwargs.setdefault("widgets", {})["policy"] = DocumentWidget(Policy)
+        kwargs.setdefault("widgets", {}).update(policy=DocumentWidget(Policy), definition=DocumentWidget(FlowDefinition))
         base = super().get_form(request, obj, change, **kwargs)
         actor = self._actor(request)
 
@@ -119,6 +140,41 @@ class AgentVersionAdmin(TenantScopedAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
         for version in queryset.select_related("agent", "tenant"):
             self.delete_model(request, version)
+
+
+@admin.register(Flow)
+class FlowAdmin(AgentAdmin):
+    """Flows: agents whose versions hold a graph; their versions are edited under Flow versions."""
+
+    kind = AgentKind.FLOW
+    inlines: list[Any] = []
+
+
+@admin.register(FlowVersion)
+class FlowVersionAdmin(AgentVersionAdmin):
+    """A flow's versions: the graph as a checked JSON document, drawn beside it."""
+
+    kind = AgentKind.FLOW
+    exclude = ["tools", "system_prompt"]
+    list_display = ["agent", "number", "nodes", "tenant", "created_at"]
+    list_filter = ["tenant"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [*super().get_readonly_fields(request, obj), "graph"]
+
+    @admin.display(description="nodes")
+    def nodes(self, obj: Any) -> int:
+        return len((obj.definition or {}).get("nodes") or [])
+
+    @admin.display(description="graph")
+    def graph(self, obj: Any) -> Any:
+        try:
+            flow = parse(FlowDefinition, obj.definition) if obj is not None and obj.definition else None
+        except DocumentError:
+            flow = None
+        if flow is None:
+            return "Drawn once the definition is saved."
+        return mark_safe(render_svg(flow))  # noqa: S308 (every tenant-written text is escaped by render_svg)
 
 
 @admin.register(Session)

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from agents import acceptance, attention, services
 from agents.filters import RunFilter
-from agents.models import Agent, AgentVersion, Run, RunEvent, Session
+from agents.models import Agent, AgentKind, AgentVersion, Run, RunEvent, Session
 from agents.serializers import (
     AgentCreateSerializer,
     AgentSerializer,
@@ -78,9 +78,13 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         data = body.validated_data
         tenant = self.acting_tenant("operate")
         agent = Agent.objects.for_actor(self.actor, "operate").for_tenant(tenant).filter(slug=data["agent"]).first()
-        if agent is None:
-            known = ", ".join(Agent.objects.for_tenant(tenant).values_list("slug", flat=True)[:20]) or "none"
+        if agent is None or agent.kind != AgentKind.AGENT:
+            agents = Agent.objects.for_tenant(tenant).filter(kind=AgentKind.AGENT)
+            known = ", ".join(agents.values_list("slug", flat=True)[:20]) or "none"
             message = f"No agent {data['agent']!r} in tenant {tenant.slug!r}. Known agents: {known}."
+            if agent is not None:
+                message = (f"{data['agent']!r} is a flow, and flows do not run through this API yet (their definitions are "
+                           f"edited and checked under /api/v1/flows). Known agents: {known}.")
             raise serializers.ValidationError({"agent": [message]})
         session = None
         if data.get("session"):
@@ -166,10 +170,16 @@ class ByName(CursorPages):
 
 
 class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    """``/agents``; ``/flows`` is the same with ``kind = flow`` (a flow is an agent whose versions hold a graph)."""
+
+    kind = AgentKind.AGENT
     queryset = Agent.objects.select_related("current_version").order_by("tenant_id", "slug")
     serializer_class = AgentSerializer
     pagination_class = ByName
     lookup_field = "slug"
+
+    def get_queryset(self) -> Any:
+        return super().get_queryset().filter(kind=self.kind)
 
     def get_object(self) -> Agent:
         return visible_agent(self, self.kwargs["slug"])
@@ -178,27 +188,35 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
     def create(self, request: Request) -> Response:
         body = AgentCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        agent = services.create_agent(actor=self.actor, tenant=self.acting_tenant("operate"), **body.validated_data)
+        agent = services.create_agent(actor=self.actor, tenant=self.acting_tenant("operate"), kind=self.kind,
+                                      **body.validated_data)
         return Response(AgentSerializer(agent, context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
 def visible_agent(view: TenantScopedViewSet, slug: str) -> Agent:
-    """The agent ``slug`` among the actor's tenants (``X-Tenant`` picks one when several have it)."""
-    candidates = Agent.objects.select_related("current_version").for_actor(view.actor, "view").filter(slug=slug)
+    """The agent (or flow: the view's ``kind``) ``slug`` among the actor's tenants (``X-Tenant`` picks one)."""
+    kind = getattr(view, "kind", AgentKind.AGENT)
+    candidates = Agent.objects.select_related("current_version").for_actor(view.actor, "view").filter(slug=slug, kind=kind)
     tenant = view.request.headers.get("X-Tenant")
     if tenant:
         candidates = candidates.filter(tenant__slug=tenant)
     found = list(candidates[:2])
     if not found:
-        raise exceptions.NotFound(f"No agent {slug!r} here.")
+        raise exceptions.NotFound(f"No {'flow' if kind == AgentKind.FLOW else 'agent'} {slug!r} here.")
     if len(found) > 1:
         raise exceptions.ValidationError({"X-Tenant": ["Several of your tenants have this agent; name one with the X-Tenant header."]})
     view.check_object_permissions(view.request, found[0])
     return found[0]
 
 
+class FlowViewSet(AgentViewSet):
+    kind = AgentKind.FLOW
+
+
 class AgentVersionViewSet(TenantScopedViewSet):
-    """``/agents/<slug>/versions[/<number>]``. A version a run used is read-only (409 on change)."""
+    """``/agents/<slug>/versions[/<number>]`` (and ``/flows/...``). A version a run used is read-only (409 on change)."""
+
+    kind = AgentKind.AGENT
 
     queryset = AgentVersion.objects.select_related("agent", "created_by")
     serializer_class = AgentVersionSerializer
@@ -215,7 +233,7 @@ class AgentVersionViewSet(TenantScopedViewSet):
         agent = self.agent()
         version = self.versions(agent).filter(number=self.kwargs["number"]).first()
         if version is None:
-            raise exceptions.NotFound(f"The agent {agent.slug!r} has no version {self.kwargs['number']}.")
+            raise exceptions.NotFound(f"The {agent.kind} {agent.slug!r} has no version {self.kwargs['number']}.")
         return version
 
     def list(self, request: Request, slug: str) -> Response:
@@ -253,3 +271,7 @@ class AgentVersionViewSet(TenantScopedViewSet):
         services.delete_version(actor=self.actor, version=version)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
+
+
+class FlowVersionViewSet(AgentVersionViewSet):
+    kind = AgentKind.FLOW

@@ -3,21 +3,35 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
+from agents import hooks
 from runtime.config import check_policy, parse_policy
+from runtime.documents import problems
+from runtime.flows import FlowCatalog, FlowDefinition
 from tenants.scoping import TenantOwned, TenantScopedQuerySet
 from tools.models import Tool
 
 MODEL_NAME = RegexValidator(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.:@/-]+$", "Name the model as provider/model, e.g. demo/planner.")
 
 
+class AgentKind(models.TextChoices):
+    AGENT = "agent", "Agent"
+    FLOW = "flow", "Flow"
+
+
 class Agent(TenantOwned):
+    """An agent, or a flow (``kind``): a flow is an agent whose versions hold a graph (``AgentVersion.definition``),
+    so runs, sessions, gray release, rollback, spend, trace and audit are the same for both."""
+
     slug = models.SlugField(max_length=64)
+    kind = models.CharField(max_length=8, choices=AgentKind.choices, default=AgentKind.AGENT,
+                            help_text="A flow's versions hold a graph of tool, agent, llm, approval and switch nodes.")
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
     current_version = models.ForeignKey(
@@ -46,6 +60,10 @@ class AgentVersion(TenantOwned):
     system_prompt = models.TextField(blank=True)
     tools = models.JSONField(default=list, blank=True, help_text="The names of the tools this version may call.")
     policy = models.JSONField(default=dict, blank=True, help_text="Limits, budgets, hooks and context settings.")
+    definition = models.JSONField(
+        default=dict, blank=True,
+        help_text="A flow's graph (nodes, their dependencies, input mappings, switches; see runtime/flows.py); "
+                  "empty for an agent. Its llm nodes use the version's model unless they name one.")
     note = models.CharField(max_length=300, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -85,10 +103,30 @@ class AgentVersion(TenantOwned):
         tool_errors = self.tool_errors()
         if tool_errors:
             errors["tools"] = tool_errors
+        definition_errors = self.definition_errors()
+        if definition_errors:
+            errors["definition"] = definition_errors
         if self.agent_id is not None and self.tenant_id is not None and self.agent.tenant_id != self.tenant_id:
             errors["agent"] = ["The agent belongs to another tenant; pick an agent of this version's tenant."]
         if errors:
             raise ValidationError(errors)
+
+    @property
+    def is_flow(self) -> bool:
+        return self.agent_id is not None and self.agent.kind == AgentKind.FLOW
+
+    def definition_errors(self) -> list[str]:
+        """A flow's version holds a valid graph over the tenant's tools and agents (stored with every default filled
+        in); an agent's version holds none."""
+        if not self.is_flow:
+            return [] if self.definition in ({}, None) else [
+                "Only a flow's versions have a definition; this version's agent is an agent (kind agent)."]
+        if self.tools:
+            return ["A flow names its tools in its definition's tool nodes; leave tools empty."]
+        definition, found = problems(FlowDefinition, self.definition, context={"catalog": flow_catalog(self.tenant_id)})
+        if definition is not None:
+            self.definition = definition.to_json()
+        return found
 
     def tool_errors(self) -> list[str]:
         """``tools`` must be a list of names of tools that exist in the version's tenant."""
@@ -104,6 +142,27 @@ class AgentVersion(TenantOwned):
             return []
         available = ", ".join(sorted(Tool.objects.for_tenant(self.tenant_id).values_list("name", flat=True))[:30]) or "none"
         return [f"No tool named {n!r} in this tenant. Install it first, or use one of: {available}." for n in missing]
+
+
+class Flow(Agent):
+    """Flows in the admin: agents of kind ``flow``."""
+
+    class Meta:
+        proxy = True
+
+
+class FlowVersion(AgentVersion):
+    """Flow versions in the admin: versions of agents of kind ``flow``."""
+
+    class Meta:
+        proxy = True
+
+
+def flow_catalog(tenant_id: Any) -> FlowCatalog:
+    """What a tenant's flows may name: the tools its agents may resolve (own and installed) and its agents."""
+    tools = {t.name: list(t.required_scopes or []) for t in hooks.resolvable_tools(tenant_id).only("name", "required_scopes")}
+    agents = Agent.objects.for_tenant(tenant_id).filter(kind=AgentKind.AGENT).values_list("slug", flat=True)
+    return FlowCatalog(tools=tools, agents=list(agents))
 
 
 class Session(TenantOwned):

@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from agents.models import Agent, AgentVersion, Run, RunEvent
 from config.documents import document_field
+from runtime.flows import FlowDefinition
 from runtime.policy_document import Policy
 from runtime.state import LLM_CALL_COUNT, LOOP_DETECTION, MESSAGES, SESSION_MODEL_CALLS, SESSION_USAGE
 
@@ -120,7 +121,7 @@ class AgentSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Agent
-        fields = ["slug", "name", "description", "current_version", "created_at", "updated_at"]
+        fields = ["slug", "kind", "name", "description", "current_version", "created_at", "updated_at"]
         read_only_fields = fields
 
     def get_current_version(self, agent: Agent) -> dict[str, Any] | None:
@@ -142,10 +143,12 @@ class AgentVersionSerializer(serializers.ModelSerializer):
     current = serializers.SerializerMethodField(help_text="True if new runs of the agent use this version.")
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     policy = document_field(Policy, read_only=True, help_text="The runtime policy, every default filled in.")
+    definition = document_field(FlowDefinition, read_only=True, empty_as_null=True,
+                                help_text="A flow version's graph, every default filled in; null for an agent's version.")
 
     class Meta:
         model = AgentVersion
-        fields = ["agent", "number", "model", "system_prompt", "tools", "policy", "note", "locked", "current",
+        fields = ["agent", "number", "model", "system_prompt", "tools", "policy", "definition", "note", "locked", "current",
                   "created_by", "created_at"]
         read_only_fields = fields
 
@@ -170,5 +173,10 @@ class AgentVersionWriteSerializer(serializers.Serializer):
                   "make a tool's own approval policy stricter, never looser; only the tenant's owner, signed in, may loosen "
                   'it, with "override_floor": true (audited).',
     )
+    definition = document_field(
+        FlowDefinition, required=False,
+        help_text="A flow version's graph: nodes (tool, agent, llm, approval, switch), their after-dependencies, JMESPath "
+                  "input mappings over {input, nodes}; checked at save against the tenant's tools, agents and the flow's "
+                  "scopes. Only for flows (/flows/<slug>/versions).")
     note = serializers.CharField(required=False, allow_blank=True, max_length=300)
     make_current = serializers.BooleanField(required=False, default=False, help_text="New runs of the agent use this version.")

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from agents import attention, hooks
 from agents.lease import heartbeat_for
-from agents.models import ACTIVE_STATUSES, Agent, AgentVersion, Run, RunStatus, Session
+from agents.models import ACTIVE_STATUSES, Agent, AgentKind, AgentVersion, Run, RunStatus, Session
 from agents.store import event_rows, publish_after_commit, run_summary
 from approvals.decisions import cancel_for_run, resume_run
 from approvals.policy import FLOOR_OVERRIDE_ACTION, floor_for, loosening, recorded_overrides
@@ -219,16 +219,23 @@ class VersionLocked(Conflict):
 
 
 #: The fields of a version an operator sets; everything else is derived.
-VERSION_FIELDS = ("model", "system_prompt", "tools", "policy", "note")
+VERSION_FIELDS = ("model", "system_prompt", "tools", "policy", "definition", "note")
 
 
 @transaction.atomic
-def create_agent(*, actor: Actor, tenant: Any, slug: str, name: str, description: str = "") -> Agent:
+def create_agent(*, actor: Actor, tenant: Any, slug: str, name: str, description: str = "",
+                 kind: str = AgentKind.AGENT) -> Agent:
+    """An agent, or a flow (``kind="flow"``); agents and flows share one slug space per tenant (runs name them)."""
     actor.require("operate", tenant.pk)
-    if Agent.objects.for_tenant(tenant).filter(slug=slug).exists():
-        raise RunRefused(f"The tenant already has an agent {slug!r}; choose another slug or add a version to it.", field="slug")
-    agent = Agent.objects.create(tenant=tenant, slug=slug, name=name, description=description)
-    record_change(tenant=tenant, actor=actor, action="agent.created", target=agent, details={"slug": slug})
+    if kind not in AgentKind.values:
+        raise RunRefused(f"kind must be one of {', '.join(AgentKind.values)}; got {kind!r}.", field="kind")
+    existing = Agent.objects.for_tenant(tenant).filter(slug=slug).values_list("kind", flat=True).first()
+    if existing is not None:
+        raise RunRefused(f"The tenant already has {'a flow' if existing == AgentKind.FLOW else 'an agent'} {slug!r}; choose "
+                         "another slug or add a version to it.", field="slug")
+    agent = Agent.objects.create(tenant=tenant, slug=slug, name=name, description=description, kind=kind)
+    record_change(tenant=tenant, actor=actor, action="flow.created" if kind == AgentKind.FLOW else "agent.created",
+                  target=agent, details={"slug": slug, "kind": kind})
     return agent
 
 

@@ -18,15 +18,24 @@ from rest_framework import serializers
 
 from runtime.documents import field_rows, json_schema
 
-_FIELDS: dict[type[BaseModel], type[serializers.JSONField]] = {}
+
+class _EmptyAsNull(serializers.JSONField):
+    def to_representation(self, value: Any) -> Any:
+        return super().to_representation(value) if value else None
 
 
-def document_field(model: type[BaseModel], **kwargs: Any) -> serializers.JSONField:
-    """A JSON field documented in OpenAPI with ``model``'s schema (checked by the service, not here)."""
-    if model not in _FIELDS:
-        cls = type(f"{model.__name__}DocumentField", (serializers.JSONField,), {"__doc__": f"A {model.__name__} document."})
-        _FIELDS[model] = extend_schema_field(openapi_30(json_schema(model)))(cls)
-    return _FIELDS[model](**kwargs)
+_FIELDS: dict[tuple[type[BaseModel], bool], type[serializers.JSONField]] = {}
+
+
+def document_field(model: type[BaseModel], *, empty_as_null: bool = False, **kwargs: Any) -> serializers.JSONField:
+    """A JSON field documented in OpenAPI with ``model``'s schema (checked by the service, not here).
+    ``empty_as_null``: an empty stored document (e.g. an agent version's flow definition) reads as null."""
+    if (model, empty_as_null) not in _FIELDS:
+        base = _EmptyAsNull if empty_as_null else serializers.JSONField
+        cls = type(f"{model.__name__}{'OrNull' if empty_as_null else ''}Field", (base,), {"__doc__": f"A {model.__name__} document."})
+        schema = openapi_30(json_schema(model))
+        _FIELDS[(model, empty_as_null)] = extend_schema_field({**schema, "nullable": True} if empty_as_null else schema)(cls)
+    return _FIELDS[(model, empty_as_null)](**kwargs)
 
 
 def openapi_30(node: Any) -> Any:

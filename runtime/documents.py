@@ -291,7 +291,7 @@ def pattern(regex: str, message: str, *, nullable: bool = False) -> Leaf:
     return Leaf(check, {"type": "string", "pattern": regex}, nullable)
 
 
-def json_object(message: str, schema: dict[str, Any] | None = None) -> Leaf:
+def json_object(message: str, schema: dict[str, Any] | None = None, *, nullable: bool = False) -> Leaf:
     """A JSON object kept as a dict (a sub-document checked by a validator on the owning model)."""
 
     def check(value: Any) -> dict[str, Any]:
@@ -299,7 +299,7 @@ def json_object(message: str, schema: dict[str, Any] | None = None) -> Leaf:
             raise _invalid(message)
         return value
 
-    return Leaf(check, schema or {"type": "object"})
+    return Leaf(check, schema or {"type": "object"}, nullable)
 
 
 def json_list(message: str, schema: dict[str, Any] | None = None) -> Leaf:

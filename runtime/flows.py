@@ -139,7 +139,7 @@ class Node(Document):
     agent: Annotated[str | None, text()] = None
     # llm
     prompt: Annotated[str | None, text()] = None
-    output_schema: Annotated[dict[str, Any] | None, json_object("must be a JSON Schema object")] = None
+    output_schema: Annotated[dict[str, Any] | None, json_object("must be a JSON Schema object or null", nullable=True)] = None
     model: Annotated[str | None, text()] = None
     # approval
     preview: Annotated[str | None, text()] = None
@@ -156,7 +156,8 @@ class Node(Document):
         if required and not getattr(self, required):
             found.append(f"$.{required}: required for a {self.kind} node")
         others = {f for kind, fields in KIND_FIELDS.items() if kind != self.kind for f in fields} - set(KIND_FIELDS[self.kind])
-        for name in sorted(others & self.model_fields_set):
+        given = {name for name in others & self.model_fields_set if getattr(self, name) != type(self).model_fields[name].default}
+        for name in sorted(given):
             found.append(f"$.{name}: not a field of a {self.kind} node; it takes {list(KIND_FIELDS[self.kind]) or 'no own fields'}")
         if self.on_error == "route" and not self.handler:
             found.append('$.handler: required when on_error is "route": the node that runs instead')

@@ -13,6 +13,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import get_fields_from_path
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.http import HttpRequest, HttpResponseRedirect
 
@@ -207,7 +208,9 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin):
     def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().changeform_view(request, *args, **kwargs)
-        except DomainError as exc:
+        except (DomainError, ValidationError) as exc:
+            if isinstance(exc, ValidationError):  # a model's clean() in the service: the same refusal, in Django's words
+                exc = DomainError("; ".join(exc.messages))
             if request.method != "POST" or getattr(request, REFUSAL_ATTR, None) is not None:
                 self.message_user(request, f"Not saved: {exc.message}", messages.ERROR)
                 return HttpResponseRedirect(request.get_full_path())

@@ -22,7 +22,7 @@ from django.test import Client, RequestFactory
 
 from accounts import services as accounts
 from agents import provider_services
-from agents.models import Agent, AgentVersion
+from agents.models import Agent, AgentVersion, Flow, FlowVersion
 from audit.models import ConfigChange
 from marketplace import services as market
 from tenants.models import ApiKey, Membership, Role
@@ -62,6 +62,11 @@ class Walk:
         self.draft = AgentVersion.objects.create(tenant=self.world.tenant, agent=self.world.agent, number=2, model="demo/planner",
                                                  system_prompt="draft", tools=[], policy={})
         self.spare = Agent.objects.create(tenant=self.world.tenant, slug="spare", name="Spare")
+        flow = Agent.objects.create(tenant=self.world.tenant, slug="walk-flow", name="Walk flow", kind="flow")
+        self.flow = Flow.objects.get(pk=flow.pk)
+        version = AgentVersion.objects.create(tenant=self.world.tenant, agent=flow, number=1, model="demo/planner",
+                                              definition={"nodes": [{"id": "look", "kind": "tool", "tool": "query_logistics"}]})
+        self.flow_draft = FlowVersion.objects.get(pk=version.pk)
         self.own_tool = Tool.objects.create(tenant=self.world.tenant, name="spare_tool", kind="http", description="unused",
                                             config={"url": "https://api.example.com/x", "method": "GET"})
 
@@ -174,6 +179,11 @@ def _post_back(client: Client, url: str, model: type, edit: dict[str, str]) -> A
     return client.post(url, data)
 
 
+def _form_errors(response: Any) -> Any:
+    """What the admin form said, for an assertion message."""
+    return dict(response.context["adminform"].form.errors) if response.context else response.status_code
+
+
 def _url(obj: Any, view: str = "change") -> str:
     return f"/admin/{obj._meta.app_label}/{obj._meta.model_name}/{obj.pk}/{view}/"
 
@@ -187,6 +197,8 @@ def _edits(w: Walk) -> dict[str, tuple[str, Any, dict[str, str], str]]:
         "tenants.ApiKey": ("owner", w.world.key, {"name": "renamed key"}, "api_key.renamed"),
         "agents.Agent": ("operator", w.world.agent, {"description": "edited in the admin"}, "agent.changed"),
         "agents.AgentVersion": ("operator", w.draft, {"note": "edited in the admin"}, "agent_version.updated"),
+        "agents.Flow": ("operator", w.flow, {"description": "edited in the admin"}, "agent.changed"),
+        "agents.FlowVersion": ("operator", w.flow_draft, {"note": "edited in the admin"}, "agent_version.updated"),
         "agents.Provider": ("operator", w.provider, {"requests_per_minute": "120"}, "provider.changed"),
         "tools.Tool": ("operator", w.own_tool, {"description": "edited in the admin"}, "tool.updated"),
         "marketplace.PluginInstall": ("operator", w.install, {"config": '{"refund_limit": 50}'}, "plugin.configured"),
@@ -326,7 +338,7 @@ def test_members_added_changed_and_removed_on_the_tenant_page_go_through_the_ser
     data[f"{prefix}-{rows}-tenant"] = [str(walk.world.tenant.pk)]
     data["_save"] = ["Save"]
     response = client.post(url, data)
-    assert response.status_code == 302, response.content.decode()[-2000:]
+    assert response.status_code == 302, _form_errors(response)
     assert Membership.objects.filter(tenant=walk.world.tenant, user=newcomer, role=Role.VIEWER).exists()
     assert not Membership.objects.filter(tenant=walk.world.tenant, user=walk.world.viewer).exists()
     rows_by = ConfigChange.objects.filter(tenant=walk.world.tenant, actor=admin_user)
@@ -355,3 +367,24 @@ def test_a_refusal_after_the_form_validated_shows_the_form_again_with_what_was_t
     assert "typed with care" in page
     assert AgentVersion.objects.get(pk=walk.draft.pk).note != "typed with care"
     assert ConfigChange.objects.filter(tenant=walk.world.tenant).count() == before
+
+
+def test_a_flow_version_is_edited_as_a_checked_document_and_drawn(walk: Walk) -> None:
+    operator = Client()
+    operator.force_login(walk.world.operator)
+    page = operator.get(_url(walk.flow_draft)).content.decode()
+    assert 'data-document="FlowDefinition"' in page and 'class="flow-graph"' in page and 'data-node="look"' in page
+    cyclic = ('{"nodes": [{"id": "a", "kind": "tool", "tool": "query_logistics", "after": ["b"]}, '
+              '{"id": "b", "kind": "tool", "tool": "query_logistics", "after": ["a"]}]}')
+    response = _post_back(operator, _url(walk.flow_draft), FlowVersion, {"definition": cyclic})
+    assert response.status_code == 200 and "nodes: a cycle " in response.content.decode()
+    two = ('{"nodes": [{"id": "look", "kind": "tool", "tool": "query_logistics"}, '
+           '{"id": "tell", "kind": "llm", "after": ["look"], "prompt": "Say {nodes.look}"}]}')
+    response = _post_back(operator, _url(walk.flow_draft), FlowVersion, {"definition": two})
+    assert response.status_code == 302, _form_errors(response)
+    saved = AgentVersion.objects.get(pk=walk.flow_draft.pk).definition
+    assert [n["id"] for n in saved["nodes"]] == ["look", "tell"] and saved["nodes"][1]["timeout_seconds"] == 60
+    # the agents' admin lists agents only, the flows' admin flows only
+    assert f"/admin/agents/agent/{walk.flow.pk}/change/" not in operator.get("/admin/agents/agent/").content.decode()
+    flows = operator.get("/admin/agents/flow/").content.decode()
+    assert f"/admin/agents/flow/{walk.flow.pk}/change/" in flows and f"/flow/{walk.world.agent.pk}/change/" not in flows

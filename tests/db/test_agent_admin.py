@@ -46,7 +46,7 @@ def test_adding_an_agent_in_the_admin_writes_the_services_audit_row(world: World
     assert response.status_code == 302, response.content[:800]
     agent = Agent.objects.get(tenant=world.tenant, slug="triage")
     row = ConfigChange.objects.get(tenant=world.tenant, action="agent.created", target_id=str(agent.pk))
-    assert row.actor_id == world.operator.pk and row.details == {"slug": "triage"}
+    assert row.actor_id == world.operator.pk and row.details == {"slug": "triage", "kind": "agent"}
 
 
 def test_renaming_an_agent_is_audited_and_its_slug_cannot_change(world: World) -> None:

@@ -95,3 +95,12 @@ def test_a_value_the_schema_refuses_is_refused_by_the_checker_at_that_path(path:
 def test_the_defaults_live_in_the_model() -> None:
     assert Policy().to_json() == DEFAULT_POLICY
     assert [d for p, _, d in field_rows(json_schema(Policy)) if p == "budgets.run.wall_seconds"] == [300]
+
+
+def test_every_stored_document_parses_back_to_itself() -> None:
+    from runtime.approval_policy import ApprovalOverride, ApprovalPolicy
+    from runtime.documents import parse
+
+    for model in (Policy, ApprovalPolicy, ApprovalOverride):
+        stored = model().to_json()
+        assert parse(model, stored).to_json() == stored, model.__name__

@@ -187,3 +187,9 @@ def test_expressions_arguments_templates_and_switches_evaluate_over_input_and_ou
     assert choose(flow.node("route"), scope) == ["approve"]
     assert choose(flow.node("route"), {**scope, "nodes": {"order": {"amount": 20}}}) == ["refund"]
     assert referenced_nodes("nodes.order.amount > `100` && nodes.logistics.status == 'lost'") == {"order", "logistics"}
+
+
+def test_a_stored_definition_parses_back_to_itself() -> None:
+    flow = parse(FlowDefinition, REFUND_DESK)
+    stored = flow.to_json()
+    assert parse(FlowDefinition, stored).to_json() == stored
