@@ -98,6 +98,8 @@ def problems_of(found: Iterable[str]) -> PydanticCustomError:
 def _path(base: str, loc: Sequence[int | str]) -> str:
     out = base
     for part in loc:
+        if part == "[key]":  # a dict's key was wrong: the path is the key itself
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -236,17 +238,22 @@ def integer(minimum: int = 1, *, nullable: bool = False) -> Leaf:
     return Leaf(check, {"type": "integer", "minimum": minimum}, nullable)
 
 
-def number(*, nullable: bool = True, maximum: float | None = None) -> Leaf:
-    """A number above 0 (and at most ``maximum``)."""
+def number(*, nullable: bool = True, maximum: float | None = None, minimum: float | None = None) -> Leaf:
+    """A number above 0 (or, with ``minimum``, of at least ``minimum``), and at most ``maximum``."""
     upper = f" and at most {maximum}" if maximum is not None else ""
-    message = f"must be a number above 0{upper}{' or null' if nullable else ''}"
+    lower = "above 0" if minimum is None else f">= {minimum:g}"
+    message = f"must be a number {lower}{upper}{' or null' if nullable else ''}"
 
     def check(value: Any) -> float | int:
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0 or (maximum is not None and value > maximum):
+        if isinstance(value, bool) or not isinstance(value, int | float) or (maximum is not None and value > maximum):
+            raise _invalid(message)
+        if value < minimum if minimum is not None else value <= 0:
             raise _invalid(message)
         return value
 
-    schema: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, **({"maximum": maximum} if maximum is not None else {})}
+    schema: dict[str, Any] = {"type": "number", **({"exclusiveMinimum": 0} if minimum is None else {"minimum": minimum})}
+    if maximum is not None:
+        schema["maximum"] = maximum
     return Leaf(check, schema, nullable)
 
 

@@ -108,3 +108,19 @@ def test_the_json_schema_says_what_the_checks_say() -> None:
     assert share == {"type": "number", "exclusiveMinimum": 0, "maximum": 1.0, "default": 0.5}
     assert schema["additionalProperties"] is False
     assert schema["properties"]["items"]["items"]["pattern"] == "^[a-z]+/[a-z]+$"
+
+
+Price = Annotated[float, number(nullable=False, minimum=0)]
+
+
+class Keyed(Document):
+    table: dict[Annotated[str, pattern(r"^\S+$", "must be a name without spaces")], Price] = {}
+
+
+def test_a_wrong_dict_key_is_reported_at_the_key_and_minimum_numbers_include_it() -> None:
+    assert problems(Keyed, {"table": {"a b": 1, "free": 0, "paid": -1}})[1] == [
+        "table.a b: must be a name without spaces, got 'a b'",
+        "table.paid: must be a number >= 0, got -1",
+    ]
+    price = Keyed.model_json_schema()["properties"]["table"]["patternProperties"][r"^\S+$"]
+    assert price == {"type": "number", "minimum": 0}
