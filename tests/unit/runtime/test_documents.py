@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import pytest
-from pydantic import ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from runtime.documents import (
     Document,
@@ -16,6 +16,7 @@ from runtime.documents import (
     integer,
     json_object,
     number,
+    openapi_schema,
     parse,
     pattern,
     problem,
@@ -124,3 +125,17 @@ def test_a_wrong_dict_key_is_reported_at_the_key_and_minimum_numbers_include_it(
     ]
     price = Keyed.model_json_schema()["properties"]["table"]["patternProperties"][r"^\S+$"]
     assert price == {"type": "number", "minimum": 0}
+
+
+class Required(Document):
+    url: Annotated[str, text(nullable=False), Field(description="the endpoint, e.g. https://api.example.com/x")]
+    name: str
+
+
+def test_a_missing_field_says_what_it_is_when_it_has_a_description() -> None:
+    assert problems(Required, {})[1] == ["url: is required (the endpoint, e.g. https://api.example.com/x)", "name: is required"]
+
+
+def test_the_openapi_variant_says_nullable_instead_of_a_null_type() -> None:
+    limit = openapi_schema(Outer)["$defs"]["Inner"]["properties"]["limit"]
+    assert limit == {"type": "integer", "minimum": 1, "nullable": True, "default": 8, "title": "Limit"}
