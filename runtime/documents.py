@@ -35,9 +35,11 @@ __all__ = [
     "Leaf",
     "Names",
     "choice",
+    "flag",
     "integer",
     "json_list",
     "json_object",
+    "names",
     "number",
     "openapi_schema",
     "parse",
@@ -349,5 +351,15 @@ def _names(value: Any) -> list[str]:
     return list(value)
 
 
-Flag = Annotated[bool, Leaf(_flag, {"type": "boolean"})]
-Names = Annotated[list[str], Leaf(_names, {"type": "array", "items": {"type": "string", "minLength": 1}})]
+def flag(*, nullable: bool = False) -> Leaf:
+    """``true`` or ``false`` (``null`` too when ``nullable``: e.g. an override left unset)."""
+    return Leaf(_flag, {"type": "boolean"}, nullable)
+
+
+def names(*, nullable: bool = False) -> Leaf:
+    """A list of non-empty strings (``null`` too when ``nullable``)."""
+    return Leaf(_names, {"type": "array", "items": {"type": "string", "minLength": 1}}, nullable)
+
+
+Flag = Annotated[bool, flag()]
+Names = Annotated[list[str], names()]
