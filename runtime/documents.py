@@ -208,6 +208,9 @@ def _openapi30(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     out = {k: _openapi30(v) for k, v in node.items()}
+    for bound, side in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(bound), int | float) and not isinstance(out[bound], bool):  # 3.0: a flag on minimum/maximum
+            out[side], out[bound] = out[bound], True
     options = out.get("anyOf")
     if isinstance(options, list) and {"type": "null"} in options and len(options) == 2:
         rest = {k: v for k, v in out.items() if k != "anyOf"}
@@ -216,7 +219,7 @@ def _openapi30(node: Any) -> Any:
 
 
 def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """``model``'s JSON Schema in OpenAPI 3.0 terms (``nullable`` instead of a ``null`` type), for drf-spectacular."""
+    """``model``'s JSON Schema in OpenAPI 3.0 terms (``nullable``, boolean ``exclusiveMinimum``), for drf-spectacular."""
     return _openapi30(model.model_json_schema())  # type: ignore[no-any-return]
 
 

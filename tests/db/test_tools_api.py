@@ -192,6 +192,10 @@ def test_dry_run_repairs_maps_and_explains_without_running(world: World, api: AP
     assert preview["request"]["headers"] == {"Authorization": "Bearer ******"}, "secrets are neither resolved nor shown"
     assert api.post("/api/v1/tools/query_order/dry-run", {"arguments": 5}, format="json").status_code == 400
     assert api.post("/api/v1/tools/nope/dry-run", {"arguments": {}}, format="json").status_code == 404
+    # a stored config that no longer parses (saved before a check existed) says why, never a 500
+    Tool.objects.filter(tenant=world.tenant, name="refund_order").update(config={"url": "https://shop.example.com/x", "body": "xml"})
+    broken = api.post("/api/v1/tools/refund_order/dry-run", {"arguments": {"order_id": "A/1"}}, format="json")
+    assert broken.status_code == 200 and "body: must be one of ['json', 'none'], got 'xml'" in broken.json()["request"]
 
 
 def test_mcp_tools_are_imported_through_the_api(world: World, api: APIClient) -> None:

@@ -6,6 +6,7 @@ column's choices, with its migration). Nothing else names a kind.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tools.executors import Executor, ToolFailure
@@ -29,3 +30,13 @@ def executor_for(name: str) -> Executor:
 def config_schemas() -> dict[str, dict[str, Any]]:
     """Each kind's config JSON Schema (its typed document's), by kind: what the API and the admin editor show."""
     return {name: kind.config_schema() for name, kind in KINDS.items()}
+
+
+def config_help() -> str:
+    """One line per kind: its config's fields, required ones marked, defaults shown (the admin's help text)."""
+    lines = []
+    for name, kind in KINDS.items():
+        fields = [f"{key} (required)" if field.is_required() else f"{key} = {json.dumps(field.default)}"
+                  for key, field in kind.config_model.model_fields.items() if key != "duplicate_window_seconds"]
+        lines.append(f"{name}: {', '.join(fields)}")
+    return "Kind-specific settings, checked when saved. " + "; ".join(lines) + "."

@@ -7,8 +7,10 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationInfo, field_validator
 
 from runtime.documents import json_object, problems_of, text
-from tools.kinds.base import Kind, ToolConfig, saving, secret_problems
-from tools.mcp_import import run_mcp, server_problems
+from tools.executors import ExecContext
+from tools.kinds.base import Kind, ToolConfig, read_config, saving, secret_problems
+from tools.mcp_import import call_mcp_tool, server_problems
+from tools.models import Tool
 
 SERVER_EXAMPLE = '{"command": ["python", "-m", "mcp_server_time"]} or {"url": "https://..."}'
 
@@ -32,5 +34,11 @@ class McpConfig(ToolConfig):
         return server
 
 
+def execute(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
+    """One session per call; a stored config that no longer parses is a failure the model reads."""
+    config = read_config(McpConfig, tool)
+    return call_mcp_tool(tool, config.server, config.tool, arguments, ctx)
+
+
 #: An MCP server needs longer than a function.
-KIND = Kind(name="mcp", execute=run_mcp, config_model=McpConfig, default_timeout=30.0)
+KIND = Kind(name="mcp", execute=execute, config_model=McpConfig, default_timeout=30.0)

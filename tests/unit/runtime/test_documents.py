@@ -137,5 +137,6 @@ def test_a_missing_field_says_what_it_is_when_it_has_a_description() -> None:
 
 
 def test_the_openapi_variant_says_nullable_instead_of_a_null_type() -> None:
-    limit = openapi_schema(Outer)["$defs"]["Inner"]["properties"]["limit"]
-    assert limit == {"type": "integer", "minimum": 1, "nullable": True, "default": 8, "title": "Limit"}
+    inner = openapi_schema(Outer)["$defs"]["Inner"]["properties"]
+    assert inner["limit"] == {"type": "integer", "minimum": 1, "nullable": True, "default": 8, "title": "Limit"}
+    assert inner["share"] == {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1.0, "default": 0.5, "title": "Share"}

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from django.conf import settings
 
 from tools.executors import ToolFailure
-from tools.kinds import KINDS, config_schemas, executor_for, kind_for
+from tools.gateway import _duplicate_window
+from tools.kinds import KINDS, config_help, config_schemas, executor_for, kind_for
 from tools.kinds.base import read_config
 from tools.kinds.http import HttpConfig, spec
 from tools.kinds.python import PythonConfig
@@ -80,3 +82,15 @@ def test_each_kinds_config_schema_is_exported() -> None:
     assert http["properties"]["body"]["default"] == "json"
     assert schemas["python"]["properties"]["isolation"]["enum"] == ["thread", "process"]
     assert schemas["mcp"]["required"] == ["server", "tool"] and schemas["agent"]["required"] == ["agent"]
+    assert 'http: method = "GET", url (required), query_params = [], body = "json"' in config_help()
+
+
+def test_mcp_and_the_duplicate_window_read_the_typed_config() -> None:
+    broken = Tool(name="m", kind="mcp", config={"server": {"url": "ftp://x"}, "tool": "now"})
+    with pytest.raises(ToolFailure, match=r"The tool m is misconfigured \(server: \"url\" must be an absolute http\(s\) URL"):
+        KINDS["mcp"].execute(broken, {}, None)  # type: ignore[arg-type]
+    python = {"function": "order_desk.refund_order"}
+    assert _duplicate_window(Tool(name="w", kind="python", config={**python, "duplicate_window_seconds": 5})) == 5
+    assert _duplicate_window(Tool(name="w", kind="python", config=python)) == settings.TOOL_DUPLICATE_WINDOW_SECONDS
+    assert _duplicate_window(Tool(name="w", kind="python", config={**python, "duplicate_window_seconds": -1})) == (
+        settings.TOOL_DUPLICATE_WINDOW_SECONDS), "a config that does not parse falls back to the setting"
