@@ -49,7 +49,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from agents.models import Provider, ProviderKind
 from egress.guard import guarded_client
 from llm import ModelInfo, OpenAICompatibleClient, ProviderConfig, RateLimit
-from runtime.documents import Document, Leaf, integer, number, parse, pattern, problem, problems, problems_of
+from runtime.documents import Document, Leaf, choice, flag, integer, number, parse, pattern, problem, problems, problems_of
 
 BUILTIN_PROVIDER = "demo"
 ENV_PROVIDER = "openai"
@@ -160,10 +160,6 @@ def masked_headers(provider: Provider) -> dict[str, str]:
 # -- validation ---------------------------------------------------------------------------------
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 class ModelEntry(Document):
     """One model a provider offers: its context window and prices (the gateway's ``ModelInfo``)."""
 
@@ -193,9 +189,13 @@ class ProviderModels(Document):
     @field_validator("models", mode="before")
     @classmethod
     def _an_object(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            raise problem(f"must be an object of model name -> settings, e.g. {MODELS_EXAMPLE}", value)
-        return value
+        return _table(value)
+
+
+def _table(value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise problem(f"must be an object of model name -> settings, e.g. {MODELS_EXAMPLE}", value)
+    return value
 
 
 def _header_name(value: Any) -> str:
@@ -258,48 +258,60 @@ def check_api_key(value: str, *, platform: bool = False, granted: Collection[str
     return []
 
 
-def check_base_url(value: str, kind: str) -> list[str]:
-    if not value:
-        if kind == ProviderKind.OPENAI_COMPATIBLE:
-            return ["base_url: an OpenAI-compatible provider needs one, e.g. https://api.openai.com/v1"]
-        return []
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc or any(ch.isspace() for ch in value):
-        return [f"base_url: must be an http(s) URL such as https://api.openai.com/v1, got {value!r}"]
-    return []
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise problem("use letters, digits, '.', '_' or '-' (no '/')", value)
+    if value in RESERVED_NAMES:
+        raise problem(f"{value!r} is the built-in deterministic provider; choose another name")
+    return value
+
+
+def _limit(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise problem("must be a positive integer, or empty for unlimited", value)
+    return value
+
+
+class ProviderSettings(Document):
+    """A provider's plain settings as typed (only those given are checked: a form or a PATCH sends some)."""
+
+    name: Annotated[str | None, Leaf(_name, {"type": "string", "pattern": _NAME.pattern})] = None
+    kind: Annotated[str | None, choice(*ProviderKind.values)] = None
+    base_url: Annotated[str | None, Leaf(lambda v: v, {"type": "string", "format": "uri"}, nullable=True)] = None
+    timeout: Annotated[float | None, number(nullable=False, maximum=600), Field(description="seconds")] = None
+    max_retries: Annotated[int | None, integer(0, maximum=5)] = None
+    models: Annotated[dict[ModelName, ModelEntry] | None, Field(description="model name -> settings")] = None
+    requests_per_minute: Annotated[int | None, Leaf(_limit, {"type": "integer", "minimum": 1}, nullable=True)] = None
+    tokens_per_minute: Annotated[int | None, Leaf(_limit, {"type": "integer", "minimum": 1}, nullable=True)] = None
+    enabled: Annotated[bool | None, flag(nullable=True)] = None
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models_an_object(cls, value: Any) -> Any:
+        return _table(value)
+
+    @field_validator("base_url")
+    @classmethod
+    def _an_http_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        kind = (info.context or {}).get("kind", ProviderKind.OPENAI_COMPATIBLE)  # as given, even when it is wrong
+        if not value:
+            if kind == ProviderKind.OPENAI_COMPATIBLE:
+                raise problem("an OpenAI-compatible provider needs one, e.g. https://api.openai.com/v1")
+            return value
+        parts = urlsplit(value) if isinstance(value, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or any(ch.isspace() for ch in value):
+            raise problem("must be an http(s) URL such as https://api.openai.com/v1", value)
+        return value
 
 
 def check_fields(values: Mapping[str, Any]) -> dict[str, list[str]]:
     """Every problem of a provider's settings, by field (only the fields present are checked)."""
+    given = {("models" if key == "offered_models" else key): value for key, value in values.items()}
+    if "base_url" in given:
+        given["base_url"] = given["base_url"] or ""
     errors: dict[str, list[str]] = {}
-
-    def add(field: str, problems: list[str]) -> None:
-        if problems:
-            errors.setdefault(field, []).extend(problems)
-
-    if "name" in values:
-        name = values["name"]
-        if not isinstance(name, str) or not _NAME.match(name):
-            add("name", [f"name: use letters, digits, '.', '_' or '-' (no '/'), got {name!r}"])
-        elif name in RESERVED_NAMES:
-            add("name", [f"name: {name!r} is the built-in deterministic provider; choose another name"])
-    if "kind" in values and values["kind"] not in ProviderKind.values:
-        add("kind", [f"kind: must be one of {', '.join(ProviderKind.values)}, got {values['kind']!r}"])
-    if "base_url" in values:
-        add("base_url", check_base_url(values["base_url"] or "", values.get("kind", ProviderKind.OPENAI_COMPATIBLE)))
-    if "timeout" in values and (not _number(values["timeout"]) or not 0 < values["timeout"] <= 600):
-        add("timeout", [f"timeout: must be seconds above 0 and at most 600, got {values['timeout']!r}"])
-    if "max_retries" in values:
-        retries = values["max_retries"]
-        if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 5:
-            add("max_retries", [f"max_retries: must be an integer from 0 to 5, got {retries!r}"])
-    if "offered_models" in values:
-        add("models", check_models(values["offered_models"]))
-    for field in ("requests_per_minute", "tokens_per_minute"):
-        if values.get(field) is not None:
-            limit = values[field]
-            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-                add(field, [f"{field}: must be a positive integer, or empty for unlimited, got {limit!r}"])
+    for found in problems(ProviderSettings, given, context={"kind": given.get("kind", ProviderKind.OPENAI_COMPATIBLE)})[1]:
+        errors.setdefault(re.split(r"[.:\[]", found, maxsplit=1)[0], []).append(found)
     return errors
 
 

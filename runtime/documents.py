@@ -18,6 +18,7 @@ Pure: pydantic only, so the runtime core may use it.
 
 from __future__ import annotations
 
+import math
 import re
 import types
 import typing
@@ -252,17 +253,20 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def integer(minimum: int = 1, *, nullable: bool = False) -> Leaf:
-    """An integer of at least ``minimum`` (``must be a positive integer`` for 1)."""
+def integer(minimum: int = 1, *, nullable: bool = False, maximum: int | None = None) -> Leaf:
+    """An integer of at least ``minimum`` (``must be a positive integer`` for 1), and at most ``maximum``."""
     kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    if maximum is not None:
+        kind = f"an integer from {minimum} to {maximum}"
     message = f"must be {kind}{' or null' if nullable else ''}"
 
     def check(value: Any) -> int:
-        if not _is_int(value) or value < minimum:
+        if not _is_int(value) or value < minimum or (maximum is not None and value > maximum):
             raise _invalid(message)
         return int(value)
 
-    return Leaf(check, {"type": "integer", "minimum": minimum}, nullable)
+    schema: dict[str, Any] = {"type": "integer", "minimum": minimum, **({"maximum": maximum} if maximum is not None else {})}
+    return Leaf(check, schema, nullable)
 
 
 def number(*, nullable: bool = True, maximum: float | None = None, minimum: float | None = None) -> Leaf:
@@ -272,7 +276,9 @@ def number(*, nullable: bool = True, maximum: float | None = None, minimum: floa
     message = f"must be a number {lower}{upper}{' or null' if nullable else ''}"
 
     def check(value: Any) -> float | int:
-        if isinstance(value, bool) or not isinstance(value, int | float) or (maximum is not None and value > maximum):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise _invalid(message)
+        if maximum is not None and value > maximum:
             raise _invalid(message)
         if value < minimum if minimum is not None else value <= 0:
             raise _invalid(message)

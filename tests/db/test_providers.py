@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from agents import model_clients
 from agents.models import Agent, AgentVersion, Provider, Run, Session
-from agents.providers import ModelEntry, check_headers, check_models, decrypt_secret, model_table
+from agents.providers import ModelEntry, check_fields, check_headers, check_models, decrypt_secret, model_table
 from audit.models import ConfigChange
 from llm import ModelInfo, ProviderAuthError
 from runtime.config import check_policy
@@ -150,6 +150,25 @@ def test_default_headers_are_checked_as_a_document_with_the_providers_scope() ->
     ]
     assert check_headers({"X-S": "secret:NO"}, platform=True) == []
     assert check_headers(3) == ['default_headers: must be an object of header name -> value, e.g. {"OpenAI-Organization": "org-123"}']
+
+
+def test_a_providers_settings_are_one_typed_document_and_every_problem_is_keyed_by_field() -> None:
+    found = check_fields({"name": "open/ai", "kind": "x", "base_url": "ftp://x", "timeout": 0, "max_retries": 9,
+                          "offered_models": {"m": {"context_window": 0}}, "requests_per_minute": 0, "tokens_per_minute": None})
+    assert found == {
+        "name": ["name: use letters, digits, '.', '_' or '-' (no '/'), got 'open/ai'"],
+        "kind": ["kind: must be one of ['openai_compatible', 'deterministic'], got 'x'"],
+        "base_url": ["base_url: must be an http(s) URL such as https://api.openai.com/v1, got 'ftp://x'"],
+        "timeout": ["timeout: must be a number above 0 and at most 600, got 0"],
+        "max_retries": ["max_retries: must be an integer from 0 to 5, got 9"],
+        "models": ["models.m.context_window: must be a positive integer, got 0"],
+        "requests_per_minute": ["requests_per_minute: must be a positive integer, or empty for unlimited, got 0"],
+    }
+    assert check_fields({"name": "demo", "base_url": None}) == {
+        "name": ["name: 'demo' is the built-in deterministic provider; choose another name"],
+        "base_url": ["base_url: an OpenAI-compatible provider needs one, e.g. https://api.openai.com/v1"],
+    }
+    assert check_fields({"kind": "deterministic", "base_url": ""}) == {} and check_fields({}) == {}
 
 
 def test_the_openapi_schema_shows_the_models_document(worlds: Any) -> None:

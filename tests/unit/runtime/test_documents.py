@@ -140,3 +140,14 @@ def test_the_openapi_variant_says_nullable_instead_of_a_null_type() -> None:
     inner = openapi_schema(Outer)["$defs"]["Inner"]["properties"]
     assert inner["limit"] == {"type": "integer", "minimum": 1, "nullable": True, "default": 8, "title": "Limit"}
     assert inner["share"] == {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1.0, "default": 0.5, "title": "Share"}
+
+
+class Bounded(Document):
+    retries: Annotated[int, integer(0, maximum=5)] = 2
+
+
+def test_an_integer_with_a_maximum_says_the_range() -> None:
+    assert problems(Bounded, {"retries": 6})[1] == ["retries: must be an integer from 0 to 5, got 6"]
+    assert problems(Keyed, {"table": {"nan": float("nan"), "inf": float("inf")}})[1] == [
+        "table.nan: must be a number >= 0, got nan", "table.inf: must be a number >= 0, got inf"]
+    assert Bounded.model_json_schema()["properties"]["retries"]["maximum"] == 5
