@@ -18,13 +18,15 @@ from runtime.types import TerminalReason
 from tenants.scoping import Actor
 from tools.agent_exec import MAX_AGENT_DEPTH, child_input
 from tools.executors import ExecContext, ToolFailure
+from tools.kinds.agent import AgentConfig
+from tools.kinds.base import read_config
 from tools.models import Tool
 
 
 def run_child(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
     """Start the child run of an agent-kind tool and run it here, in the gateway's worker thread."""
     parent = ctx.run
-    slug = str((tool.config or {}).get("agent", ""))
+    slug = read_config(AgentConfig, tool).agent
     depth = int((parent.facts or {}).get("agent_depth", 0)) + 1
     if depth > MAX_AGENT_DEPTH:
         raise ToolFailure("denied", f"The tool {tool.name} would start agent {slug!r} {depth} agents deep; at most "

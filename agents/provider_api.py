@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema, extend_schema_field, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -19,15 +19,20 @@ from rest_framework.response import Response
 
 from agents import provider_services as services
 from agents.models import Provider, ProviderKind
-from agents.providers import key_status, masked_headers
+from agents.providers import ModelEntry, key_status, masked_headers
 from tenants.api import TenantScopedViewSet
+
+
+@extend_schema_field({"type": "object", "additionalProperties": ModelEntry.model_json_schema()})
+class ModelsField(serializers.JSONField):
+    """The ``models`` table; its OpenAPI schema is the typed document's (``agents.providers.ModelEntry``)."""
 
 
 class ProviderSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     shared = serializers.BooleanField(write_only=True, required=False, default=False,
                                       help_text="Superusers only: a provider for every tenant.")
-    models = serializers.JSONField(source="offered_models", required=False, help_text=Provider._meta.get_field("offered_models").help_text)
+    models = ModelsField(source="offered_models", required=False, help_text=Provider._meta.get_field("offered_models").help_text)
     kind = serializers.ChoiceField(choices=ProviderKind.choices, required=False)
     api_key = serializers.CharField(
         write_only=True, required=False, allow_blank=True, trim_whitespace=True, style={"input_type": "password"},

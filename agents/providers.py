@@ -39,15 +39,17 @@ import hashlib
 import json
 import re
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from agents.models import Provider, ProviderKind
 from egress.guard import guarded_client
 from llm import ModelInfo, OpenAICompatibleClient, ProviderConfig, RateLimit
+from runtime.documents import Document, Leaf, choice, flag, integer, number, parse, pattern, problem, problems, problems_of
 
 BUILTIN_PROVIDER = "demo"
 ENV_PROVIDER = "openai"
@@ -61,11 +63,6 @@ SECRET_PREFIX = "PROVIDER_SECRET_"
 TENANT_ENV_REFUSED = "tenant providers cannot reference environment variables; paste the key, it is stored encrypted"
 PLATFORM_ENV_REFUSED = "env: references are not read; write secret:NAME, read from the environment variable PROVIDER_SECRET_NAME"
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_MODEL_KEYS = {
-    "context_window": "the model's context window in tokens",
-    "price_in_per_1m": "the price per 1M input tokens",
-    "price_out_per_1m": "the price per 1M output tokens",
-}
 MODELS_EXAMPLE = '{"gpt-4o-mini": {"context_window": 128000, "price_in_per_1m": 0.15, "price_out_per_1m": 0.6}}'
 
 
@@ -163,53 +160,92 @@ def masked_headers(provider: Provider) -> dict[str, str]:
 # -- validation ---------------------------------------------------------------------------------
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+class ModelEntry(Document):
+    """One model a provider offers: its context window and prices (the gateway's ``ModelInfo``)."""
+
+    context_window: Annotated[int, integer(1), Field(description="the model's context window in tokens")] = 128_000
+    price_in_per_1m: Annotated[float, number(nullable=False, minimum=0), Field(description="the price per 1M input tokens")] = 0.0
+    price_out_per_1m: Annotated[float, number(nullable=False, minimum=0), Field(description="the price per 1M output tokens")] = 0.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _an_object(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise problem(f"must be an object with {', '.join(cls.model_fields)}, e.g. {MODELS_EXAMPLE}", value)
+        return value
+
+    def info(self) -> ModelInfo:
+        return ModelInfo(self.context_window, float(self.price_in_per_1m), float(self.price_out_per_1m))
+
+
+ModelName = Annotated[str, pattern(r"^\S+$", "a model name must be non-empty and contain no spaces")]
+
+
+class ProviderModels(Document):
+    """A provider's ``models`` table (also ``OPENAI_MODELS``): model name -> :class:`ModelEntry`."""
+
+    models: dict[ModelName, ModelEntry] = {}
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _an_object(cls, value: Any) -> Any:
+        return _table(value)
+
+
+def _table(value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise problem(f"must be an object of model name -> settings, e.g. {MODELS_EXAMPLE}", value)
+    return value
+
+
+def _header_name(value: Any) -> str:
+    if not isinstance(value, str) or not _HEADER_NAME.match(value):
+        raise problem("is not a valid header name (letters, digits and !#$%&'*+.^_`|~-)")
+    if value.lower() == "authorization":
+        raise problem("set the API key field instead of an Authorization header")
+    return value
+
+
+def _header_value(value: Any) -> str:
+    if not isinstance(value, str) or not value or "\r" in value or "\n" in value:
+        raise problem("must be a non-empty string on one line")
+    return value
+
+
+class ProviderHeaders(Document):
+    """``default_headers``; secret references need ``context={"platform": bool, "granted": names}``."""
+
+    default_headers: dict[
+        Annotated[str, Leaf(_header_name, {"type": "string", "pattern": _HEADER_NAME.pattern})],
+        Annotated[str, Leaf(_header_value, {"type": "string", "minLength": 1})],
+    ] = {}
+
+    @field_validator("default_headers", mode="before")
+    @classmethod
+    def _an_object(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise problem('must be an object of header name -> value, e.g. {"OpenAI-Organization": "org-123"}')
+        return value
+
+    @field_validator("default_headers")
+    @classmethod
+    def _references(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        scope = info.context or {}
+        platform, granted = bool(scope.get("platform")), scope.get("granted", ())
+        found = [(name, _reference_problem(header, platform=platform, granted=granted)) for name, header in value.items()]
+        if any(why for _, why in found):
+            raise problems_of(f"$.{name}: {why}" for name, why in found if why)
+        return value
 
 
 def check_models(value: Any) -> list[str]:
     """Problems of a ``models`` table, each naming the entry and field (``models.gpt-4o-mini.price_in_per_1m``)."""
-    if not isinstance(value, dict):
-        return [f"models: must be an object of model name -> settings, e.g. {MODELS_EXAMPLE}"]
-    errors: list[str] = []
-    for model, info in value.items():
-        path = f"models.{model}"
-        if not isinstance(model, str) or not model.strip() or any(ch.isspace() for ch in model):
-            errors.append(f"{path}: a model name must be non-empty and contain no spaces")
-            continue
-        if not isinstance(info, dict):
-            errors.append(f"{path}: must be an object with {', '.join(_MODEL_KEYS)}, e.g. {MODELS_EXAMPLE}")
-            continue
-        for key in info:
-            if key not in _MODEL_KEYS:
-                errors.append(f"{path}.{key}: unknown field; expected one of {', '.join(_MODEL_KEYS)}")
-        window = info.get("context_window", 128_000)
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            errors.append(f"{path}.context_window: must be a positive integer ({_MODEL_KEYS['context_window']}), got {window!r}")
-        for key in ("price_in_per_1m", "price_out_per_1m"):
-            price = info.get(key, 0)
-            if not _number(price) or price < 0:
-                errors.append(f"{path}.{key}: must be a number >= 0 ({_MODEL_KEYS[key]}), got {price!r}")
-    return errors
+    return problems(ProviderModels, {"models": value})[1]
 
 
 def check_headers(value: Any, *, platform: bool = False, granted: Collection[str] = ()) -> list[str]:
     """Problems of ``default_headers``; ``platform`` is a shared provider, ``granted`` the tenant's secret grants."""
-    if not isinstance(value, dict):
-        return ['default_headers: must be an object of header name -> value, e.g. {"OpenAI-Organization": "org-123"}']
-    errors: list[str] = []
-    for name, header in value.items():
-        if not isinstance(name, str) or not _HEADER_NAME.match(name):
-            errors.append(f"default_headers: {name!r} is not a valid header name")
-        elif name.lower() == "authorization":
-            errors.append("default_headers.Authorization: set the API key field instead of an Authorization header")
-        elif not isinstance(header, str) or not header or "\r" in header or "\n" in header:
-            errors.append(f"default_headers.{name}: must be a non-empty string on one line")
-        else:
-            problem = _reference_problem(header, platform=platform, granted=granted)
-            if problem:
-                errors.append(f"default_headers.{name}: {problem}")
-    return errors
+    return problems(ProviderHeaders, {"default_headers": value}, context={"platform": platform, "granted": granted})[1]
 
 
 def check_api_key(value: str, *, platform: bool = False, granted: Collection[str] = ()) -> list[str]:
@@ -222,63 +258,70 @@ def check_api_key(value: str, *, platform: bool = False, granted: Collection[str
     return []
 
 
-def check_base_url(value: str, kind: str) -> list[str]:
-    if not value:
-        if kind == ProviderKind.OPENAI_COMPATIBLE:
-            return ["base_url: an OpenAI-compatible provider needs one, e.g. https://api.openai.com/v1"]
-        return []
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc or any(ch.isspace() for ch in value):
-        return [f"base_url: must be an http(s) URL such as https://api.openai.com/v1, got {value!r}"]
-    return []
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise problem("use letters, digits, '.', '_' or '-' (no '/')", value)
+    if value in RESERVED_NAMES:
+        raise problem(f"{value!r} is the built-in deterministic provider; choose another name")
+    return value
+
+
+def _limit(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise problem("must be a positive integer, or empty for unlimited", value)
+    return value
+
+
+class ProviderSettings(Document):
+    """A provider's plain settings as typed (only those given are checked: a form or a PATCH sends some)."""
+
+    name: Annotated[str | None, Leaf(_name, {"type": "string", "pattern": _NAME.pattern})] = None
+    kind: Annotated[str | None, choice(*ProviderKind.values)] = None
+    base_url: Annotated[str | None, Leaf(lambda v: v, {"type": "string", "format": "uri"}, nullable=True)] = None
+    timeout: Annotated[float | None, number(nullable=False, maximum=600), Field(description="seconds")] = None
+    max_retries: Annotated[int | None, integer(0, maximum=5)] = None
+    models: Annotated[dict[ModelName, ModelEntry] | None, Field(description="model name -> settings")] = None
+    requests_per_minute: Annotated[int | None, Leaf(_limit, {"type": "integer", "minimum": 1}, nullable=True)] = None
+    tokens_per_minute: Annotated[int | None, Leaf(_limit, {"type": "integer", "minimum": 1}, nullable=True)] = None
+    enabled: Annotated[bool | None, flag(nullable=True)] = None
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models_an_object(cls, value: Any) -> Any:
+        return _table(value)
+
+    @field_validator("base_url")
+    @classmethod
+    def _an_http_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        kind = (info.context or {}).get("kind", ProviderKind.OPENAI_COMPATIBLE)  # as given, even when it is wrong
+        if not value:
+            if kind == ProviderKind.OPENAI_COMPATIBLE:
+                raise problem("an OpenAI-compatible provider needs one, e.g. https://api.openai.com/v1")
+            return value
+        parts = urlsplit(value) if isinstance(value, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or any(ch.isspace() for ch in value):
+            raise problem("must be an http(s) URL such as https://api.openai.com/v1", value)
+        return value
 
 
 def check_fields(values: Mapping[str, Any]) -> dict[str, list[str]]:
     """Every problem of a provider's settings, by field (only the fields present are checked)."""
+    given = {("models" if key == "offered_models" else key): value for key, value in values.items()}
+    if "base_url" in given:
+        given["base_url"] = given["base_url"] or ""
     errors: dict[str, list[str]] = {}
-
-    def add(field: str, problems: list[str]) -> None:
-        if problems:
-            errors.setdefault(field, []).extend(problems)
-
-    if "name" in values:
-        name = values["name"]
-        if not isinstance(name, str) or not _NAME.match(name):
-            add("name", [f"name: use letters, digits, '.', '_' or '-' (no '/'), got {name!r}"])
-        elif name in RESERVED_NAMES:
-            add("name", [f"name: {name!r} is the built-in deterministic provider; choose another name"])
-    if "kind" in values and values["kind"] not in ProviderKind.values:
-        add("kind", [f"kind: must be one of {', '.join(ProviderKind.values)}, got {values['kind']!r}"])
-    if "base_url" in values:
-        add("base_url", check_base_url(values["base_url"] or "", values.get("kind", ProviderKind.OPENAI_COMPATIBLE)))
-    if "timeout" in values and (not _number(values["timeout"]) or not 0 < values["timeout"] <= 600):
-        add("timeout", [f"timeout: must be seconds above 0 and at most 600, got {values['timeout']!r}"])
-    if "max_retries" in values:
-        retries = values["max_retries"]
-        if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 5:
-            add("max_retries", [f"max_retries: must be an integer from 0 to 5, got {retries!r}"])
-    if "offered_models" in values:
-        add("models", check_models(values["offered_models"]))
-    for field in ("requests_per_minute", "tokens_per_minute"):
-        if values.get(field) is not None:
-            limit = values[field]
-            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-                add(field, [f"{field}: must be a positive integer, or empty for unlimited, got {limit!r}"])
+    for found in problems(ProviderSettings, given, context={"kind": given.get("kind", ProviderKind.OPENAI_COMPATIBLE)})[1]:
+        errors.setdefault(re.split(r"[.:\[]", found, maxsplit=1)[0], []).append(found)
     return errors
 
 
 # -- rows -> gateway configuration --------------------------------------------------------------
 
 
-def model_table(raw: Mapping[str, Any]) -> dict[str, ModelInfo]:
-    return {
-        name: ModelInfo(
-            context_window=int(info.get("context_window", 128_000)),
-            price_in_per_1m=float(info.get("price_in_per_1m", 0.0)),
-            price_out_per_1m=float(info.get("price_out_per_1m", 0.0)),
-        )
-        for name, info in raw.items()
-    }
+def model_table(raw: Mapping[str, Any], what: str = "provider models") -> dict[str, ModelInfo]:
+    """The gateway's table from a stored (or ``OPENAI_MODELS``) one; raises ``DocumentError`` naming each problem."""
+    table = parse(ProviderModels, {"models": dict(raw)}, what=what)
+    return {name: entry.info() for name, entry in table.models.items()}
 
 
 def stored_headers(provider: Provider) -> dict[str, str]:
@@ -313,7 +356,7 @@ def provider_config(provider: Provider) -> ProviderConfig:
         default_headers=headers,
         timeout=float(provider.timeout),
         max_retries=int(provider.max_retries),
-        models=model_table(provider.offered_models or {}),
+        models=model_table(provider.offered_models or {}, f"models of provider {provider.name!r}"),
         rate_limit=limit,
     )
 
@@ -335,11 +378,7 @@ def env_default_provider() -> ProviderConfig | None:
         return None
     models: dict[str, ModelInfo] = {}
     if models_json:
-        raw = json.loads(models_json)  # a JSON object: settings checked it at start-up
-        problems = check_models(raw)
-        if problems:
-            raise ValueError("OPENAI_MODELS: " + "; ".join(problems))
-        models = model_table(raw)
+        models = model_table(json.loads(models_json), "OPENAI_MODELS")  # a JSON object: settings checked it at start-up
     return ProviderConfig(name=ENV_PROVIDER, base_url=base_url, api_key=api_key, models=models)
 
 

@@ -16,7 +16,7 @@ from drf_spectacular.utils import extend_schema_field
 from pydantic import BaseModel
 from rest_framework import serializers
 
-from runtime.documents import field_rows, json_schema
+from runtime.documents import field_rows, json_schema, openapi_schema
 
 
 class _EmptyAsNull(serializers.JSONField):
@@ -33,28 +33,9 @@ def document_field(model: type[BaseModel], *, empty_as_null: bool = False, **kwa
     if (model, empty_as_null) not in _FIELDS:
         base = _EmptyAsNull if empty_as_null else serializers.JSONField
         cls = type(f"{model.__name__}{'OrNull' if empty_as_null else ''}Field", (base,), {"__doc__": f"A {model.__name__} document."})
-        schema = openapi_30(json_schema(model))
+        schema = openapi_schema(model)
         _FIELDS[(model, empty_as_null)] = extend_schema_field({**schema, "nullable": True} if empty_as_null else schema)(cls)
     return _FIELDS[(model, empty_as_null)](**kwargs)
-
-
-def openapi_30(node: Any) -> Any:
-    """A JSON Schema (2020-12, as pydantic writes it) in the OpenAPI 3.0 dialect drf-spectacular serves."""
-    if isinstance(node, list):
-        return [openapi_30(v) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: openapi_30(v) for k, v in node.items()}
-    options = out.get("anyOf")
-    if isinstance(options, list) and {"type": "null"} in options:
-        rest = [o for o in options if o != {"type": "null"}]
-        out.pop("anyOf")
-        out = {**(rest[0] if len(rest) == 1 else {"anyOf": rest}), **out, "nullable": True}
-    if isinstance(out.get("exclusiveMinimum"), int | float) and not isinstance(out["exclusiveMinimum"], bool):
-        out["minimum"], out["exclusiveMinimum"] = out["exclusiveMinimum"], True
-    if "const" in out:
-        out["enum"] = [out.pop("const")]
-    return out
 
 
 class DocumentWidget(forms.Textarea):

@@ -10,72 +10,168 @@ entry-point group::
 
 The database mirrors the catalog (a ``Plugin`` row per key + version, written by ``sync_plugins``
 and after ``migrate``); nothing here touches the database.
+
+A manifest is a typed document (``runtime.documents``): ``PluginSpec``, ``PluginTool``, ``AgentPreset`` and
+``ToolOverrides`` are frozen pydantic models built by keyword (``PluginTool`` also takes its key first).
+Building one checks what it says on its own; registering it checks it against the tool registry. Either
+raises :class:`PluginDeclarationError` listing every problem with its path (``tools[1].overrides.rate_limit_per_minute: ...``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from pydantic import ValidationError, ValidationInfo, field_validator, model_validator
 
+from runtime.documents import (
+    Document,
+    Flag,
+    Leaf,
+    choice,
+    flag,
+    integer,
+    json_object,
+    names,
+    number,
+    pattern,
+    problem,
+    problems,
+    problems_of,
+    text,
+)
 from tools.pyfunc import registry as python_tools
-from tools.rate_limits import value_problem
+from tools.rate_limits import MAX_PER_MINUTE, value_problem
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "agentops.plugins"
 _KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _VERSION_RE = re.compile(r"^\d+(\.\d+){0,3}([.-]?[A-Za-z0-9]+)?$")
-#: The Tool fields a plugin may set per tool besides ``requires_approval`` (anything else is a declaration error).
-TOOL_OVERRIDE_FIELDS = frozenset({
-    "category", "idempotent", "required_scopes", "timeout_seconds", "result_fields",
-    "summary_template", "result_size_cap", "sensitive_fields", "description",
-    "rate_limit_per_minute",  # calls per minute per tenant; a floor: a tenant may lower it, never raise or remove it
-})
+_SLUG = r"^[a-z0-9][a-z0-9-]{0,62}$"
+_UNSET: Any = object()
+D = TypeVar("D", bound=Document)
 
 
 class PluginDeclarationError(ValueError):
-    """A plugin's declaration is inconsistent; the message names the plugin and the field."""
+    """A plugin's declaration is inconsistent; ``errors`` lists every problem with its path (``tools[1].key: ...``)."""
+
+    def __init__(self, errors: str | list[str], where: str = "") -> None:
+        self.errors = [errors] if isinstance(errors, str) else list(errors)
+        super().__init__(f"{where}: " + "; ".join(self.errors) if where else "; ".join(self.errors))
 
 
 class CatalogFrozenError(RuntimeError):
     """A plugin was registered after start-up."""
 
 
-@dataclass(frozen=True)
-class PluginTool:
+#: Set while a declaration is being checked as a whole: nested parts then leave their errors to the whole.
+_checking: contextvars.ContextVar[bool] = contextvars.ContextVar("checking_declaration", default=False)
+
+
+def declaration_problems(model: type[D], data: Any, context: Mapping[str, Any] | None = None) -> tuple[D | None, list[str]]:
+    """``runtime.documents.problems`` for a declaration: every problem, each with its path (``tools[1].key: ...``)."""
+    token = _checking.set(True)
+    try:
+        return problems(model, data, context=context)
+    finally:
+        _checking.reset(token)
+
+
+class Declaration(Document):
+    """A part of a plugin's declaration: keyword construction checks it and lists every problem at once."""
+
+    def __init__(self, /, **data: Any) -> None:
+        if _checking.get():
+            super().__init__(**data)
+            return
+        try:
+            super().__init__(**data)
+        except ValidationError:
+            raise PluginDeclarationError(declaration_problems(type(self), data)[1], self._where(data)) from None
+
+    @classmethod
+    def _where(cls, data: Mapping[str, Any]) -> str:
+        return cls.__name__
+
+
+def _rate_limit(value: Any) -> int | None:
+    found = value_problem(value)
+    if found:
+        raise problem(found)
+    return value  # type: ignore[no-any-return]
+
+
+_RATE_SCHEMA = {"type": "integer", "minimum": 1, "maximum": MAX_PER_MINUTE}
+
+
+class ToolOverrides(Document):
+    """The Tool fields a plugin may set per tool (besides ``requires_approval``); unset means the function's own."""
+
+    category: Annotated[str | None, choice("read", "write")] = None
+    idempotent: Annotated[bool | None, flag(nullable=True)] = None
+    required_scopes: Annotated[list[str] | None, names(nullable=True)] = None
+    timeout_seconds: Annotated[float | None, number(nullable=False, maximum=600)] = None
+    result_fields: Annotated[list[str] | None, names(nullable=True)] = None
+    summary_template: Annotated[str | None, text(nullable=False)] = None
+    result_size_cap: Annotated[int | None, integer(100)] = None
+    sensitive_fields: Annotated[list[str] | None, names(nullable=True)] = None
+    description: Annotated[str | None, text(nullable=False)] = None
+    #: Calls per minute per tenant; a floor: a tenant may lower it, never raise or remove it.
+    rate_limit_per_minute: Annotated[int | None, Leaf(_rate_limit, _RATE_SCHEMA, nullable=True)] = None
+
+    def declared(self) -> dict[str, Any]:
+        """Only what the plugin set (what the ``Plugin`` row stores and the install applies)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+#: The Tool fields a plugin may set per tool besides ``requires_approval`` (anything else is a declaration error).
+TOOL_OVERRIDE_FIELDS = frozenset(ToolOverrides.model_fields)
+
+
+class PluginTool(Declaration):
     """One Python tool (a key of ``tools.pyfunc.registry``) a plugin provides, with per-tool overrides."""
 
-    key: str
-    requires_approval: bool = False
-    overrides: Mapping[str, Any] = field(default_factory=dict)
+    key: Annotated[str, text(nullable=False)]
+    requires_approval: Flag = False
+    overrides: ToolOverrides = ToolOverrides()
+
+    def __init__(self, key: Any = _UNSET, /, **data: Any) -> None:
+        super().__init__(**(data if key is _UNSET else {"key": key, **data}))
+
+    @classmethod
+    def _where(cls, data: Mapping[str, Any]) -> str:
+        return f"plugin tool {data.get('key')!r}"
 
     def as_json(self, registry: Any) -> dict[str, Any]:
         spec = registry.get(self.key)
         return {
-            "key": self.key, "name": spec.name, "category": self.overrides.get("category", spec.category),
-            "requires_approval": self.requires_approval, "overrides": dict(self.overrides),
+            "key": self.key, "name": spec.name, "category": self.overrides.category or spec.category,
+            "requires_approval": self.requires_approval, "overrides": self.overrides.declared(),
         }
 
 
-@dataclass(frozen=True)
-class AgentPreset:
-    """A ready-made agent: what its first version is made of."""
+class AgentPreset(Declaration):
+    """A ready-made agent: what its first version is made of (``policy`` is checked when the version is made)."""
 
-    slug: str
-    name: str
-    system_prompt: str
-    model: str
-    tools: tuple[str, ...] = ()
-    policy: Mapping[str, Any] = field(default_factory=dict)
+    slug: Annotated[str, pattern(_SLUG, "must be lower-case letters, digits and '-', e.g. 'order-desk-assistant'")]
+    name: Annotated[str, text(nullable=False)]
+    system_prompt: Annotated[str, text(nullable=False)]
+    model: Annotated[str, text(nullable=False, example="demo/planner")]
+    tools: tuple[Annotated[str, text(nullable=False)], ...] = ()
+    policy: Annotated[dict[str, Any], json_object("must be an object (an agent version's policy)")] = {}
     description: str = ""
+
+    @classmethod
+    def _where(cls, data: Mapping[str, Any]) -> str:
+        return f"preset {data.get('slug')!r}"
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -84,20 +180,56 @@ class AgentPreset:
         }
 
 
-@dataclass(frozen=True)
-class PluginSpec:
-    key: str
-    name: str
-    version: str
+class PluginSpec(Declaration):
+    """A plugin's manifest. Constructing one checks what it says; registering it checks it against the tool registry."""
+
+    key: Annotated[str, pattern(_KEY_RE.pattern, "must be lower-case letters, digits and '-' (e.g. 'order-desk')")]
+    name: Annotated[str, text(nullable=False)]
+    version: Annotated[str, pattern(_VERSION_RE.pattern, "must look like 1.2.0")]
     description: str = ""
     tools: tuple[PluginTool, ...] = ()
     presets: tuple[AgentPreset, ...] = ()
-    scopes: tuple[str, ...] = ()
-    hosts: tuple[str, ...] = ()
-    config_schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
-    requires_install: bool = True
+    scopes: tuple[Annotated[str, text(nullable=False)], ...] = ()
+    hosts: tuple[Annotated[str, text(nullable=False)], ...] = ()
+    config_schema: Annotated[dict[str, Any], json_object("must be a JSON Schema object")] = {"type": "object", "properties": {}}
+    requires_install: Flag = True
     #: Where it came from: ``builtin`` or ``entry_point:<distribution>``; set by the catalog.
-    source: str = "builtin"
+    source: Annotated[str, text(nullable=False)] = "builtin"
+
+    @classmethod
+    def _where(cls, data: Mapping[str, Any]) -> str:
+        return f"plugin {data.get('key')!r}"
+
+    @field_validator("config_schema")
+    @classmethod
+    def _a_json_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            raise problem(f"not a valid JSON Schema: {exc.message}") from None
+        return schema
+
+    @field_validator("presets")
+    @classmethod
+    def _slugs_once(cls, presets: tuple[AgentPreset, ...]) -> tuple[AgentPreset, ...]:
+        slugs = [p.slug for p in presets]
+        twice = [f"$[{i}].slug: {slug!r} is declared twice" for i, slug in enumerate(slugs) if slug in slugs[:i]]
+        if twice:
+            raise problems_of(twice)
+        return presets
+
+    @model_validator(mode="after")
+    def _consistent(self, info: ValidationInfo) -> PluginSpec:
+        found: list[str] = []
+        if not self.requires_install and (self.scopes or self.hosts):
+            found.append("$.requires_install: a plugin that needs scopes or outbound hosts must require an install "
+                         "(an owner has to consent to them)")
+        registry = (info.context or {}).get("registry")
+        if registry is not None:
+            found += _registry_problems(self, registry)
+        if found:
+            raise problems_of(found)
+        return self
 
     def tool_keys(self) -> list[str]:
         return [t.key for t in self.tools]
@@ -112,45 +244,31 @@ class PluginSpec:
         }
 
 
-def validate_spec(spec: PluginSpec, registry: Any) -> None:
-    """Refuse a declaration that could not be installed, with a message naming what is wrong."""
-    where = f"plugin {spec.key!r}"
-    if not _KEY_RE.match(spec.key):
-        raise PluginDeclarationError(f"{where}: key must be lower-case letters, digits and '-' (e.g. 'order-desk').")
-    if not _VERSION_RE.match(spec.version):
-        raise PluginDeclarationError(f"{where}: version {spec.version!r} must look like 1.2.0.")
+def _registry_problems(spec: PluginSpec, registry: Any) -> list[str]:
+    """What the tool registry says of the declaration: unknown tools, clashing names, presets naming absent tools."""
+    found: list[str] = []
     names: dict[str, str] = {}
-    for ref in spec.tools:
+    for i, ref in enumerate(spec.tools):
         if ref.key not in registry:
-            raise PluginDeclarationError(f"{where}: tool {ref.key!r} is not a registered Python tool (missing @tool?).")
-        unknown = set(ref.overrides) - TOOL_OVERRIDE_FIELDS
-        if unknown:
-            raise PluginDeclarationError(f"{where}: tool {ref.key!r} overrides unknown field(s) {', '.join(sorted(unknown))}; "
-                                         f"allowed: {', '.join(sorted(TOOL_OVERRIDE_FIELDS))}.")
-        if "rate_limit_per_minute" in ref.overrides:
-            problem = value_problem(ref.overrides["rate_limit_per_minute"])
-            if problem:
-                raise PluginDeclarationError(f"{where}: tool {ref.key!r} rate_limit_per_minute: {problem}")
+            found.append(f"$.tools[{i}].key: {ref.key!r} is not a registered Python tool (missing @tool?)")
+            continue
         name = registry.get(ref.key).name
         if name in names:
-            raise PluginDeclarationError(f"{where}: tools {names[name]!r} and {ref.key!r} are both named {name!r}.")
-        names[name] = ref.key
-    slugs = set()
-    for preset in spec.presets:
-        if preset.slug in slugs:
-            raise PluginDeclarationError(f"{where}: preset slug {preset.slug!r} is declared twice.")
-        slugs.add(preset.slug)
+            found.append(f"$.tools[{i}]: tools {names[name]!r} and {ref.key!r} are both named {name!r}")
+        names.setdefault(name, ref.key)
+    for i, preset in enumerate(spec.presets):
         missing = [t for t in preset.tools if t not in names]
         if missing:
-            raise PluginDeclarationError(f"{where}: preset {preset.slug!r} names tool(s) {', '.join(missing)} the plugin does not "
-                                         f"provide; its tools are {', '.join(sorted(names)) or 'none'}.")
-    try:
-        Draft202012Validator.check_schema(dict(spec.config_schema))
-    except SchemaError as exc:
-        raise PluginDeclarationError(f"{where}: config_schema is not a valid JSON Schema: {exc.message}") from None
-    if not spec.requires_install and (spec.scopes or spec.hosts):
-        raise PluginDeclarationError(f"{where}: a plugin that needs scopes or outbound hosts must require an install "
-                                     "(an owner has to consent to them).")
+            found.append(f"$.presets[{i}].tools: names tool(s) {', '.join(missing)} the plugin does not provide; "
+                         f"its tools are {', '.join(sorted(names)) or 'none'}")
+    return found
+
+
+def validate_spec(spec: PluginSpec, registry: Any) -> None:
+    """Refuse a declaration that could not be installed, listing every problem with its path."""
+    found = declaration_problems(PluginSpec, spec.model_dump(exclude_unset=True), {"registry": registry})[1]
+    if found:
+        raise PluginDeclarationError(found, f"plugin {spec.key!r}")
 
 
 class PluginCatalog:
@@ -231,9 +349,7 @@ def _specs_from(obj: Any) -> Iterable[PluginSpec]:
 
 
 def _with_source(spec: PluginSpec, source: str) -> PluginSpec:
-    from dataclasses import replace
-
-    return replace(spec, source=source)
+    return spec.model_copy(update={"source": source})
 
 
 #: The process-wide catalog, filled and frozen in ``MarketplaceConfig.ready()``.

@@ -18,6 +18,7 @@ Pure: pydantic only, so the runtime core may use it.
 
 from __future__ import annotations
 
+import math
 import re
 import types
 import typing
@@ -36,11 +37,14 @@ __all__ = [
     "Names",
     "choice",
     "field_rows",
+    "flag",
     "integer",
     "json_list",
     "json_object",
     "json_schema",
+    "names",
     "number",
+    "openapi_schema",
     "parse",
     "pattern",
     "problem",
@@ -100,6 +104,8 @@ def problems_of(found: Iterable[str]) -> PydanticCustomError:
 def _path(base: str, loc: Sequence[int | str]) -> str:
     out = base
     for part in loc:
+        if part == "[key]":  # a dict's key was wrong: the path is the key itself
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -173,7 +179,10 @@ def _messages(model: type[BaseModel], error: ValidationError, base: str) -> list
         elif kind in ("list_type", "tuple_type"):
             found.append(f"{path}: must be a list{_got(value)}")
         elif kind == "missing":
-            found.append(f"{path}: is required")
+            parent = _model_at(model, loc[:-1])
+            field = parent.model_fields.get(str(loc[-1])) if parent and loc else None
+            said = f" ({field.description})" if field is not None and field.description else ""
+            found.append(f"{path}: is required{said}")
         else:
             found.append(f"{path}: {item['msg'][:1].lower()}{item['msg'][1:]}{_got(value)}")
     return found
@@ -194,6 +203,30 @@ def parse(model: type[D], data: Any, *, path: str = "", context: Mapping[str, An
         raise DocumentError(found, what)
     assert document is not None
     return document
+
+
+def _openapi30(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_openapi30(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _openapi30(v) for k, v in node.items()}
+    for bound, side in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(bound), int | float) and not isinstance(out[bound], bool):  # 3.0: a flag on minimum/maximum
+            out[side], out[bound] = out[bound], True
+    options = out.get("anyOf")
+    if isinstance(options, list) and {"type": "null"} in options and len(options) == 2:
+        rest = {k: v for k, v in out.items() if k != "anyOf"}
+        out = {**next(o for o in options if o != {"type": "null"}), **rest, "nullable": True}
+    if "const" in out:
+        out["enum"] = [out.pop("const")]
+    return out
+
+
+def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON Schema, inlined, in OpenAPI 3.0 terms (``nullable``, boolean ``exclusiveMinimum``, no
+    ``const``), for drf-spectacular."""
+    return _openapi30(json_schema(model))  # type: ignore[no-any-return]
 
 
 # --- leaf types: a check with its wording, and its JSON Schema ----------------------------------------------------
@@ -226,11 +259,10 @@ def _is_int(value: Any) -> bool:
 
 
 def integer(minimum: int = 1, *, nullable: bool = False, maximum: int | None = None) -> Leaf:
-    """An integer of at least ``minimum`` (``must be a positive integer`` for 1), at most ``maximum``."""
+    """An integer of at least ``minimum`` (``must be a positive integer`` for 1), and at most ``maximum``."""
+    kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     if maximum is not None:
         kind = f"an integer from {minimum} to {maximum}"
-    else:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     message = f"must be {kind}{' or null' if nullable else ''}"
 
     def check(value: Any) -> int:
@@ -238,20 +270,28 @@ def integer(minimum: int = 1, *, nullable: bool = False, maximum: int | None = N
             raise _invalid(message)
         return int(value)
 
-    return Leaf(check, {"type": "integer", "minimum": minimum, **({"maximum": maximum} if maximum is not None else {})}, nullable)
+    schema: dict[str, Any] = {"type": "integer", "minimum": minimum, **({"maximum": maximum} if maximum is not None else {})}
+    return Leaf(check, schema, nullable)
 
 
-def number(*, nullable: bool = True, maximum: float | None = None) -> Leaf:
-    """A number above 0 (and at most ``maximum``)."""
+def number(*, nullable: bool = True, maximum: float | None = None, minimum: float | None = None) -> Leaf:
+    """A number above 0 (or, with ``minimum``, of at least ``minimum``), and at most ``maximum``."""
     upper = f" and at most {maximum}" if maximum is not None else ""
-    message = f"must be a number above 0{upper}{' or null' if nullable else ''}"
+    lower = "above 0" if minimum is None else f">= {minimum:g}"
+    message = f"must be a number {lower}{upper}{' or null' if nullable else ''}"
 
     def check(value: Any) -> float | int:
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0 or (maximum is not None and value > maximum):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise _invalid(message)
+        if maximum is not None and value > maximum:
+            raise _invalid(message)
+        if value < minimum if minimum is not None else value <= 0:
             raise _invalid(message)
         return value
 
-    schema: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, **({"maximum": maximum} if maximum is not None else {})}
+    schema: dict[str, Any] = {"type": "number", **({"exclusiveMinimum": 0} if minimum is None else {"minimum": minimum})}
+    if maximum is not None:
+        schema["maximum"] = maximum
     return Leaf(check, schema, nullable)
 
 
@@ -325,8 +365,18 @@ def _names(value: Any) -> list[str]:
     return list(value)
 
 
-Flag = Annotated[bool, Leaf(_flag, {"type": "boolean"})]
-Names = Annotated[list[str], Leaf(_names, {"type": "array", "items": {"type": "string", "minLength": 1}})]
+def flag(*, nullable: bool = False) -> Leaf:
+    """``true`` or ``false`` (``null`` too when ``nullable``: e.g. an override left unset)."""
+    return Leaf(_flag, {"type": "boolean"}, nullable)
+
+
+def names(*, nullable: bool = False) -> Leaf:
+    """A list of non-empty strings (``null`` too when ``nullable``)."""
+    return Leaf(_names, {"type": "array", "items": {"type": "string", "minLength": 1}}, nullable)
+
+
+Flag = Annotated[bool, flag()]
+Names = Annotated[list[str], names()]
 
 
 def json_schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from django.http import HttpRequest
 from config.documents import DocumentWidget
 from runtime import approval_policy
 from tenants.admin_mixins import TenantScopedAdmin
-from tools import services
+from tools import kinds, services
 from tools.models import Tool
 from tools.serializers import WRITABLE_FIELDS, ToolSerializer
 
@@ -30,6 +30,8 @@ class ToolAdmin(TenantScopedAdmin):
         """The API's checks, field by field, as form errors: the admin accepts no tool definition the API refuses."""
         kwargs.setdefault("widgets", {})["approval_policy"] = DocumentWidget(approval_policy.ApprovalPolicy)
         base = super().get_form(request, obj, change, **kwargs)
+        if "config" in base.base_fields:
+            base.base_fields["config"].help_text = kinds.config_help()  # each kind's config document, in one line
         actor = self._actor(request)
 
         class CheckedToolForm(base):  # type: ignore[valid-type,misc]

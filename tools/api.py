@@ -16,6 +16,7 @@ from config.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
 from tools import kinds, services
 from tools.arguments import parse_arguments
+from tools.executors import ToolFailure
 from tools.filters import ToolFilter
 from tools.http_exec import HttpToolError
 from tools.kinds.base import Kind
@@ -139,5 +140,5 @@ def _request_preview(kind: Kind, tool: Tool, arguments: dict[str, Any]) -> dict[
     assert kind.request_preview is not None
     try:
         return kind.request_preview(tool, arguments, tool.sensitive_fields or ())
-    except (HttpToolError, ValueError) as exc:
+    except (HttpToolError, ValueError, ToolFailure) as exc:  # ToolFailure: a stored config that no longer parses
         return f"the request could not be built: {exc}"

@@ -28,11 +28,12 @@ from audit.masking import mask_value, summarize_arguments
 from audit.models import ToolCallAudit, ToolCallStatus
 from audit.unit_of_work import StepAudit
 from config.buckets import bucket_store
+from runtime.documents import problems as document_problems
 from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from tools import bulkhead, rate_limits
 from tools.arguments import arguments_hash, parse_arguments
 from tools.executors import ExecContext, ToolFailure
-from tools.kinds import executor_for
+from tools.kinds import executor_for, kind_for
 from tools.models import Tool, ToolCategory
 from tools.shaping import shape_result
 
@@ -40,6 +41,14 @@ from tools.shaping import shape_result
 MAX_REPAIRS = 2
 #: Call ids are kept up to this length in ``attempt_call_ids`` (``call_id`` itself holds 100 characters).
 MAX_CALL_ID = 256
+
+
+def _duplicate_window(tool: Tool) -> float:
+    """The config's ``duplicate_window_seconds`` (typed), else the setting; a config that does not parse gets the setting."""
+    kind = kind_for(tool.kind)
+    config = document_problems(kind.config_model, tool.config or {})[0] if kind is not None else None
+    window = config.duplicate_window_seconds if config is not None else None
+    return window if window is not None else settings.TOOL_DUPLICATE_WINDOW_SECONDS
 
 
 def attempt_ids(started: ToolCallAudit, call_id: str) -> list[str]:
@@ -187,7 +196,7 @@ class ToolGateway:
         assert tool is not None
         if tool.category != ToolCategory.WRITE:
             return None
-        window = float((tool.config or {}).get("duplicate_window_seconds", settings.TOOL_DUPLICATE_WINDOW_SECONDS))
+        window = float(_duplicate_window(tool))
         earlier = (
             ToolCallAudit.objects.filter(
                 tenant_id=self.run.tenant_id,

@@ -347,14 +347,8 @@ def render_content(result: Any) -> Any:
     return text
 
 
-def run_mcp(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
-    """The executor for kind ``mcp``: one session per call."""
-    config = tool.config or {}
-    server, name = config.get("server"), str(config.get("tool") or tool.name)
-    problems = server_problems(server)
-    if problems or not isinstance(server, dict):
-        raise ToolFailure("error", f"The tool {tool.name} is misconfigured ({'; '.join(problems)}); "
-                                   "tell the user it is unavailable.")
+def call_mcp_tool(tool: Tool, server: dict[str, Any], name: str, arguments: dict[str, Any], ctx: ExecContext) -> Any:
+    """Call ``name`` on ``server`` (a checked description: the kind's config document), one session per call."""
     server = {**server, "timeout": min(float(server.get("timeout", DEFAULT_TIMEOUT)), float(tool.timeout_seconds))}
 
     async def work(client: Any) -> Any:

@@ -5,18 +5,23 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import call_command
 
 from audit.models import ConfigChange
 from marketplace.catalog import (
+    TOOL_OVERRIDE_FIELDS,
+    AgentPreset,
     CatalogFrozenError,
     PluginCatalog,
     PluginDeclarationError,
     PluginSpec,
     PluginTool,
+    ToolOverrides,
     catalog,
+    python_tools,
 )
 from marketplace.models import Plugin
 from marketplace.sync import sync_catalog
@@ -112,17 +117,63 @@ def test_a_broken_entry_point_is_reported_not_fatal(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("spec", "message"),
+    ("declared", "message"),
     [
-        (PluginSpec(key="Bad_Key", name="x", version="1.0.0"), "key must be lower-case"),
-        (PluginSpec(key="x", name="x", version="one"), "must look like 1.2.0"),
-        (PluginSpec(key="x", name="x", version="1.0.0", tools=(PluginTool("nope.nothing"),)), "not a registered Python tool"),
-        (PluginSpec(key="x", name="x", version="1.0.0", tools=(PluginTool("order_desk.query_order", overrides={"enabled": False}),)),
-         "overrides unknown field"),
-        (PluginSpec(key="x", name="x", version="1.0.0", scopes=("a:b",), requires_install=False), "must require an install"),
-        (PluginSpec(key="x", name="x", version="1.0.0", config_schema={"type": "nonsense"}), "not a valid JSON Schema"),
+        ({"key": "Bad_Key"}, r"plugin 'Bad_Key': key: must be lower-case letters, digits and '-'"),
+        ({"version": "one"}, r"plugin 'x': version: must look like 1.2.0, got 'one'"),
+        ({"tools": (PluginTool("nope.nothing"),)}, r"plugin 'x': tools\[0\].key: 'nope.nothing' is not a registered Python tool"),
+        ({"tools": ({"key": "order_desk.query_order", "overrides": {"enabled": False}},)},
+         r"plugin 'x': tools\[0\].overrides.enabled: unknown field; expected one of \['category'"),
+        ({"scopes": ("a:b",), "requires_install": False},
+         r"plugin 'x': requires_install: a plugin that needs scopes .* must require an install"),
+        ({"config_schema": {"type": "nonsense"}}, r"plugin 'x': config_schema: not a valid JSON Schema"),
     ],
 )
-def test_declaration_errors_name_the_problem(spec: PluginSpec, message: str) -> None:
+def test_declaration_errors_name_the_problem_and_its_path(declared: dict[str, Any], message: str) -> None:
     with pytest.raises(PluginDeclarationError, match=message):
+        PluginCatalog().register(PluginSpec(**{"key": "x", "name": "x", "version": "1.0.0", **declared}))
+
+
+def test_a_declaration_lists_every_problem_at_once_with_its_path() -> None:
+    with pytest.raises(PluginDeclarationError) as made:
+        PluginSpec(key="Bad_Key", name="", version="one", config_schema={"type": "nonsense"},
+                   tools=[{"key": "order_desk.query_order", "overrides": {"rate_limit_per_minute": 0, "colour": 1}}],
+                   presets=[{"slug": "a", "name": "A", "system_prompt": "s", "model": "demo/planner"}] * 2)
+    assert made.value.errors == [
+        "key: must be lower-case letters, digits and '-' (e.g. 'order-desk'), got 'Bad_Key'",
+        "name: must be a non-empty string, got ''",
+        "version: must look like 1.2.0, got 'one'",
+        "tools[0].overrides.rate_limit_per_minute: Must be a whole number of calls per minute from 1 to 100000, or empty "
+        "for no limit; got 0.",
+        "tools[0].overrides.colour: unknown field; expected one of ['category', 'description', 'idempotent', "
+        "'rate_limit_per_minute', 'required_scopes', 'result_fields', 'result_size_cap', 'sensitive_fields', "
+        "'summary_template', 'timeout_seconds']",
+        "presets[1].slug: 'a' is declared twice",
+        "config_schema: not a valid JSON Schema: 'nonsense' is not valid under any of the given schemas",
+    ]
+    spec = PluginSpec(key="x", name="x", version="1.0.0",
+                      tools=(PluginTool("nope.nothing"), PluginTool("order_desk.query_order"), PluginTool("order_desk.query_order")),
+                      presets=(AgentPreset(slug="a", name="A", system_prompt="s", model="demo/planner", tools=("ghost",)),))
+    with pytest.raises(PluginDeclarationError) as registered:
         PluginCatalog().register(spec)
+    assert registered.value.errors == [
+        "tools[0].key: 'nope.nothing' is not a registered Python tool (missing @tool?)",
+        "tools[2]: tools 'order_desk.query_order' and 'order_desk.query_order' are both named 'query_order'",
+        "presets[0].tools: names tool(s) ghost the plugin does not provide; its tools are query_order",
+    ]
+
+
+def test_overrides_are_a_typed_document_and_the_row_keeps_only_what_was_declared() -> None:
+    tool = PluginTool("order_desk.refund_order", requires_approval=True,
+                      overrides={"required_scopes": ["orders:refund"], "timeout_seconds": 5, "rate_limit_per_minute": 30})
+    assert tool.overrides.timeout_seconds == 5 and tool.overrides.category is None and tool.overrides.idempotent is None
+    row = tool.as_json(python_tools)
+    assert row["overrides"] == {"required_scopes": ["orders:refund"], "timeout_seconds": 5, "rate_limit_per_minute": 30}
+    assert row["category"] == "write"  # the function's own, not overridden
+    assert set(ToolOverrides.model_fields) == TOOL_OVERRIDE_FIELDS
+    with pytest.raises(PluginDeclarationError, match=r"plugin tool 'k': overrides.category: must be one of \['read', 'write'\], "
+                                                     r"got 'sideways'; overrides.timeout_seconds: must be a number above 0 "
+                                                     r"and at most 600, got 0"):
+        PluginTool("k", overrides={"timeout_seconds": 0, "category": "sideways"})
+    schema = PluginSpec.model_json_schema()
+    assert schema["$defs"]["ToolOverrides"]["properties"]["rate_limit_per_minute"]["anyOf"][0]["maximum"] == 100_000

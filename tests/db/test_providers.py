@@ -13,10 +13,11 @@ from rest_framework.test import APIClient
 
 from agents import model_clients
 from agents.models import Agent, AgentVersion, Provider, Run, Session
-from agents.providers import decrypt_secret
+from agents.providers import ModelEntry, check_fields, check_headers, check_models, decrypt_secret, model_table
 from audit.models import ConfigChange
-from llm import ProviderAuthError
+from llm import ModelInfo, ProviderAuthError
 from runtime.config import check_policy
+from runtime.documents import DocumentError
 from runtime.types import ModelRequest, TerminalReason
 from tests.factories import World, make_user, make_world
 from tests.support.deployment import set_env
@@ -116,6 +117,65 @@ def test_validation_errors_name_the_field(worlds: Any) -> None:
     reserved = _create(_client(world.operator), name="demo")
     assert reserved.status_code == 400 and "built-in deterministic provider" in json.dumps(reserved.json())
     assert not Provider.objects.exists()
+
+
+def test_the_models_table_is_a_typed_document_with_every_problem_and_its_defaults() -> None:
+    found = check_models({"a b": {}, "m": {"context_window": 0, "price_in_per_1m": "cheap", "colour": "red"}, "n": 3})
+    assert found[0] == "models.a b: a model name must be non-empty and contain no spaces, got 'a b'"
+    assert found[1:4] == [
+        "models.m.context_window: must be a positive integer, got 0",
+        "models.m.price_in_per_1m: must be a number >= 0, got 'cheap'",
+        "models.m.colour: unknown field; expected one of ['context_window', 'price_in_per_1m', 'price_out_per_1m']",
+    ]
+    assert found[4].startswith("models.n: must be an object with context_window, price_in_per_1m, price_out_per_1m, e.g.")
+    assert check_models([1])[0].startswith("models: must be an object of model name -> settings, e.g.")
+    # Defaults live on the document; the gateway's table is read from it.
+    assert model_table({"m": {"price_in_per_1m": 1}}) == {"m": ModelInfo(128_000, 1.0, 0.0)}
+    with pytest.raises(DocumentError, match=r"models\.m\.price_out_per_1m: must be a number >= 0, got -1"):
+        model_table({"m": {"price_out_per_1m": -1}})
+    entry = ModelEntry.model_json_schema()
+    assert entry["additionalProperties"] is False and entry["properties"]["price_in_per_1m"]["minimum"] == 0
+    assert entry["properties"]["context_window"]["default"] == 128_000
+
+
+def test_default_headers_are_checked_as_a_document_with_the_providers_scope() -> None:
+    found = check_headers({"Authorization": "x", "bad name": "y", "X-A": "a\nb"})
+    assert found == [
+        "default_headers.Authorization: set the API key field instead of an Authorization header",
+        "default_headers.bad name: is not a valid header name (letters, digits and !#$%&'*+.^_`|~-)",
+        "default_headers.X-A: must be a non-empty string on one line",
+    ]
+    assert check_headers({"X-S": "secret:OK", "X-T": "secret:NO"}, granted={"OK"}) == [
+        "default_headers.X-T: tenant providers cannot reference environment variables; paste the key, it is stored encrypted"
+    ]
+    assert check_headers({"X-S": "secret:NO"}, platform=True) == []
+    assert check_headers(3) == ['default_headers: must be an object of header name -> value, e.g. {"OpenAI-Organization": "org-123"}']
+
+
+def test_a_providers_settings_are_one_typed_document_and_every_problem_is_keyed_by_field() -> None:
+    found = check_fields({"name": "open/ai", "kind": "x", "base_url": "ftp://x", "timeout": 0, "max_retries": 9,
+                          "offered_models": {"m": {"context_window": 0}}, "requests_per_minute": 0, "tokens_per_minute": None})
+    assert found == {
+        "name": ["name: use letters, digits, '.', '_' or '-' (no '/'), got 'open/ai'"],
+        "kind": ["kind: must be one of ['openai_compatible', 'deterministic'], got 'x'"],
+        "base_url": ["base_url: must be an http(s) URL such as https://api.openai.com/v1, got 'ftp://x'"],
+        "timeout": ["timeout: must be a number above 0 and at most 600, got 0"],
+        "max_retries": ["max_retries: must be an integer from 0 to 5, got 9"],
+        "models": ["models.m.context_window: must be a positive integer, got 0"],
+        "requests_per_minute": ["requests_per_minute: must be a positive integer, or empty for unlimited, got 0"],
+    }
+    assert check_fields({"name": "demo", "base_url": None}) == {
+        "name": ["name: 'demo' is the built-in deterministic provider; choose another name"],
+        "base_url": ["base_url: an OpenAI-compatible provider needs one, e.g. https://api.openai.com/v1"],
+    }
+    assert check_fields({"kind": "deterministic", "base_url": ""}) == {} and check_fields({}) == {}
+
+
+def test_the_openapi_schema_shows_the_models_document(worlds: Any) -> None:
+    world, _ = worlds
+    schema = _client(world.operator).get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    models = schema["components"]["schemas"]["Provider"]["properties"]["models"]
+    assert models["additionalProperties"]["properties"]["context_window"]["default"] == 128_000
 
 
 def test_a_duplicate_name_in_the_same_tenant_is_refused(worlds: Any) -> None:

@@ -136,7 +136,7 @@ def _notes_catalog(version: str, limit: int | None) -> PluginCatalog:
 
 @pytest.mark.parametrize("bad", [0, 100_001, "10", True, 1.5])
 def test_a_plugin_declaring_a_bad_limit_is_refused_naming_the_tool(bad: Any) -> None:
-    with pytest.raises(PluginDeclarationError, match=r"plugin 'notes-desk': tool 'test.note' rate_limit_per_minute: Must be"):
+    with pytest.raises(PluginDeclarationError, match=r"plugin tool 'test.note': overrides.rate_limit_per_minute: Must be"):
         PluginCatalog().register(PluginSpec(key="notes-desk", name="Notes desk", version="1.0.0",
                                             tools=(PluginTool("test.note", overrides={"rate_limit_per_minute": bad}),)))
 

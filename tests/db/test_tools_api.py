@@ -104,6 +104,23 @@ def test_kind_specific_config_is_checked_by_key(api: APIClient, kind: str, confi
     assert words in " ".join(errors["config"][key]), errors
 
 
+def test_every_config_problem_comes_back_at_once_under_its_key(api: APIClient) -> None:
+    config = {"method": "FETCH", "url": "https://shop.example.com/{missing}", "query_params": ["nope"], "body": "xml", "colour": 1}
+    errors = _errors(api.post("/api/v1/tools", {**HTTP_TOOL, "config": config}, format="json"))["config"]
+    assert set(errors) == {"method", "url", "query_params", "body", "colour"}, errors
+    assert errors["colour"][0].startswith("unknown field; expected one of ['allow_hosts', 'body'")
+
+
+def test_the_openapi_schema_shows_each_kinds_config_document(api: APIClient) -> None:
+    schema = api.get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    config = schema["components"]["schemas"]["Tool"]["properties"]["config"]
+    titles = [option["title"] for option in config["oneOf"]]
+    assert titles == ["python config", "http config", "mcp config", "agent config"]
+    http = config["oneOf"][1]
+    assert http["required"] == ["url"] and http["properties"]["method"]["enum"][0] == "GET"
+    assert http["properties"]["timeout"]["nullable"] is True
+
+
 def test_an_agent_tool_gets_an_input_parameter_and_a_longer_timeout(world: World, api: APIClient) -> None:
     response = api.post("/api/v1/tools", {"name": "ask_orders", "description": "Ask the order assistant.", "kind": "agent",
                                           "config": {"agent": "order-assistant"}}, format="json")
@@ -175,6 +192,10 @@ def test_dry_run_repairs_maps_and_explains_without_running(world: World, api: AP
     assert preview["request"]["headers"] == {"Authorization": "Bearer ******"}, "secrets are neither resolved nor shown"
     assert api.post("/api/v1/tools/query_order/dry-run", {"arguments": 5}, format="json").status_code == 400
     assert api.post("/api/v1/tools/nope/dry-run", {"arguments": {}}, format="json").status_code == 404
+    # a stored config that no longer parses (saved before a check existed) says why, never a 500
+    Tool.objects.filter(tenant=world.tenant, name="refund_order").update(config={"url": "https://shop.example.com/x", "body": "xml"})
+    broken = api.post("/api/v1/tools/refund_order/dry-run", {"arguments": {"order_id": "A/1"}}, format="json")
+    assert broken.status_code == 200 and "body: must be one of ['json', 'none'], got 'xml'" in broken.json()["request"]
 
 
 def test_mcp_tools_are_imported_through_the_api(world: World, api: APIClient) -> None:

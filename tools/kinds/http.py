@@ -8,35 +8,114 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from django.conf import settings
+from pydantic import Field, ValidationInfo, field_validator
 
 from egress.guard import EgressDenied, allow_list_problems, check_url
+from runtime.documents import Leaf, choice, json_list, number, problem, problems_of
 from tools.executors import ExecContext, ToolFailure, resolve_secret
 from tools.http_exec import HttpToolError, HttpToolSpec, SecretUnavailable, ToolTimeout, execute_http_tool, render_request
-from tools.kinds.base import AddProblem, Kind, secret_problems, string_list
+from tools.kinds.base import Kind, ToolConfig, read_config, saving, secret_problems, string_list
 from tools.models import Tool
 
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+URL_EXAMPLE = "https://api.example.com/orders/{order_id}"
+
+
+def _method(value: Any) -> str:
+    if not isinstance(value, str) or value.upper() not in METHODS:
+        raise problem(f"must be one of {', '.join(METHODS)}", value)
+    return value.upper()
+
+
+def _url(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise problem(f"must be the endpoint, e.g. {URL_EXAMPLE}", value)
+    try:
+        HttpToolSpec(method="GET", url_template=value)
+    except ValueError as exc:
+        raise problem(str(exc)) from None
+    return value
+
+
+def _headers(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise problem('must be an object of strings; a secret is written "secret:NAME" or "Bearer {secret:NAME}"', value)
+    return value
+
+
+class HttpConfig(ToolConfig):
+    """An HTTP endpoint; the URL is a template of the tool's parameters, header values may name secrets."""
+
+    method: Annotated[str, Leaf(_method, {"type": "string", "enum": list(METHODS)})] = "GET"
+    url: Annotated[str, Leaf(_url, {"type": "string", "minLength": 1}), Field(description=f"the endpoint, e.g. {URL_EXAMPLE}")]
+    query_params: Annotated[list[str], json_list("must be a list of parameter names", {"type": "array", "items": {"type": "string"}})] = []
+    body: Annotated[Literal["json", "none"], choice("json", "none")] = "json"
+    headers: Annotated[dict[str, str], Leaf(_headers, {"type": "object", "additionalProperties": {"type": "string"}})] = {}
+    allow_hosts: Annotated[list[str], Field(description="private hosts/CIDRs (optionally :port) the tool may reach; "
+                                                        "set by a platform administrator")] = []
+    timeout: Annotated[float | None, number(), Field(description="seconds (default: the tool's timeout)")] = None
+
+    @field_validator("url")
+    @classmethod
+    def _placeholders_are_parameters(cls, url: str, info: ValidationInfo) -> str:
+        context = saving(info)
+        if context is not None:
+            properties = set(context["parameters"].get("properties") or {})
+            missing = [n for n in _PLACEHOLDER.findall(url) if n not in properties]
+            if missing:
+                raise problems_of(f"$: the placeholder {{{n}}} is not a parameter of the tool; add it to parameters.properties"
+                                  for n in missing)
+        return url
+
+    @field_validator("query_params")
+    @classmethod
+    def _query_params_are_parameters(cls, names: list[str], info: ValidationInfo) -> list[str]:
+        if not string_list(names):
+            raise problem("must be a list of parameter names")
+        context = saving(info)
+        if context is not None:
+            properties = set(context["parameters"].get("properties") or {})
+            if any(n not in properties for n in names):
+                raise problems_of(f"$: {n!r} is not a parameter of the tool" for n in names if n not in properties)
+        return names
+
+    @field_validator("headers")
+    @classmethod
+    def _secrets_granted(cls, headers: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        context = saving(info)
+        found = secret_problems(headers, context["tenant"]) if context is not None else []
+        if found:
+            raise problems_of(f"$: {message}" for message in found)
+        return headers
+
+    @field_validator("allow_hosts", mode="before")
+    @classmethod
+    def _allow_list(cls, value: Any) -> Any:
+        found = allow_list_problems(value)
+        if found:
+            raise problems_of(f"$: {message}" for message in found)
+        return value
 
 
 def spec(tool: Tool) -> HttpToolSpec:
-    config = tool.config or {}
+    config = read_config(HttpConfig, tool)
     return HttpToolSpec(
-        method=str(config.get("method", "GET")),
-        url_template=str(config.get("url", "")),
-        query_params=list(config.get("query_params", [])),
-        body=config.get("body", "json"),
-        headers=dict(config.get("headers", {})),
-        timeout=float(config.get("timeout", tool.timeout_seconds)),
+        method=config.method,
+        url_template=config.url,
+        query_params=list(config.query_params),
+        body=config.body,
+        headers=dict(config.headers),
+        timeout=float(config.timeout if config.timeout is not None else tool.timeout_seconds),
     )
 
 
 def egress_allow_list(tool: Tool, ctx: ExecContext) -> list[str]:
     """The operator allow-list (settings) plus the tool's own declared hosts."""
-    allowed: Iterable[str] = (*settings.TOOL_EGRESS_ALLOW, *ctx.egress_allow, *(tool.config or {}).get("allow_hosts", []))
+    allowed: Iterable[str] = (*settings.TOOL_EGRESS_ALLOW, *ctx.egress_allow, *read_config(HttpConfig, tool).allow_hosts)
     return [a for a in allowed if a]
 
 
@@ -69,38 +148,4 @@ def request_preview(tool: Tool, arguments: dict[str, Any], sensitive_fields: Seq
     return render_request(spec(tool), arguments, sensitive_fields=sensitive_fields).preview
 
 
-def check(config: dict[str, Any], parameters: dict[str, Any], tenant: Any, add: AddProblem) -> None:
-    properties = set((parameters or {}).get("properties") or {})
-    method = str(config.get("method", "GET")).upper()
-    if method not in METHODS:
-        add("method", f"must be one of {', '.join(METHODS)}; got {config.get('method')!r}")
-    url = config.get("url")
-    if not isinstance(url, str) or not url:
-        add("url", "is required: the endpoint, e.g. https://api.example.com/orders/{order_id}")
-    else:
-        try:
-            HttpToolSpec(method=method if method in METHODS else "GET", url_template=url)
-        except ValueError as exc:
-            add("url", str(exc))
-        for name in _PLACEHOLDER.findall(url):
-            if name not in properties:
-                add("url", f"the placeholder {{{name}}} is not a parameter of the tool; add it to parameters.properties")
-    query = config.get("query_params", [])
-    if not string_list(query):
-        add("query_params", "must be a list of parameter names")
-    else:
-        for name in query:
-            if name not in properties:
-                add("query_params", f"{name!r} is not a parameter of the tool")
-    if config.get("body", "json") not in ("json", "none"):
-        add("body", 'must be "json" or "none"')
-    headers = config.get("headers", {})
-    if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
-        add("headers", 'must be an object of strings; a secret is written "secret:NAME" or "Bearer {secret:NAME}"')
-    for message in secret_problems(headers, tenant):
-        add("headers", message)
-    for message in allow_list_problems(config.get("allow_hosts", [])):
-        add("allow_hosts", message)
-
-
-KIND = Kind(name="http", execute=execute, check=check, request_preview=request_preview)
+KIND = Kind(name="http", execute=execute, config_model=HttpConfig, request_preview=request_preview)

@@ -3,28 +3,46 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import Field, ValidationInfo, field_validator
+
+from runtime.documents import Leaf, problem, text
 from tools.executors import ExecContext
-from tools.isolation import run_in_process
-from tools.kinds.base import AddProblem, Kind
+from tools.isolation import ISOLATION_MODES, isolation_problems, run_in_process
+from tools.kinds.base import Kind, ToolConfig, read_config, saving
 from tools.models import Tool
 from tools.pyfunc import registry
 
 
+def _isolation(value: Any) -> str:
+    found = isolation_problems("python", {"isolation": value})
+    if found:
+        raise problem(found[0])
+    return str(value)
+
+
+class PythonConfig(ToolConfig):
+    """A function registered with ``@tool``, run in a worker thread or a child process."""
+
+    function: Annotated[str, text(nullable=False), Field(description="the key of a registered Python tool, e.g. order_desk.query_order")]
+    isolation: Annotated[str, Leaf(_isolation, {"type": "string", "enum": list(ISOLATION_MODES)})] = "thread"
+
+    @field_validator("function")
+    @classmethod
+    def _registered(cls, function: str, info: ValidationInfo) -> str:
+        if saving(info) is not None and function not in registry:  # when run, the registry itself says so
+            known = ", ".join(sorted(registry.keys())[:20]) or "none"
+            raise problem(f"must name a registered Python tool; got {function!r}. Registered: {known}.")
+        return function
+
+
 def execute(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
-    key = str(tool.config.get("function", ""))
-    if tool.config.get("isolation") == "process":  # in a child process, killed at the deadline (tools.isolation)
+    config = read_config(PythonConfig, tool)
+    if config.isolation == "process":  # in a child process, killed at the deadline (tools.isolation)
         deadline = ctx.deadline if ctx.deadline is not None else time.monotonic() + float(tool.timeout_seconds)
-        return run_in_process(key, arguments, deadline=deadline, label=tool.name)
-    return registry.call(key, arguments)
+        return run_in_process(config.function, arguments, deadline=deadline, label=tool.name)
+    return registry.call(config.function, arguments)
 
 
-def check(config: dict[str, Any], parameters: dict[str, Any], tenant: Any, add: AddProblem) -> None:
-    function = config.get("function")
-    if not isinstance(function, str) or function not in registry:
-        known = ", ".join(sorted(registry.keys())[:20]) or "none"
-        add("function", f"must name a registered Python tool; got {function!r}. Registered: {known}.")
-
-
-KIND = Kind(name="python", execute=execute, check=check)
+KIND = Kind(name="python", execute=execute, config_model=PythonConfig)

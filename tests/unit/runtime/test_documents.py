@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import pytest
-from pydantic import ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from runtime.documents import (
     Document,
@@ -16,6 +16,7 @@ from runtime.documents import (
     integer,
     json_object,
     number,
+    openapi_schema,
     parse,
     pattern,
     problem,
@@ -108,3 +109,45 @@ def test_the_json_schema_says_what_the_checks_say() -> None:
     assert share == {"type": "number", "exclusiveMinimum": 0, "maximum": 1.0, "default": 0.5}
     assert schema["additionalProperties"] is False
     assert schema["properties"]["items"]["items"]["pattern"] == "^[a-z]+/[a-z]+$"
+
+
+Price = Annotated[float, number(nullable=False, minimum=0)]
+
+
+class Keyed(Document):
+    table: dict[Annotated[str, pattern(r"^\S+$", "must be a name without spaces")], Price] = {}
+
+
+def test_a_wrong_dict_key_is_reported_at_the_key_and_minimum_numbers_include_it() -> None:
+    assert problems(Keyed, {"table": {"a b": 1, "free": 0, "paid": -1}})[1] == [
+        "table.a b: must be a name without spaces, got 'a b'",
+        "table.paid: must be a number >= 0, got -1",
+    ]
+    price = Keyed.model_json_schema()["properties"]["table"]["patternProperties"][r"^\S+$"]
+    assert price == {"type": "number", "minimum": 0}
+
+
+class Required(Document):
+    url: Annotated[str, text(nullable=False), Field(description="the endpoint, e.g. https://api.example.com/x")]
+    name: str
+
+
+def test_a_missing_field_says_what_it_is_when_it_has_a_description() -> None:
+    assert problems(Required, {})[1] == ["url: is required (the endpoint, e.g. https://api.example.com/x)", "name: is required"]
+
+
+def test_the_openapi_variant_says_nullable_instead_of_a_null_type() -> None:
+    inner = openapi_schema(Outer)["properties"]["inner"]["properties"]
+    assert inner["limit"] == {"type": "integer", "minimum": 1, "nullable": True, "default": 8, "title": "Limit"}
+    assert inner["share"] == {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1.0, "default": 0.5, "title": "Share"}
+
+
+class Bounded(Document):
+    retries: Annotated[int, integer(0, maximum=5)] = 2
+
+
+def test_an_integer_with_a_maximum_says_the_range() -> None:
+    assert problems(Bounded, {"retries": 6})[1] == ["retries: must be an integer from 0 to 5, got 6"]
+    assert problems(Keyed, {"table": {"nan": float("nan"), "inf": float("inf")}})[1] == [
+        "table.nan: must be a number >= 0, got nan", "table.inf: must be a number >= 0, got inf"]
+    assert Bounded.model_json_schema()["properties"]["retries"]["maximum"] == 5
