@@ -13,7 +13,7 @@ from django.db import transaction
 
 from agents import services
 from agents.engine import build_loop
-from agents.models import Agent, AgentVersion, Run, RunStatus
+from agents.models import Agent, AgentKind, AgentVersion, Run, RunStatus
 from runtime.types import TerminalReason
 from tenants.scoping import Actor
 from tools.agent_exec import MAX_AGENT_DEPTH, child_input
@@ -31,7 +31,7 @@ def run_child(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
     if depth > MAX_AGENT_DEPTH:
         raise ToolFailure("denied", f"The tool {tool.name} would start agent {slug!r} {depth} agents deep; at most "
                                     f"{MAX_AGENT_DEPTH} are allowed. Do not call it again; answer with what you have.")
-    agent = Agent.objects.for_tenant(ctx.tenant_id).select_related("tenant").filter(slug=slug).first()
+    agent = Agent.objects.for_tenant(ctx.tenant_id).select_related("tenant").filter(slug=slug, kind=AgentKind.AGENT).first()
     if agent is None:
         raise ToolFailure("error", f"The tool {tool.name} points to an agent {slug!r} that does not exist in this tenant. "
                                    "Tell the user it is unavailable.")
@@ -73,11 +73,12 @@ def run_child(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
 
 
 def agent_slugs(tenant: Any, limit: int) -> list[str]:
-    return list(Agent.objects.for_tenant(tenant).values_list("slug", flat=True)[:limit])
+    return list(Agent.objects.for_tenant(tenant).filter(kind=AgentKind.AGENT).values_list("slug", flat=True)[:limit])
 
 
 def agent_exists(tenant: Any, slug: str) -> bool:
-    return Agent.objects.for_tenant(tenant).filter(slug=slug).exists()
+    """An agent (not a flow: flows do not run as a tool's child run) of the tenant."""
+    return Agent.objects.for_tenant(tenant).filter(slug=slug, kind=AgentKind.AGENT).exists()
 
 
 def agents_using(tool: Tool, current_only: bool) -> list[str]:

@@ -115,3 +115,12 @@ def test_a_flow_may_call_the_tenants_agents_but_never_another_tenants(world: Wor
     calls_own = {"nodes": [{"id": "ask", "kind": "agent", "agent": "order-assistant", "inputs": {"text": "input.question"}}]}
     response = api.post("/api/v1/flows/desk/versions", {"model": "demo/planner", "definition": calls_own}, format="json")
     assert response.status_code == 201, response.content
+
+
+def test_an_agent_tool_cannot_point_at_a_flow(world: World) -> None:
+    api = client_for(world)
+    api.post("/api/v1/flows", {"slug": "desk", "name": "Order desk"}, format="json")
+    response = api.post("/api/v1/tools", {"name": "ask_desk", "kind": "agent", "description": "the desk",
+                                          "config": {"agent": "desk"}}, format="json")
+    assert response.status_code == 400
+    assert "there is no agent 'desk' in this tenant. Known agents: order-assistant." in str(response.json()["config"])
