@@ -17,6 +17,7 @@ from config.env import (
     env_bool,
     env_choice,
     env_database,
+    env_float,
     env_header,
     env_int,
     env_json_object,
@@ -55,8 +56,26 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file (not memory), so the live-stack test processes share it; one per test process, so parallel runs don't collide.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")}
 else:
-    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60, minimum=0)
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # PostgreSQL: every process (each server process, each Celery worker) borrows connections from one bounded pool
+    # (Django's psycopg_pool integration) and returns them when a request or task ends, so a process never holds
+    # more than DB_POOL_MAX_SIZE and none is opened per request or per task. The sizing rule is in the README:
+    # server processes x DB_POOL_MAX_SIZE + worker processes x DB_POOL_MAX_SIZE <= max_connections - reserve.
+    # A request that cannot get a connection within DB_POOL_TIMEOUT seconds (or finds DB_POOL_MAX_WAITING requests
+    # already queued) is answered 503 with Retry-After (config/outages.py), never a database error.
+    # Django's pool needs CONN_MAX_AGE=0: "closing" a connection returns it to the pool.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # with the pool: each connection is checked as it is lent out
+    DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 10, minimum=0)  # 0: no pool, a connection per request (not advised)
+    if DB_POOL_MAX_SIZE:
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": min(env_int("DB_POOL_MIN_SIZE", 2, minimum=0), DB_POOL_MAX_SIZE),
+            "max_size": DB_POOL_MAX_SIZE,
+            "timeout": env_float("DB_POOL_TIMEOUT", 3.0, minimum=0.1),
+            "max_waiting": env_int("DB_POOL_MAX_WAITING", 50, minimum=0),  # 0: no limit on queued requests
+            "max_idle": 300.0,  # an idle connection beyond min_size is closed after 5 minutes
+            "max_lifetime": 1800.0,  # every connection is replaced after 30 minutes (with jitter)
+            "name": "agentops",
+        }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
@@ -383,6 +402,9 @@ DEMO_API_KEY = env_str("DEMO_API_KEY", "")
 # --- manage.py serve ---
 SERVE_HOST = env_str("HOST", "127.0.0.1")
 SERVE_PORT = env_port("PORT", 8000)
+#: Server processes (uvicorn workers) ``manage.py serve`` starts; each has its own database pool (DB_POOL_MAX_SIZE).
+#: Embedded mode always serves from one process (its Celery worker lives there).
+SERVE_WORKERS = env_int("SERVE_WORKERS", 1, minimum=1)
 UVICORN_LOG_LEVEL = env_choice("UVICORN_LOG_LEVEL", "warning", ("critical", "error", "warning", "info", "debug", "trace"))
 
 #: Commands stdio MCP servers may run (whole command lines, ";"-separated): importing tools never runs anything else.
