@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from csp.constants import NONCE, NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
 
 from config.env import (
     env_bool,
@@ -228,6 +229,13 @@ if PROMETHEUS_MULTIPROC_DIR:
 # --- API ----------------------------------------------------------------------------------
 #: The largest request body (bytes) any endpoint accepts; larger is a 413 at the ASGI edge (config/body_limit.py) and in Django.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BODY_BYTES", 2_621_440, minimum=65_536)
+
+#: Seconds a server process may reuse an API key it looked up (tenants/keycache.py), as long as nothing deciding any
+#: key's access changed meanwhile (checked on every request through a stamp in Redis). Off (0) in embedded mode, whose
+#: cache is process memory another process cannot reach.
+API_KEY_CACHE_SECONDS = env_int("API_KEY_CACHE_SECONDS", 0 if EMBEDDED else 30, minimum=0)
+if EMBEDDED and API_KEY_CACHE_SECONDS:
+    raise ImproperlyConfigured("API_KEY_CACHE_SECONDS needs REDIS_URL: its invalidation stamp must reach every process.")
 
 REST_FRAMEWORK = {
     # Bodies bounded in size (DATA_UPLOAD_MAX_MEMORY_SIZE), JSON also in nesting depth (config/parsers.py).
