@@ -311,7 +311,7 @@ else:
     # Shared by every server process, so a key's budget is one budget however many processes serve it.
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "config.cache.RedisCache",  # Django's, reusing its redis-py client (config/cache.py)
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": "agentops",
             "OPTIONS": {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT, "socket_timeout": REDIS_CONNECT_TIMEOUT},
