@@ -41,6 +41,9 @@ BUSY_RETRY_AFTER_SECONDS = 2
 DATABASE, REDIS = "database", "redis"
 #: Not a dependency of its own: the database, reachable, but no pooled connection free in time (over capacity).
 DATABASE_BUSY = "database_busy"
+#: Not a dependency either: this server process already has MAX_CONCURRENT_REQUESTS requests in progress
+#: (config/admission.py refuses the next one before Django sees it).
+SERVER_BUSY = "server_busy"
 
 _KNOWN: dict[tuple[str, str], str] = {
     ("django.db.utils", "OperationalError"): DATABASE,
@@ -60,6 +63,7 @@ _MESSAGES = {
     DATABASE: "The database is unavailable; retry shortly.",
     REDIS: "Redis (the broker, cache and channel layer) is unavailable; retry shortly.",
     DATABASE_BUSY: "The server is at capacity: every database connection is in use. Retry shortly.",
+    SERVER_BUSY: "The server is at capacity: too many requests in progress. Retry shortly.",
 }
 
 
@@ -82,14 +86,17 @@ def dependency_down(exc: BaseException | None) -> str | None:
     return first
 
 
+_NAMED = {DATABASE_BUSY: DATABASE, SERVER_BUSY: "server"}
+
+
 def body(dependency: str) -> dict[str, Any]:
     message = _MESSAGES[dependency]
     return {"detail": message, "error": {"code": "dependency_unavailable", "message": message, "field": None,
-                                         "dependency": DATABASE if dependency == DATABASE_BUSY else dependency}}
+                                         "dependency": _NAMED.get(dependency, dependency)}}
 
 
 def headers(dependency: str | None = None) -> dict[str, str]:
-    wait = BUSY_RETRY_AFTER_SECONDS if dependency == DATABASE_BUSY else RETRY_AFTER_SECONDS
+    wait = BUSY_RETRY_AFTER_SECONDS if dependency in (DATABASE_BUSY, SERVER_BUSY) else RETRY_AFTER_SECONDS
     return {"Retry-After": str(wait), "Cache-Control": "no-store"}
 
 

@@ -410,6 +410,9 @@ DEMO_API_KEY = env_str("DEMO_API_KEY", "")
 # --- manage.py serve ---
 SERVE_HOST = env_str("HOST", "127.0.0.1")
 SERVE_PORT = env_port("PORT", 8000)
+#: HTTP requests in progress per server process; the next is answered 503 with Retry-After at once (config/admission.py).
+#: 0: no limit. Beyond the pool's DB_POOL_MAX_SIZE, requests only wait for a connection; keep it a small multiple.
+MAX_CONCURRENT_REQUESTS = env_int("MAX_CONCURRENT_REQUESTS", 32, minimum=0)
 #: Server processes (uvicorn workers) ``manage.py serve`` starts; each has its own database pool (DB_POOL_MAX_SIZE).
 #: Embedded mode always serves from one process (its Celery worker lives there).
 SERVE_WORKERS = env_int("SERVE_WORKERS", 1, minimum=1)

@@ -99,7 +99,7 @@ def _verdict(response: httpx.Response | BaseException) -> str:
 
 async def _burst(stack: LiveStack, key: str, run_id: str) -> list[str]:
     paths = ["/api/v1/runs?limit=50", f"/api/v1/runs/{run_id}", f"/api/v1/runs/{run_id}/events?after=0"]
-    limits = httpx.Limits(max_connections=IN_FLIGHT, max_keepalive_connections=IN_FLIGHT)
+    limits = httpx.Limits(max_connections=IN_FLIGHT, max_keepalive_connections=IN_FLIGHT, keepalive_expiry=2.0)
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(base_url=stack.base_url, headers=headers, limits=limits, timeout=30) as http:
 
