@@ -166,6 +166,21 @@ def wait_up(base: str, path: str, procs: Processes, timeout: float = 60) -> None
     raise RuntimeError(f"{base}{path} did not answer 200 in {timeout}s")
 
 
+def cpu_seconds(root_pid: int) -> float:
+    """User + system CPU seconds of a process and its children (uvicorn's worker processes), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pids = [root_pid]
+    with contextlib.suppress(OSError):
+        children = Path(f"/proc/{root_pid}/task/{root_pid}/children").read_text().split()
+        pids += [int(c) for c in children]
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -212,8 +227,11 @@ async def drive(base: str, key: str | None, run_ids: list[str], seconds: float, 
     statuses: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     in_flight = 0
     skipped = 0
+    lags: list[float] = []
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    limits = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=400)
+    # Idle connections are dropped well before the server's keep-alive timeout (uvicorn: 5 s), so a request never
+    # goes out on a connection the server is closing (that race shows as ReadError, not as the server's doing).
+    limits = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=100, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=base, headers=headers, limits=limits, timeout=TIMEOUT) as http:
 
         async def one(at: float, kind: str, i: int, start: float) -> None:
@@ -227,6 +245,8 @@ async def drive(base: str, key: str | None, run_ids: list[str], seconds: float, 
                 statuses[kind][str(response.status_code)] += 1
             except httpx.HTTPError as exc:
                 statuses[kind][type(exc).__name__] += 1
+            except asyncio.CancelledError:
+                statuses[kind]["unfinished"] += 1
             finally:
                 in_flight -= 1
                 latencies[kind].append((time.perf_counter() - (start + at)) * 1000)
@@ -240,10 +260,16 @@ async def drive(base: str, key: str | None, run_ids: list[str], seconds: float, 
             if in_flight >= MAX_IN_FLIGHT:
                 skipped += 1
                 continue
+            lags.append((time.perf_counter() - (start + at)) * 1000)
             tasks.append(asyncio.create_task(one(at, kind, i, start)))
-        await asyncio.gather(*tasks)
+        # Bounded: whatever has not answered TIMEOUT + 5 s after the schedule ended is cancelled and counted.
+        _done, pending = await asyncio.wait(tasks, timeout=max(0.0, start + seconds + TIMEOUT + 5 - time.perf_counter()))
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         elapsed = time.perf_counter() - start
-    result: dict[str, Any] = {"elapsed_s": round(elapsed, 1), "skipped_in_flight_cap": skipped, "endpoints": {}}
+    result: dict[str, Any] = {"elapsed_s": round(elapsed, 1), "skipped_in_flight_cap": skipped, "endpoints": {},
+                              "client_lag_p95_ms": round(percentile(lags, 95), 1)}
     for kind in (*READS, "create"):
         values = latencies.get(kind, [])
         if not values:
@@ -318,6 +344,8 @@ def main() -> int:
     rounds = max(1, min(args.rounds, 5))
     read_rate, create_rate = min(args.read_rate, 1000.0), min(args.create_rate, 100.0)
 
+    # SIGTERM (e.g. `timeout`) ends the run through the finally blocks below: every process started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     url = database_url()
     workdir = Path(tempfile.mkdtemp(prefix="agentops-api-load-"))
     port, peer_port = free_port(), free_port()
@@ -369,9 +397,14 @@ def main() -> int:
             log(f"GET /api/v1/runs?limit=200 on {args.table_runs + len(run_ids)} runs: {result['big_page']}")
             for number in range(1, rounds + 1):
                 log(f"round {number}: console, {read_rate:g} reads/s + {create_rate:g} creates/s for {seconds:g} s")
+                server_cpu, worker_cpu = cpu_seconds(procs.procs["server"].pid), cpu_seconds(procs.procs["worker"].pid)
                 with ConnectionSampler(url) as sampler:
                     console = asyncio.run(drive(base, DEMO_KEY, run_ids, seconds, read_rate, create_rate))
                 console["peak_db_connections"] = sampler.peak
+                requests = sum(e["requests"] for e in console["endpoints"].values())
+                console["server_cpu_ms_per_request"] = round(
+                    (cpu_seconds(procs.procs["server"].pid) - server_cpu) * 1000 / max(1, requests), 2)
+                console["worker_cpu_s"] = round(cpu_seconds(procs.procs["worker"].pid) - worker_cpu, 1)
                 procs.check()
                 log(f"round {number}: peer, {read_rate:g} reads/s for {seconds:g} s")
                 procs.start("peer", [sys.executable, "-m", "uvicorn", "--app-dir", "bench", "peer_asgi:app", "--host",
@@ -379,7 +412,11 @@ def main() -> int:
                                      "--log-level", "warning"],
                             env={"PEER_DATABASE_URL": url, "PEER_TENANT_ID": str(tenant_row[0])})
                 wait_up(peer_base, f"/api/v1/runs/{run_ids[0]}", procs)
+                peer_cpu = cpu_seconds(procs.procs["peer"].pid)
                 peer = asyncio.run(drive(peer_base, None, run_ids, seconds, read_rate, 0))
+                peer["server_cpu_ms_per_request"] = round(
+                    (cpu_seconds(procs.procs["peer"].pid) - peer_cpu) * 1000
+                    / max(1, sum(e["requests"] for e in peer["endpoints"].values())), 2)
                 procs.stop("peer")
                 result["rounds"].append({"console": console, "peer": peer})
                 print_round(number, console, peer)
@@ -393,7 +430,10 @@ def main() -> int:
 
 
 def print_round(number: int, console: dict[str, Any], peer: dict[str, Any]) -> None:
-    print(f"\nround {number} (console: {console['elapsed_s']} s, peak {console['peak_db_connections']} DB connections)")
+    print(f"\nround {number}: console {console['elapsed_s']} s, peak {console['peak_db_connections']} DB connections, "
+          f"server CPU {console['server_cpu_ms_per_request']} ms/request (peer {peer['server_cpu_ms_per_request']}), "
+          f"worker CPU {console['worker_cpu_s']} s, load generator lag p95 {console['client_lag_p95_ms']} ms "
+          f"(peer phase {peer['client_lag_p95_ms']} ms)")
     print(f"{'endpoint':<12} {'req':>6} {'err':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} | {'peer p50':>8} "
           f"{'peer p95':>8} {'peer p99':>8} {'err':>4} | p50 x  p95 x")
     for kind in (*READS, "create"):
@@ -425,6 +465,8 @@ def print_summary(result: dict[str, Any]) -> None:
             line += f"  p50 vs peer x{summary(ratio)}"
         print(line)
     print(f"peak DB connections: {summary([float(r['console']['peak_db_connections']) for r in rounds])}")
+    print(f"server CPU ms/request: console {summary([r['console']['server_cpu_ms_per_request'] for r in rounds])}, "
+          f"peer {summary([r['peer']['server_cpu_ms_per_request'] for r in rounds])}")
 
 
 if __name__ == "__main__":
