@@ -62,7 +62,10 @@ _KNOWN: dict[tuple[str, str], str] = {
 _MESSAGES = {
     DATABASE: "The database is unavailable; retry shortly.",
     REDIS: "Redis (the broker, cache and channel layer) is unavailable; retry shortly.",
-    DATABASE_BUSY: "The server is at capacity: every database connection is in use. Retry shortly.",
+    # The pool cannot tell the two apart: with PostgreSQL down it keeps reconnecting in the background and the request
+    # waits for DB_POOL_TIMEOUT just the same.
+    DATABASE_BUSY: "No database connection became free in time: the server is at capacity, or the database is "
+                   "unreachable. Retry shortly.",
     SERVER_BUSY: "The server is at capacity: too many requests in progress. Retry shortly.",
 }
 
