@@ -71,6 +71,11 @@ bench: $(VENV)/.dev-installed
 bench-gateway: $(VENV)/.dev-installed
 	$(PY) bench/gateway_overhead.py $(BENCH_ARGS)
 
+# The API under load: 200 reads/s + 20 creates/s against server + worker, and a bare ASGI peer (bench/README.md). Own database.
+.PHONY: bench-api
+bench-api: $(VENV)/.dev-installed
+	$(PY) bench/api_load.py $(BENCH_ARGS)
+
 # A clean venv from requirements.txt only, then server + worker + beat on PostgreSQL/Redis and one demo run (CI runs it).
 .PHONY: smoke-production
 smoke-production:

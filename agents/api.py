@@ -16,6 +16,7 @@ from agents import acceptance, attention, services
 from agents.filters import RunFilter
 from agents.models import Agent, AgentKind, AgentVersion, Run, RunEvent, Session
 from agents.serializers import (
+    RUN_READ_FIELDS,
     AgentCreateSerializer,
     AgentSerializer,
     AgentVersionSerializer,
@@ -46,7 +47,12 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     throttle_scopes = {"create": "run_create"}  # RUN_CREATE_THROTTLE_RATE per key, on top of the API-wide rate
     filter_backends = [ListFilterBackend]
     filterset_class = RunFilter
+    #: Reads load only what they show (RUN_READ_FIELDS), never a run's state (its whole conversation).
+    lean_actions = frozenset({"list", "retrieve", "events"})
 
+    def get_queryset(self) -> Any:
+        queryset = super().get_queryset()
+        return queryset.only(*RUN_READ_FIELDS) if self.action in self.lean_actions else queryset
 
     @extend_schema(
         request=RunCreateSerializer,

@@ -55,8 +55,10 @@ class LeaseHeartbeat:
                     self.beats += 1
                 except Exception:  # a transient database error: the next beat tries again
                     log.warning("could not renew a run lease", exc_info=True)
+                finally:
+                    connection.close()  # this thread's own connection: back to the pool between beats
         finally:
-            connection.close()  # this thread's own connection
+            connection.close()
 
 
 def heartbeat_for(run_id: Any, token: str) -> LeaseHeartbeat:

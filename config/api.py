@@ -47,7 +47,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     dependency = outages.dependency_down(exc)
     if dependency is not None:  # the database or Redis is down: a 503 the client retries, not a 500
         outages.log_outage(context.get("request"), dependency, exc)
-        return Response(outages.body(dependency), status=status.HTTP_503_SERVICE_UNAVAILABLE, headers=outages.headers())
+        return Response(outages.body(dependency), status=status.HTTP_503_SERVICE_UNAVAILABLE,
+                        headers=outages.headers(dependency))
     log.exception("unhandled error in %s", context.get("view").__class__.__name__, exc_info=exc)
     return Response(_detail("server_error", _SERVER_ERROR), status=status.HTTP_500_INTERNAL_SERVER_ERROR)
 

@@ -13,13 +13,16 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from agents.routing import websocket_urlpatterns  # noqa: E402
+from config.admission import AdmissionLimit  # noqa: E402
 from config.body_limit import BodyLimit  # noqa: E402
 from console.routing import websocket_urlpatterns as console_websocket_urlpatterns  # noqa: E402
 from tenants.ws_auth import WebsocketAuthMiddleware  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": BodyLimit(django_asgi_app, limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE),  # uvicorn has no body limit
+        # uvicorn has no body limit; past MAX_CONCURRENT_REQUESTS in progress, a 503 before Django (config/admission.py)
+        "http": AdmissionLimit(BodyLimit(django_asgi_app, limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE),
+                               limit=settings.MAX_CONCURRENT_REQUESTS),
         "websocket": WebsocketAuthMiddleware(URLRouter(websocket_urlpatterns + console_websocket_urlpatterns)),
     }
 )

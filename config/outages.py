@@ -13,6 +13,9 @@ The body is the API's error shape plus a machine-readable part::
      "error": {"code": "dependency_unavailable", "message": "...", "field": null, "dependency": "database"}}
 
 ``dependency`` is ``database`` or ``redis`` (the Celery broker, the cache behind rate limits, the channel layer).
+A database that is up but whose connection pool is exhausted (every pooled connection lent out for longer than
+``DB_POOL_TIMEOUT``, or ``DB_POOL_MAX_WAITING`` requests already queued: the server is past its capacity) is the same
+503 for ``database``, with a message saying so and a shorter ``Retry-After``.
 Pages that are not the API get a short HTML page with the same status and header.
 
 Exceptions are matched by their classes' module and name (through ``raise ... from`` causes), so neither redis nor
@@ -32,8 +35,15 @@ log = logging.getLogger(__name__)
 
 #: Seconds a client should wait before retrying (the ``Retry-After`` header).
 RETRY_AFTER_SECONDS = 5
+#: ... when the database is up but every pooled connection is busy: capacity comes back as soon as requests finish.
+BUSY_RETRY_AFTER_SECONDS = 2
 
 DATABASE, REDIS = "database", "redis"
+#: Not a dependency of its own: the database, reachable, but no pooled connection free in time (over capacity).
+DATABASE_BUSY = "database_busy"
+#: Not a dependency either: this server process already has MAX_CONCURRENT_REQUESTS requests in progress
+#: (config/admission.py refuses the next one before Django sees it).
+SERVER_BUSY = "server_busy"
 
 _KNOWN: dict[tuple[str, str], str] = {
     ("django.db.utils", "OperationalError"): DATABASE,
@@ -43,35 +53,54 @@ _KNOWN: dict[tuple[str, str], str] = {
     ("redis.exceptions", "ConnectionError"): REDIS,  # and its subclasses (BusyLoadingError, ...)
     ("redis.exceptions", "TimeoutError"): REDIS,
     ("kombu.exceptions", "OperationalError"): REDIS,  # Celery's publish when the broker is unreachable
+    # The pool (psycopg_pool, behind Django's OperationalError): no connection free within the timeout, or too many
+    # requests already waiting for one.
+    ("psycopg_pool", "PoolTimeout"): DATABASE_BUSY,
+    ("psycopg_pool", "TooManyRequests"): DATABASE_BUSY,
 }
 
 _MESSAGES = {
     DATABASE: "The database is unavailable; retry shortly.",
     REDIS: "Redis (the broker, cache and channel layer) is unavailable; retry shortly.",
+    # The pool cannot tell the two apart: with PostgreSQL down it keeps reconnecting in the background and the request
+    # waits for DB_POOL_TIMEOUT just the same.
+    DATABASE_BUSY: "No database connection became free in time: the server is at capacity, or the database is "
+                   "unreachable. Retry shortly.",
+    SERVER_BUSY: "The server is at capacity: too many requests in progress. Retry shortly.",
 }
 
 
 def dependency_down(exc: BaseException | None) -> str | None:
-    """``"database"`` or ``"redis"`` when ``exc`` (or an exception it was raised from) says that one is unreachable."""
+    """``"database"`` or ``"redis"`` when ``exc`` (or an exception it was raised from) says that one is unreachable;
+    ``"database_busy"`` when the database's connection pool had no connection free in time (Django wraps the pool's
+    error in its own OperationalError, so the whole chain of causes is read and the pool's verdict wins)."""
+    first = None
     for _ in range(8):  # a short chain of explicit causes; never loop on a cycle
         if exc is None:
-            return None
+            break
         for klass in type(exc).__mro__:
             found = _KNOWN.get((klass.__module__, klass.__qualname__))
             if found is not None:
-                return found
+                if found == DATABASE_BUSY:
+                    return found
+                first = first or found
+                break
         exc = exc.__cause__
-    return None
+    return first
+
+
+_NAMED = {DATABASE_BUSY: DATABASE, SERVER_BUSY: "server"}
 
 
 def body(dependency: str) -> dict[str, Any]:
     message = _MESSAGES[dependency]
     return {"detail": message, "error": {"code": "dependency_unavailable", "message": message, "field": None,
-                                         "dependency": dependency}}
+                                         "dependency": _NAMED.get(dependency, dependency)}}
 
 
-def headers() -> dict[str, str]:
-    return {"Retry-After": str(RETRY_AFTER_SECONDS), "Cache-Control": "no-store"}
+def headers(dependency: str | None = None) -> dict[str, str]:
+    wait = BUSY_RETRY_AFTER_SECONDS if dependency in (DATABASE_BUSY, SERVER_BUSY) else RETRY_AFTER_SECONDS
+    return {"Retry-After": str(wait), "Cache-Control": "no-store"}
 
 
 def log_outage(request: HttpRequest | None, dependency: str, exc: BaseException) -> None:
@@ -94,12 +123,12 @@ def outage_response(request: HttpRequest, exc: BaseException | None) -> HttpResp
         return None
     log_outage(request, dependency, exc)
     if _wants_json(request):
-        return JsonResponse(body(dependency), status=503, headers=headers())
+        return JsonResponse(body(dependency), status=503, headers=headers(dependency))
     message = escape(_MESSAGES[dependency])
     page = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Temporarily unavailable</title></head>"
             f"<body><h1>Temporarily unavailable</h1><p>{message}</p><p>This page will work again once it is back; "
-            f"reload in {RETRY_AFTER_SECONDS} seconds.</p></body></html>")
-    return HttpResponse(page, status=503, headers=headers(), content_type="text/html; charset=utf-8")
+            f"reload in {headers(dependency)['Retry-After']} seconds.</p></body></html>")
+    return HttpResponse(page, status=503, headers=headers(dependency), content_type="text/html; charset=utf-8")
 
 
 class OutageMiddleware(MiddlewareMixin):

@@ -12,11 +12,13 @@ from datetime import timedelta
 from pathlib import Path
 
 from csp.constants import NONCE, NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
 
 from config.env import (
     env_bool,
     env_choice,
     env_database,
+    env_float,
     env_header,
     env_int,
     env_json_object,
@@ -55,8 +57,26 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file (not memory), so the live-stack test processes share it; one per test process, so parallel runs don't collide.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")}
 else:
-    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60, minimum=0)
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # PostgreSQL: every process (each server process, each Celery worker) borrows connections from one bounded pool
+    # (Django's psycopg_pool integration) and returns them when a request or task ends, so a process never holds
+    # more than DB_POOL_MAX_SIZE and none is opened per request or per task. The sizing rule is in the README:
+    # server processes x DB_POOL_MAX_SIZE + worker processes x DB_POOL_MAX_SIZE <= max_connections - reserve.
+    # A request that cannot get a connection within DB_POOL_TIMEOUT seconds (or finds DB_POOL_MAX_WAITING requests
+    # already queued) is answered 503 with Retry-After (config/outages.py), never a database error.
+    # Django's pool needs CONN_MAX_AGE=0: "closing" a connection returns it to the pool.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # with the pool: each connection is checked as it is lent out
+    DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 10, minimum=0)  # 0: no pool, a connection per request (not advised)
+    if DB_POOL_MAX_SIZE:
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": min(env_int("DB_POOL_MIN_SIZE", 2, minimum=0), DB_POOL_MAX_SIZE),
+            "max_size": DB_POOL_MAX_SIZE,
+            "timeout": env_float("DB_POOL_TIMEOUT", 3.0, minimum=0.1),
+            "max_waiting": env_int("DB_POOL_MAX_WAITING", 50, minimum=0),  # 0: no limit on queued requests
+            "max_idle": 300.0,  # an idle connection beyond min_size is closed after 5 minutes
+            "max_lifetime": 1800.0,  # every connection is replaced after 30 minutes (with jitter)
+            "name": "agentops",
+        }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
@@ -210,6 +230,13 @@ if PROMETHEUS_MULTIPROC_DIR:
 #: The largest request body (bytes) any endpoint accepts; larger is a 413 at the ASGI edge (config/body_limit.py) and in Django.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BODY_BYTES", 2_621_440, minimum=65_536)
 
+#: Seconds a server process may reuse an API key it looked up (tenants/keycache.py), as long as nothing deciding any
+#: key's access changed meanwhile (checked on every request through a stamp in Redis). Off (0) in embedded mode, whose
+#: cache is process memory another process cannot reach.
+API_KEY_CACHE_SECONDS = env_int("API_KEY_CACHE_SECONDS", 0 if EMBEDDED else 30, minimum=0)
+if EMBEDDED and API_KEY_CACHE_SECONDS:
+    raise ImproperlyConfigured("API_KEY_CACHE_SECONDS needs REDIS_URL: its invalidation stamp must reach every process.")
+
 REST_FRAMEWORK = {
     # Bodies bounded in size (DATA_UPLOAD_MAX_MEMORY_SIZE), JSON also in nesting depth (config/parsers.py).
     "DEFAULT_PARSER_CLASSES": ["config.parsers.JSONParser", "config.parsers.FormParser", "config.parsers.MultiPartParser"],
@@ -284,7 +311,7 @@ else:
     # Shared by every server process, so a key's budget is one budget however many processes serve it.
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "config.cache.RedisCache",  # Django's, reusing its redis-py client (config/cache.py)
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": "agentops",
             "OPTIONS": {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT, "socket_timeout": REDIS_CONNECT_TIMEOUT},
@@ -383,6 +410,12 @@ DEMO_API_KEY = env_str("DEMO_API_KEY", "")
 # --- manage.py serve ---
 SERVE_HOST = env_str("HOST", "127.0.0.1")
 SERVE_PORT = env_port("PORT", 8000)
+#: HTTP requests in progress per server process; the next is answered 503 with Retry-After at once (config/admission.py).
+#: 0: no limit. Beyond the pool's DB_POOL_MAX_SIZE, requests only wait for a connection; keep it a small multiple.
+MAX_CONCURRENT_REQUESTS = env_int("MAX_CONCURRENT_REQUESTS", 32, minimum=0)
+#: Server processes (uvicorn workers) ``manage.py serve`` starts; each has its own database pool (DB_POOL_MAX_SIZE).
+#: Embedded mode always serves from one process (its Celery worker lives there).
+SERVE_WORKERS = env_int("SERVE_WORKERS", 1, minimum=1)
 UVICORN_LOG_LEVEL = env_choice("UVICORN_LOG_LEVEL", "warning", ("critical", "error", "warning", "info", "debug", "trace"))
 
 #: Commands stdio MCP servers may run (whole command lines, ";"-separated): importing tools never runs anything else.

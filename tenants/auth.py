@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import OuterRef, Subquery
 from rest_framework import authentication, exceptions
 
+from tenants import keycache
 from tenants.models import ApiKey, Membership, hash_key
 from tenants.scoping import effective_key_role
 
@@ -18,12 +19,31 @@ OWNER_GONE = (
 
 
 def find_api_key(raw: str) -> ApiKey | None:
-    """The unrevoked key of an active tenant matching ``raw``, or None. Constant-time comparison of hashes.
+    """The unrevoked key of an active tenant matching ``raw``, or None.
 
-    One query, no sort: the key, its tenant and owner, and the owner's current role in the key's tenant
-    (``owner_role``, used by ``tenants.scoping.effective_key_role``). The key is returned even when its
-    owner lost access; callers refuse it through the effective role.
+    From this process's key cache (``tenants/keycache.py``: no query) while nothing that decides a key's access changed
+    anywhere since it was read, else from the database (:func:`load_api_key`). The key comes with its tenant, its owner
+    and the owner's current role in the key's tenant (``owner_role``, used by ``tenants.scoping.effective_key_role``);
+    it is returned even when its owner lost access: callers refuse it through the effective role.
     """
+    raw = raw.strip()
+    if ApiKey.prefix_of(raw) is None:
+        return None
+    stamp = keycache.current_stamp() if keycache.enabled() else None
+    if stamp is None:
+        return load_api_key(raw)
+    hashed = hash_key(raw)
+    key = keycache.get(hashed, stamp)
+    if key is None:
+        key = load_api_key(raw)
+        if key is not None:
+            keycache.put(hashed, stamp, key)
+    return key
+
+
+def load_api_key(raw: str) -> ApiKey | None:
+    """:func:`find_api_key` from the database. One query, no sort: the key, its tenant and owner (a join), and the
+    owner's role (a subquery). Constant-time comparison of hashes. Records use (``touch``: at most once a minute)."""
     prefix = ApiKey.prefix_of(raw.strip())
     if prefix is None:
         return None

@@ -37,7 +37,7 @@ __all__ = ["BULKHEAD_SIZE", "Bulkhead", "BulkheadFull", "Slot", "Workers", "admi
 
 #: At most this many calls of one tool (per tenant) run at once in a process.
 BULKHEAD_SIZE = 4
-#: A worker thread idle this long ends (and closes its database connections).
+#: A worker thread idle this long ends. (It returns its database connection after every call.)
 IDLE_SECONDS = 60.0
 
 
@@ -73,10 +73,12 @@ class Workers:
                         self._idle -= 1
                         break
                 continue
-            task()
+            try:
+                task()
+            finally:
+                connections.close_all()  # hand a pooled connection back now, not when this thread ends
             with self._lock:
                 self._idle += 1
-        connections.close_all()
 
 
 _workers = Workers()

@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 
 from accounts import services as tenant_services
 from config.asgi import application
-from tenants.auth import find_api_key
+from tenants.auth import load_api_key
 from tenants.models import Membership, Role
 from tenants.scoping import actor_for_api_key, lower_role
 from tests.db.test_tools_api import HTTP_TOOL
@@ -132,9 +132,9 @@ def test_the_lower_role_is_the_greatest_role_within_both(a: str, b: str, lower: 
 
 
 def test_the_key_lookup_is_one_unsorted_query_that_brings_the_owners_role(world: World) -> None:
-    find_api_key(world.raw_key)  # the first use records last_used_at; the lookup below is the steady state
+    load_api_key(world.raw_key)  # the first use records last_used_at; the lookup below is the steady state
     with CaptureQueriesContext(connection) as queries:
-        key = find_api_key(world.raw_key)
+        key = load_api_key(world.raw_key)
         assert key is not None
         actor = actor_for_api_key(key)
         assert actor.roles == {world.tenant.pk: Role.OPERATOR}

@@ -84,9 +84,10 @@ class LiveStack:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
-        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=ROOT, env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         self.processes[name] = proc
         return proc
 
@@ -120,8 +121,9 @@ def _wait_healthy(stack: LiveStack, timeout: float = 45) -> None:
     raise RuntimeError(f"the live stack did not become healthy in {timeout}s: {last}")
 
 
-def make_live_stack(extra_env: dict[str, str] | None = None) -> LiveStack:
-    """Start a server (and in production mode a worker) whose processes get ``extra_env`` too; the caller stops it."""
+def make_live_stack(extra_env: dict[str, str] | None = None, server_env: dict[str, str] | None = None) -> LiveStack:
+    """Start a server (and in production mode a worker) whose processes get ``extra_env`` too, the server also
+    ``server_env``; the caller stops it."""
     production = bool(os.environ.get("REDIS_URL"))
     if os.environ.get("CI", "").lower() == "true" and production and "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
         raise RuntimeError("CI runs the live stack on PostgreSQL: set DATABASE_URL to a postgres:// URL.")
@@ -144,7 +146,7 @@ def make_live_stack(extra_env: dict[str, str] | None = None) -> LiveStack:
     if production:
         argv.append("--no-worker")
         stack.start_worker()
-    stack._spawn("server", argv)
+    stack._spawn("server", argv, server_env)
     try:
         _wait_healthy(stack)
     except BaseException:

@@ -1,0 +1,102 @@
+"""Issue #14, goal 2: the run reads are lean — they load only what they show, in one indexed query, and write their
+bodies out by hand — and answer exactly what DRF's generic serializers answered."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from agents.api import NewestFirst
+from agents.models import Run, RunEvent, Session
+from agents.serializers import RUN_READ_FIELDS, RunEventSerializer, RunSerializer
+from tests.factories import World, make_user, make_world
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def world() -> World:
+    return make_world()
+
+
+def _api(world: World) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
+    return client
+
+
+def _runs(world: World, count: int) -> list[Run]:
+    session = Session.objects.create(tenant=world.tenant, agent=world.agent)
+    return [Run.objects.create(tenant=world.tenant, agent=world.agent, version=world.version, session=session,
+                               input=f"question {i}", state={"messages": [{"role": "user", "content": "x" * 1000}]})
+            for i in range(count)]
+
+
+def test_a_run_s_body_is_the_one_drf_s_serializer_wrote(world: World) -> None:
+    run, plain = _runs(world, 2)
+    resolver = make_user()
+    now = timezone.now()
+    Run.objects.filter(pk=run.pk).update(
+        status="finished", terminal_reason="final_answer", output="done", usage={"tokens": 12, "cost": "0.01"},
+        started_at=now - timedelta(seconds=3), finished_at=now, facts={"injection_flags": ["ignore previous"], "a": 1},
+        needs_attention=False, attention_reasons=[{"kind": "outcome_unknown", "step": 2}, None],
+        attention_resolved_at=now, attention_resolved_by=resolver, attention_resolution="checked")
+    request = APIClient().get("/").wsgi_request
+    for pk in (run.pk, plain.pk):
+        loaded = Run.objects.select_related("agent", "version", "attention_resolved_by").only(*RUN_READ_FIELDS).get(pk=pk)
+        serializer = RunSerializer(context={"request": request})
+        assert serializer.to_representation(loaded) == serializer.generic_representation(loaded)
+
+
+def test_an_event_s_body_is_the_one_drf_s_serializer_wrote(world: World) -> None:
+    (run,) = _runs(world, 1)
+    event = RunEvent.objects.create(tenant=world.tenant, run=run, seq=1, step=0, type="run.started", span_id="a" * 16,
+                                    payload={"x": [1, 2], "ünï": "côdé"}, at=timezone.now())
+    serializer = RunEventSerializer()
+    assert serializer.to_representation(event) == serializer.generic_representation(event)
+
+
+def test_the_run_list_reads_one_page_in_one_query_without_the_runs_state(world: World) -> None:
+    api = _api(world)
+    _runs(world, 3)
+    assert api.get("/api/v1/runs").status_code == 200  # warm: the key is looked up and touched
+    with CaptureQueriesContext(connection) as few:
+        assert len(api.get("/api/v1/runs?limit=200").json()["results"]) == 3
+    _runs(world, 12)
+    with CaptureQueriesContext(connection) as many:
+        page = api.get("/api/v1/runs?limit=200").json()
+    assert len(page["results"]) == 15
+    assert len(many) == len(few)  # no query per run
+    reads = [q["sql"] for q in many if 'FROM "agents_run"' in q["sql"]]
+    assert len(reads) == 1 and '"agents_run"."state"' not in reads[0] and '"agents_run"."pending_calls"' not in reads[0]
+    # the page is in the order of the (tenant, -created_at) index
+    times = [r["created_at"] for r in page["results"]]
+    assert times == sorted(times, reverse=True)
+
+
+def test_a_run_and_its_events_page_do_not_load_the_run_s_state(world: World) -> None:
+    api = _api(world)
+    (run,) = _runs(world, 1)
+    assert api.get(f"/api/v1/runs/{run.pk}").status_code == 200
+    for path in (f"/api/v1/runs/{run.pk}", f"/api/v1/runs/{run.pk}/events?after=0"):
+        with CaptureQueriesContext(connection) as queries:
+            assert api.get(path).status_code == 200
+        reads = [q["sql"] for q in queries if 'FROM "agents_run"' in q["sql"]]
+        assert len(reads) == 1 and '"agents_run"."state"' not in reads[0], reads
+
+
+def test_pages_of_runs_stop_at_200() -> None:
+    assert NewestFirst.max_page_size == 200
+
+
+def test_an_action_that_changes_a_run_still_loads_all_of_it(world: World) -> None:
+    api = _api(world)
+    (run,) = _runs(world, 1)
+    cancelled: Any = api.post(f"/api/v1/runs/{run.pk}/cancel")
+    assert cancelled.status_code == 202 and cancelled.json()["id"] == str(run.pk)
