@@ -322,7 +322,8 @@ def report(phases: list[dict[str, Any]], counts: list[int]) -> tuple[str, dict[s
         peer = [p for p in phases if p["viewers"] == n and p["kind"] == "peer"]
         ratios = [o["p95"] / p["p95"] for o, p in zip(ours, peer, strict=False) if p["p95"] > 0]
         if ratios:
-            lines.append(f"| {n} | **ours/peer p95** (per round) | | {mmm(ratios).replace(' / ', 'x / ')}x | | | | | |")
+            cell = " / ".join(f"{x:.2f}x" for x in (min(ratios), statistics.median(ratios), max(ratios)))
+            lines.append(f"| {n} | **ours/peer p95** (per round) | | {cell} | | | | | |")
             summary[f"ratio-{n}"] = ratios
     lines.append("")
     lines.append("Cells: min / median / max across rounds. Lost, dup, out of order: totals over all rounds and viewers.")
@@ -387,7 +388,8 @@ def main() -> None:
                                         "--lifespan", "off", "--log-level", "warning"], env)
         wait_port(ports["ours"], ours, logdir / "server.log")
         wait_port(ports["peer"], peer_srv, logdir / "peer.log")
-        print(f"servers: ours pid {ours.pid} port {ports['ours']}, peer pid {peer_srv.pid} port {ports['peer']}; logs in {logdir}", flush=True)
+        print(f"servers: ours pid {ours.pid} port {ports['ours']}, peer pid {peer_srv.pid} port {ports['peer']}; "
+              f"logs in {logdir}", flush=True)
         publisher = PeerPublisher()
         sides = [args.only] if args.only else ["ours", "peer"]
         for r in range(1, args.rounds + 1):
