@@ -71,6 +71,11 @@ bench: $(VENV)/.dev-installed
 bench-gateway: $(VENV)/.dev-installed
 	$(PY) bench/gateway_overhead.py $(BENCH_ARGS)
 
+# Live trace fan-out to 1 and 50 websocket viewers, ours vs a bare Channels consumer, on PostgreSQL + Redis (bench/README.md).
+.PHONY: bench-trace
+bench-trace: $(VENV)/.dev-installed
+	$(PY) bench/trace_fanout.py $(BENCH_ARGS)
+
 # A clean venv from requirements.txt only, then server + worker + beat on PostgreSQL/Redis and one demo run (CI runs it).
 .PHONY: smoke-production
 smoke-production:

@@ -149,6 +149,12 @@ class Processes:
             self.stop(name)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc), to compare the two servers' work independently of load."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_port(port: int, proc: subprocess.Popen[Any], log: Path, timeout: float = 45) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -263,6 +269,9 @@ def phase(kind: str, viewers: int, *, args: argparse.Namespace, world: Any, port
         procs.stop(f"viewers-{kind}-{viewers}")
         raise RuntimeError(f"the viewers did not connect ({kind}, {viewers}): {line!r}")
     time.sleep(0.3)  # the last accept's backfill is done
+    server_pid = procs.procs["server" if kind == "ours" else "peer"].pid
+    cpu_before = cpu_seconds(server_pid)
+    load = os.getloadavg()[0]
     committed: dict[int, float] = {}
     child.stdin.write("go\n")
     child.stdin.flush()
@@ -278,6 +287,7 @@ def phase(kind: str, viewers: int, *, args: argparse.Namespace, world: Any, port
         commit_event(run, i, committed, target)
     publish_seconds = time.monotonic() - start
     out, _ = child.communicate(timeout=args.drain + 30)
+    server_cpu = cpu_seconds(server_pid) - cpu_before
     procs.procs.pop(f"viewers-{kind}-{viewers}", None)
     data = json.loads(out.strip().splitlines()[-1])
     latencies: list[float] = []
@@ -293,7 +303,8 @@ def phase(kind: str, viewers: int, *, args: argparse.Namespace, world: Any, port
         "kind": kind, "viewers": viewers, "events": expected, "publish_seconds": round(publish_seconds, 2),
         "rate": round(expected / publish_seconds, 1), "late_publishes": late, "frames": len(latencies),
         "p50": pct(latencies, 50), "p95": pct(latencies, 95), "p99": pct(latencies, 99), "max": max(latencies, default=float("nan")),
-        "lost": lost, "duplicated": dup, "out_of_order": disorder,
+        "lost": lost, "duplicated": dup, "out_of_order": disorder, "load": round(load, 2),
+        "server_cpu_ms_per_event": round(server_cpu * 1000 / expected, 3),
         "viewer_results": {r: data["results"].count(r) for r in set(data["results"])},
     }
 
@@ -305,9 +316,13 @@ def mmm(values: list[float]) -> str:
     return f"{min(values):.1f} / {statistics.median(values):.1f} / {max(values):.1f}"
 
 
+def mmm2(values: list[float]) -> str:
+    return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f}"
+
+
 def report(phases: list[dict[str, Any]], counts: list[int]) -> tuple[str, dict[str, Any]]:
-    lines = ["| viewers | side | p50 ms | p95 ms | p99 ms | max ms | lost | dup | out of order |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| viewers | side | p50 ms | p95 ms | p99 ms | max ms | server CPU ms/event | lost | dup | out of order |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     summary: dict[str, Any] = {}
     for n in counts:
         for kind in ("ours", "peer"):
@@ -315,18 +330,26 @@ def report(phases: list[dict[str, Any]], counts: list[int]) -> tuple[str, dict[s
             if not rows:
                 continue
             cells = [mmm([r[k] for r in rows]) for k in ("p50", "p95", "p99", "max")]
+            cells.append(mmm2([r["server_cpu_ms_per_event"] for r in rows]))
             lost, dup, dis = (sum(r[k] for r in rows) for k in ("lost", "duplicated", "out_of_order"))
             lines.append(f"| {n} | {kind} | " + " | ".join(cells) + f" | {lost} | {dup} | {dis} |")
-            summary[f"{kind}-{n}"] = {k: [r[k] for r in rows] for k in ("p50", "p95", "p99", "max", "lost", "duplicated")}
+            summary[f"{kind}-{n}"] = {k: [r[k] for r in rows] for k in ("p50", "p95", "p99", "max", "lost", "duplicated",
+                                                                      "server_cpu_ms_per_event", "load")}
         ours = [p for p in phases if p["viewers"] == n and p["kind"] == "ours"]
         peer = [p for p in phases if p["viewers"] == n and p["kind"] == "peer"]
         ratios = [o["p95"] / p["p95"] for o, p in zip(ours, peer, strict=False) if p["p95"] > 0]
-        if ratios:
+        cpu_ratios = [o["server_cpu_ms_per_event"] / p["server_cpu_ms_per_event"] for o, p in zip(ours, peer, strict=False)
+                      if p["server_cpu_ms_per_event"] > 0]
+        if ratios and cpu_ratios:
             cell = " / ".join(f"{x:.2f}x" for x in (min(ratios), statistics.median(ratios), max(ratios)))
-            lines.append(f"| {n} | **ours/peer p95** (per round) | | {cell} | | | | | |")
+            cpu_cell = " / ".join(f"{x:.2f}x" for x in (min(cpu_ratios), statistics.median(cpu_ratios), max(cpu_ratios)))
+            lines.append(f"| {n} | **ours/peer** (per round) | | {cell} | | | {cpu_cell} | | | |")
             summary[f"ratio-{n}"] = ratios
+            summary[f"cpu-ratio-{n}"] = cpu_ratios
     lines.append("")
     lines.append("Cells: min / median / max across rounds. Lost, dup, out of order: totals over all rounds and viewers.")
+    lines.append("Load average (1 min) at the start of each phase: " + ", ".join(
+        f"{p['kind']}-{p['viewers']}: {p['load']}" for p in phases))
     return "\n".join(lines), summary
 
 
@@ -400,7 +423,8 @@ def main() -> None:
                     phases.append(result)
                     print(f"round {r} {kind:4} {n:3} viewers: p50 {result['p50']:.1f} p95 {result['p95']:.1f} "
                           f"p99 {result['p99']:.1f} max {result['max']:.1f} ms, lost {result['lost']}, dup {result['duplicated']}, "
-                          f"rate {result['rate']}/s, viewers {result['viewer_results']}", flush=True)
+                          f"rate {result['rate']}/s, server CPU {result['server_cpu_ms_per_event']} ms/event, load {result['load']}, "
+                          f"viewers {result['viewer_results']}", flush=True)
                     time.sleep(1)
     except BaseException:
         failed = True
