@@ -57,10 +57,11 @@ MAX_RATE = 200.0
 
 
 async def _viewer(url: str, headers: dict[str, str], expected: int, ready: asyncio.Event, go: asyncio.Event,
-                  deadline_after_go: float, out: list[tuple[int, float]]) -> str:
+                  deadline_after_go: float, out: list[tuple[int, float]], spec_compression: bool) -> str:
     from websockets.asyncio.client import connect
 
-    async with connect(url, additional_headers=headers, open_timeout=30, max_size=2**22) as ws:
+    compression = "deflate" if spec_compression else None
+    async with connect(url, additional_headers=headers, open_timeout=30, max_size=2**22, compression=compression) as ws:
         ready.set()
         seen_last_at: float | None = None
         deadline: float | None = None
@@ -93,7 +94,7 @@ async def _viewers_main(spec: dict[str, Any]) -> None:
     readies = [asyncio.Event() for _ in range(n)]
     go = asyncio.Event()
     tasks = [asyncio.create_task(_viewer(spec["url"], spec["headers"], spec["expected"], readies[i], go,
-                                         spec["deadline"], outs[i])) for i in range(n)]
+                                         spec["deadline"], outs[i], spec["compression"])) for i in range(n)]
     await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), timeout=60)
     print("READY", flush=True)
     loop = asyncio.get_running_loop()
@@ -258,7 +259,7 @@ def phase(kind: str, viewers: int, *, args: argparse.Namespace, world: Any, port
         headers = {}
         target = (peer, f"bench.peer.{name}")
     spec = {"url": url, "headers": headers, "viewers": viewers, "expected": expected,
-            "deadline": expected / args.rate + args.drain}
+            "deadline": expected / args.rate + args.drain, "compression": not args.no_compression}
     child = procs.spawn(f"viewers-{kind}-{viewers}", [sys.executable, __file__, "--viewers-child"], env,
                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, text=True)
     assert child.stdin and child.stdout
@@ -362,6 +363,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of publishing per phase with >1 viewer")
     parser.add_argument("--duration-single", type=float, default=8.0, help="seconds of publishing per 1-viewer phase")
     parser.add_argument("--drain", type=float, default=10.0, help="seconds viewers wait for the last frames")
+    parser.add_argument("--no-compression", action="store_true",
+                        help="viewers do not offer permessage-deflate (browsers do; diagnosis only)")
     parser.add_argument("--only", choices=("ours", "peer"), help="run one side only (profiling)")
     parser.add_argument("--keep-db", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "trace_fanout.json"))
