@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 
+from agents import run_feeds
 from agents.models import Run, RunEvent
 from config import live
 from tenants.feeds import HeartbeatConsumer
@@ -27,10 +30,18 @@ def _events_after(run_id: Any, after: int) -> list[dict[str, Any]]:
 
 
 class RunEventsConsumer(HeartbeatConsumer):
-    """``/ws/runs/<id>/?after=<seq>``: the backlog from the database, then live events; ordered, no gap, no duplicate."""
+    """``/ws/runs/<id>/?after=<seq>``: the backlog from the database, then live events; ordered, no gap, no duplicate.
+
+    Live frames come from this process's :class:`agents.run_feeds.RunFeed` of the run (one channel-layer
+    membership however many sockets watch it) into this socket's inbox, drained by its own task. Everything
+    that sends frames — the backlog, a gap's backfill, a live message, a client's resend request — holds
+    ``_sending``, so frames leave in ``seq`` order and each once.
+    """
 
     run_id: Any = None
     last_seq = 0
+    _feed: run_feeds.RunFeed | None = None
+    _pump: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         actor: Actor = self.scope.get("actor", ANONYMOUS)
@@ -50,20 +61,49 @@ class RunEventsConsumer(HeartbeatConsumer):
             return
         self.run_id = run.pk
         self.last_seq = after
-        # Join the group before reading the backlog, so nothing falls between the two.
-        await self.channel_layer.group_add(live.run_group(run.pk), self.channel_name)
+        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=run_feeds.INBOX_SIZE)
+        self._sending = asyncio.Lock()
+        # Join the run's feed before reading the backlog, so nothing falls between the two.
+        self._feed = await run_feeds.join(self.channel_layer, live.run_group(run.pk), self)
         await self.accept()
-        await self._backfill()
+        async with self._sending:
+            await self._backfill()
+        self._pump = asyncio.get_running_loop().create_task(self._drain_inbox())
 
     async def disconnect(self, code: int) -> None:
-        if self.run_id is not None:
-            await self.channel_layer.group_discard(live.run_group(self.run_id), self.channel_name)
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+            self._pump = None
+        if self._feed is not None:
+            await run_feeds.leave(self._feed, self)
+            self._feed = None
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        """Called by the run's feed for each group message; never blocks the feed."""
+        # A full inbox (this socket lags far behind) drops the message: the next one it takes finds the gap
+        # and reads it from the database.
+        with contextlib.suppress(asyncio.QueueFull):
+            self._inbox.put_nowait(message)
+
+    def feed_lost(self) -> None:
+        """The feed stopped (the channel layer failed): close, so the client reconnects and resumes by seq."""
+        self._feed = None
+        asyncio.get_running_loop().create_task(self.close(code=1011))
+
+    async def _drain_inbox(self) -> None:
+        while True:
+            message = await self._inbox.get()
+            async with self._sending:
+                await self.run_events(message)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """Clients may ask for a resend from a given seq: ``{"after": <seq>}``."""
         if isinstance(content, dict) and isinstance(content.get("after"), int) and content["after"] >= 0:
-            self.last_seq = min(self.last_seq, content["after"])
-            await self._backfill()
+            async with self._sending:
+                self.last_seq = min(self.last_seq, content["after"])
+                await self._backfill()
 
     async def _backfill(self) -> None:
         while True:
@@ -73,19 +113,6 @@ class RunEventsConsumer(HeartbeatConsumer):
                 self.last_seq = frame["seq"]
             if len(frames) < BACKFILL_PAGE:
                 return
-
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """Live frames skip Channels' per-message ``close_old_connections``.
-
-        ``AsyncConsumer.dispatch`` hops to a worker thread to close stale database connections before *every*
-        handler call: with 50 watchers of a run, 50 thread hops per frame, and the GIL ping-pong they cause was
-        the largest cost of the fan-out (``bench/trace_fanout.py``). ``run_events`` touches the database only to
-        backfill a gap, through ``database_sync_to_async``, which closes stale connections itself.
-        """
-        if message.get("type") == "run.events":
-            await self.run_events(message)
-        else:
-            await super().dispatch(message)
 
     async def run_events(self, message: dict[str, Any]) -> None:
         """One committed step's frames, in seq order; each is sent as the publisher's pre-encoded text."""

@@ -18,6 +18,7 @@ from asgiref.testing import ApplicationCommunicator
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from agents import run_feeds
 from agents.consumers import RunEventsConsumer
 from agents.models import Run, RunEvent, RunStatus, Session
 from agents.store import event_rows, publish_after_commit, run_summary
@@ -181,3 +182,43 @@ def test_the_publisher_encodes_each_masked_frame_once_in_seq_order(monkeypatch: 
     assert [f["seq"] for f in message["events"]] == [1, 2]
     assert message["texts"] == [json.dumps(f) for f in message["events"]]
     assert all(SECRET not in text for text in message["texts"])
+
+
+def test_the_watchers_of_a_run_in_one_process_share_one_feed_which_closes_with_the_last() -> None:
+    world = make_world()
+    run, other = _run(world), _run(world)
+
+    async def scenario() -> None:
+        sockets = [await _open(world, run) for _ in range(3)] + [await _open(world, other)]
+        assert run_feeds.feed_count() == 2  # one per watched run, not one per socket
+        row = (await asyncio.to_thread(_commit, run, 1))[0]
+        await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(row.as_frame())]))
+        for ws in sockets[:3]:
+            assert json.loads(await ws.receive_from(timeout=5))["seq"] == 1
+        assert await sockets[3].receive_nothing(timeout=0.2)  # another run's socket gets nothing
+        for ws in sockets:
+            await ws.disconnect()
+        assert run_feeds.feed_count() == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_watcher_whose_inbox_overflowed_reads_the_dropped_frames_from_the_database(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = make_world()
+    run = _run(world)
+    monkeypatch.setattr(run_feeds, "INBOX_SIZE", 1)
+
+    async def scenario() -> None:
+        ws = await _open(world, run)
+        [watcher] = [w for feed in run_feeds._feeds.values() for w in feed.watchers]
+        rows = await asyncio.to_thread(_commit, run, 3)
+        async with watcher._sending:  # the socket is busy: its inbox holds one message, the other two are dropped
+            for row in rows:
+                await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(row.as_frame())]))
+            await asyncio.sleep(0.2)
+            assert watcher._inbox.qsize() == 1
+        assert [json.loads(t)["seq"] for t in await _texts(ws, 3)] == [1, 2, 3]
+        assert await ws.receive_nothing(timeout=0.3)
+        await ws.disconnect()
+
+    asyncio.run(scenario())
