@@ -222,3 +222,29 @@ def test_a_watcher_whose_inbox_overflowed_reads_the_dropped_frames_from_the_data
         await ws.disconnect()
 
     asyncio.run(scenario())
+
+
+def test_when_the_feed_cannot_read_the_layer_its_sockets_close_so_clients_resume_by_seq(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = make_world()
+    run = _run(world)
+
+    async def scenario() -> None:
+        ws = await _open(world, run)
+        [feed] = run_feeds._feeds.values()
+        layer = feed.layer
+        real_receive = layer.receive
+
+        async def failing(channel: str) -> Any:
+            if channel == feed.channel:
+                raise ConnectionError("the channel layer went away")
+            return await real_receive(channel)
+
+        monkeypatch.setattr(layer, "receive", failing)
+        assert feed.reader is not None
+        feed.reader.cancel()  # restart the reader on the failing layer
+        feed.reader = asyncio.get_running_loop().create_task(feed._read())
+        closed = await ws.receive_output(5)
+        assert (closed["type"], closed["code"]) == ("websocket.close", 1011)
+        assert run_feeds.feed_count() == 0
+
+    asyncio.run(scenario())
