@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -14,6 +15,8 @@ from agents.models import Run, RunEvent
 from config import live
 from tenants.feeds import HeartbeatConsumer
 from tenants.scoping import ANONYMOUS, Actor
+
+log = logging.getLogger(__name__)
 
 BACKFILL_PAGE = 500
 
@@ -42,6 +45,7 @@ class RunEventsConsumer(HeartbeatConsumer):
     last_seq = 0
     _feed: run_feeds.RunFeed | None = None
     _pump: asyncio.Task[None] | None = None
+    _overflowed = False
 
     async def connect(self) -> None:
         actor: Actor = self.scope.get("actor", ANONYMOUS)
@@ -82,10 +86,12 @@ class RunEventsConsumer(HeartbeatConsumer):
 
     def deliver(self, message: dict[str, Any]) -> None:
         """Called by the run's feed for each group message; never blocks the feed."""
-        # A full inbox (this socket lags far behind) drops the message: the next one it takes finds the gap
-        # and reads it from the database.
-        with contextlib.suppress(asyncio.QueueFull):
+        # A full inbox (this socket lags far behind) drops the message; the socket reads it from the database
+        # once it has caught up.
+        try:
             self._inbox.put_nowait(message)
+        except asyncio.QueueFull:
+            self._overflowed = True
 
     def feed_lost(self) -> None:
         """The feed stopped (the channel layer failed): close, so the client reconnects and resumes by seq."""
@@ -93,13 +99,29 @@ class RunEventsConsumer(HeartbeatConsumer):
         asyncio.get_running_loop().create_task(self.close(code=1011))
 
     async def _drain_inbox(self) -> None:
-        while True:
-            message = await self._inbox.get()
-            async with self._sending:
-                await self.run_events(message)
+        try:
+            while True:
+                message = await self._inbox.get()
+                async with self._sending:
+                    await self.run_events(message)
+                    if self._overflowed and self._inbox.empty():
+                        # Caught up after dropping messages: read what they carried now, even if no later
+                        # message comes to reveal the gap (the run's last step may have been among them).
+                        self._overflowed = False
+                        await self._backfill()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # E.g. the database failed during a gap's backfill. Never leave the socket open without live frames
+            # (its heartbeats would hide that): close it, and the client reconnects with ``after=<last seq>``.
+            log.warning("trace socket of run %s failed; closing it", self.run_id, exc_info=True)
+            with contextlib.suppress(Exception):
+                await self.close(code=1011)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """Clients may ask for a resend from a given seq: ``{"after": <seq>}``."""
+        if self.run_id is None:
+            return  # refused in connect()
         if isinstance(content, dict) and isinstance(content.get("after"), int) and content["after"] >= 0:
             async with self._sending:
                 self.last_seq = min(self.last_seq, content["after"])

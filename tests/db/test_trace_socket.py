@@ -91,6 +91,21 @@ async def _actor(world: World) -> Any:
     return await database_sync_to_async(actor_for_api_key)(world.key)
 
 
+def _feeds_here() -> list[run_feeds.RunFeed]:
+    loop = asyncio.get_running_loop()
+    return [feed for feed in run_feeds._feeds.values() if feed.loop is loop]
+
+
+async def _settled() -> list[Any]:
+    """The watchers of this loop's feeds, once each has read its backlog (its inbox pump runs)."""
+    for _ in range(500):
+        watchers = [w for feed in _feeds_here() for w in feed.watchers]
+        if all(w._pump is not None for w in watchers):
+            return watchers
+        await asyncio.sleep(0.01)
+    raise AssertionError("a watcher never finished reading its backlog")
+
+
 async def _texts(communicator: Socket, count: int) -> list[str]:
     return [await communicator.receive_from(timeout=5) for _ in range(count)]
 
@@ -190,7 +205,7 @@ def test_the_watchers_of_a_run_in_one_process_share_one_feed_which_closes_with_t
 
     async def scenario() -> None:
         sockets = [await _open(world, run) for _ in range(3)] + [await _open(world, other)]
-        assert run_feeds.feed_count() == 2  # one per watched run, not one per socket
+        assert len(_feeds_here()) == 2  # one per watched run, not one per socket
         row = (await asyncio.to_thread(_commit, run, 1))[0]
         await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(row.as_frame())]))
         for ws in sockets[:3]:
@@ -198,7 +213,7 @@ def test_the_watchers_of_a_run_in_one_process_share_one_feed_which_closes_with_t
         assert await sockets[3].receive_nothing(timeout=0.2)  # another run's socket gets nothing
         for ws in sockets:
             await ws.disconnect()
-        assert run_feeds.feed_count() == 0
+        assert _feeds_here() == []
 
     asyncio.run(scenario())
 
@@ -210,13 +225,14 @@ def test_a_watcher_whose_inbox_overflowed_reads_the_dropped_frames_from_the_data
 
     async def scenario() -> None:
         ws = await _open(world, run)
-        [watcher] = [w for feed in run_feeds._feeds.values() for w in feed.watchers]
+        [watcher] = await _settled()
         rows = await asyncio.to_thread(_commit, run, 3)
-        async with watcher._sending:  # the socket is busy: its inbox holds one message, the other two are dropped
+        async with watcher._sending:  # the socket is busy: one message waits in its pump, one in its inbox, one is dropped
             for row in rows:
                 await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(row.as_frame())]))
             await asyncio.sleep(0.2)
             assert watcher._inbox.qsize() == 1
+        # the dropped message was the last one: no later message reveals the gap, the socket reads it once caught up
         assert [json.loads(t)["seq"] for t in await _texts(ws, 3)] == [1, 2, 3]
         assert await ws.receive_nothing(timeout=0.3)
         await ws.disconnect()
@@ -230,7 +246,8 @@ def test_when_the_feed_cannot_read_the_layer_its_sockets_close_so_clients_resume
 
     async def scenario() -> None:
         ws = await _open(world, run)
-        [feed] = run_feeds._feeds.values()
+        await _settled()
+        [feed] = _feeds_here()
         layer = feed.layer
         real_receive = layer.receive
 
@@ -245,6 +262,26 @@ def test_when_the_feed_cannot_read_the_layer_its_sockets_close_so_clients_resume
         feed.reader = asyncio.get_running_loop().create_task(feed._read())
         closed = await ws.receive_output(5)
         assert (closed["type"], closed["code"]) == ("websocket.close", 1011)
-        assert run_feeds.feed_count() == 0
+        assert _feeds_here() == []
+
+    asyncio.run(scenario())
+
+
+def test_a_socket_whose_gap_read_fails_is_closed_rather_left_open_without_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = make_world()
+    run = _run(world)
+
+    async def scenario() -> None:
+        ws = await _open(world, run)
+        await _settled()
+
+        async def broken(run_id: Any, after: int) -> list[dict[str, Any]]:
+            raise ConnectionError("the database went away")
+
+        monkeypatch.setattr("agents.consumers._events_after", broken)
+        rows = await asyncio.to_thread(_commit, run, 2)  # seq 1's message is lost: a gap read is needed
+        await get_channel_layer().group_send(live.run_group(run.pk), _message(rows[1:], [live.encode_frame(rows[1].as_frame())]))
+        closed = await ws.receive_output(5)
+        assert (closed["type"], closed["code"]) == ("websocket.close", 1011)
 
     asyncio.run(scenario())
