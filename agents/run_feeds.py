@@ -122,8 +122,3 @@ async def leave(feed: RunFeed, watcher: Watcher) -> None:
     if not feed.watchers and feed.joined.done():
         _forget(feed)
         await feed.close()
-
-
-def feed_count() -> int:
-    """Open feeds in this process (for tests)."""
-    return len(_feeds)
