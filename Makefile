@@ -76,6 +76,11 @@ bench-gateway: $(VENV)/.dev-installed
 bench-api: $(VENV)/.dev-installed
 	$(PY) bench/api_load.py $(BENCH_ARGS)
 
+# Live trace fan-out to 1 and 50 websocket viewers, ours vs a bare Channels consumer, on PostgreSQL + Redis (bench/README.md).
+.PHONY: bench-trace
+bench-trace: $(VENV)/.dev-installed
+	$(PY) bench/trace_fanout.py $(BENCH_ARGS)
+
 # A clean venv from requirements.txt only, then server + worker + beat on PostgreSQL/Redis and one demo run (CI runs it).
 .PHONY: smoke-production
 smoke-production:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 
+from agents import run_feeds
 from agents.models import Run, RunEvent
 from config import live
 from tenants.feeds import HeartbeatConsumer
 from tenants.scoping import ANONYMOUS, Actor
+
+log = logging.getLogger(__name__)
 
 BACKFILL_PAGE = 500
 
@@ -27,10 +33,19 @@ def _events_after(run_id: Any, after: int) -> list[dict[str, Any]]:
 
 
 class RunEventsConsumer(HeartbeatConsumer):
-    """``/ws/runs/<id>/?after=<seq>``: the backlog from the database, then live events; ordered, no gap, no duplicate."""
+    """``/ws/runs/<id>/?after=<seq>``: the backlog from the database, then live events; ordered, no gap, no duplicate.
+
+    Live frames come from this process's :class:`agents.run_feeds.RunFeed` of the run (one channel-layer
+    membership however many sockets watch it) into this socket's inbox, drained by its own task. Everything
+    that sends frames — the backlog, a gap's backfill, a live message, a client's resend request — holds
+    ``_sending``, so frames leave in ``seq`` order and each once.
+    """
 
     run_id: Any = None
     last_seq = 0
+    _feed: run_feeds.RunFeed | None = None
+    _pump: asyncio.Task[None] | None = None
+    _overflowed = False
 
     async def connect(self) -> None:
         actor: Actor = self.scope.get("actor", ANONYMOUS)
@@ -50,35 +65,87 @@ class RunEventsConsumer(HeartbeatConsumer):
             return
         self.run_id = run.pk
         self.last_seq = after
-        # Join the group before reading the backlog, so nothing falls between the two.
-        await self.channel_layer.group_add(live.run_group(run.pk), self.channel_name)
+        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=run_feeds.INBOX_SIZE)
+        self._sending = asyncio.Lock()
+        # Join the run's feed before reading the backlog, so nothing falls between the two.
+        self._feed = await run_feeds.join(self.channel_layer, live.run_group(run.pk), self)
         await self.accept()
-        await self._backfill()
+        async with self._sending:
+            await self._backfill()
+        self._pump = asyncio.get_running_loop().create_task(self._drain_inbox())
 
     async def disconnect(self, code: int) -> None:
-        if self.run_id is not None:
-            await self.channel_layer.group_discard(live.run_group(self.run_id), self.channel_name)
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+            self._pump = None
+        if self._feed is not None:
+            await run_feeds.leave(self._feed, self)
+            self._feed = None
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        """Called by the run's feed for each group message; never blocks the feed."""
+        # A full inbox (this socket lags far behind) drops the message; the socket reads it from the database
+        # once it has caught up.
+        try:
+            self._inbox.put_nowait(message)
+        except asyncio.QueueFull:
+            self._overflowed = True
+
+    def feed_lost(self) -> None:
+        """The feed stopped (the channel layer failed): close, so the client reconnects and resumes by seq."""
+        self._feed = None
+        asyncio.get_running_loop().create_task(self.close(code=1011))
+
+    async def _drain_inbox(self) -> None:
+        try:
+            while True:
+                message = await self._inbox.get()
+                async with self._sending:
+                    await self.run_events(message)
+                    if self._overflowed and self._inbox.empty():
+                        # Caught up after dropping messages: read what they carried now, even if no later
+                        # message comes to reveal the gap (the run's last step may have been among them).
+                        self._overflowed = False
+                        await self._backfill()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # E.g. the database failed during a gap's backfill. Never leave the socket open without live frames
+            # (its heartbeats would hide that): close it, and the client reconnects with ``after=<last seq>``.
+            log.warning("trace socket of run %s failed; closing it", self.run_id, exc_info=True)
+            with contextlib.suppress(Exception):
+                await self.close(code=1011)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """Clients may ask for a resend from a given seq: ``{"after": <seq>}``."""
+        if self.run_id is None:
+            return  # refused in connect()
         if isinstance(content, dict) and isinstance(content.get("after"), int) and content["after"] >= 0:
-            self.last_seq = min(self.last_seq, content["after"])
-            await self._backfill()
+            async with self._sending:
+                self.last_seq = min(self.last_seq, content["after"])
+                await self._backfill()
 
     async def _backfill(self) -> None:
         while True:
             frames = await _events_after(self.run_id, self.last_seq)
             for frame in frames:
-                await self.send_json(frame)
+                await self.send(text_data=live.encode_frame(frame))
                 self.last_seq = frame["seq"]
             if len(frames) < BACKFILL_PAGE:
                 return
 
     async def run_events(self, message: dict[str, Any]) -> None:
-        for frame in message["events"]:
+        """One committed step's frames, in seq order; each is sent as the publisher's pre-encoded text."""
+        frames = message["events"]
+        texts = message.get("texts")
+        if not isinstance(texts, list) or len(texts) != len(frames):
+            texts = [live.encode_frame(frame) for frame in frames]  # a publisher that sent no texts
+        for frame, text in zip(frames, texts, strict=True):
             if frame["seq"] > self.last_seq + 1:
                 await self._backfill()  # a message was dropped on the way: read the gap from the database
             if frame["seq"] != self.last_seq + 1:
                 continue
-            await self.send_json(frame)
+            await self.send(text_data=text)
             self.last_seq = frame["seq"]

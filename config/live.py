@@ -9,6 +9,7 @@ consumer, which backfills from the database whenever it sees a gap in ``seq``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections.abc import Coroutine
@@ -70,13 +71,22 @@ def _send(groups_and_messages: list[tuple[str, dict[str, Any]]]) -> None:
     _publisher.submit(send_all())
 
 
+def encode_frame(frame: dict[str, Any]) -> str:
+    """A frame's websocket text, exactly as ``AsyncJsonWebsocketConsumer.send_json`` would encode it."""
+    return json.dumps(frame)
+
+
 def publish_run_events(*, run_id: Any, tenant_id: int, frames: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    """Send a committed step's event frames to the run's watchers and its summary to the tenant's run list."""
+    """Send a committed step's event frames to the run's watchers and its summary to the tenant's run list.
+
+    Each frame travels with its text (``texts``, in the same order), encoded once here: every watcher of the
+    run sends that text as it is, instead of each of them encoding the same frame again.
+    """
     if not frames:
         return
     _send(
         [
-            (run_group(run_id), {"type": "run.events", "events": frames}),
+            (run_group(run_id), {"type": "run.events", "events": frames, "texts": [encode_frame(f) for f in frames]}),
             (tenant_runs_group(tenant_id), {"type": "run.summary", "run": summary}),
         ]
     )

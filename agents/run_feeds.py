@@ -1,0 +1,124 @@
+"""One channel-layer membership per watched run per server process, instead of one per websocket.
+
+With Channels' usual pattern every websocket joins the run's group itself, so each group message is
+received, buffered and dispatched once per watcher (channels_redis: a receive lock, two tasks and an
+``asyncio.wait`` per watcher per message). Here the first watcher of a run in this process opens a
+:class:`RunFeed` — one channel, joined to the run's group, read by one task — and each message is
+handed to every local watcher's inbox. A watcher drains its inbox in its own task, so a slow client
+only delays itself; a full inbox drops the message, and the watcher heals the gap from the database
+by ``seq`` when the next one arrives, exactly as when the channel layer drops a message at capacity.
+The last watcher to leave closes the feed and leaves the group.
+
+Feeds belong to the event loop that opened them (a server process has one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+INBOX_SIZE = 1000  # messages (steps) a watcher may lag behind before they are dropped and backfilled
+
+
+class Watcher(Protocol):
+    def deliver(self, message: dict[str, Any]) -> None: ...
+
+    def feed_lost(self) -> None: ...
+
+
+class RunFeed:
+    def __init__(self, layer: Any, group: str) -> None:
+        self.layer = layer
+        self.group = group
+        self.loop = asyncio.get_running_loop()
+        self.watchers: set[Watcher] = set()
+        self.joined: asyncio.Future[None] = self.loop.create_future()
+        self.joined.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failure is raised to the joiners
+        self.channel = ""
+        self.reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        try:
+            # The default prefix: channels_redis reads all of a process's channels through one receive loop on one
+            # key per prefix ("specific.<process>!"), served by whichever receiver holds its lock.
+            self.channel = await self.layer.new_channel()
+            await self.layer.group_add(self.group, self.channel)
+        except BaseException as exc:
+            _forget(self)
+            if isinstance(exc, asyncio.CancelledError):
+                self.joined.cancel()
+            else:
+                self.joined.set_exception(exc)
+            raise
+        self.reader = self.loop.create_task(self._read(), name=f"run-feed {self.group}")
+        self.joined.set_result(None)
+        if not self.watchers:  # everyone left while it was joining
+            _forget(self)
+            await self.close()
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                message = await self.layer.receive(self.channel)
+                if message.get("type") == "run.events":
+                    for watcher in tuple(self.watchers):
+                        watcher.deliver(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The layer failed (e.g. Redis went away): this feed is dead. Its watchers close their sockets, so
+            # clients reconnect with ``after=<last seq>`` and get the gap from the database.
+            log.warning("run feed %s stopped reading; closing its %d watchers", self.group, len(self.watchers), exc_info=True)
+            _forget(self)
+            for watcher in tuple(self.watchers):
+                watcher.feed_lost()
+            self.watchers.clear()
+            await self._leave_group()
+
+    async def _leave_group(self) -> None:
+        if self.channel:
+            try:
+                await self.layer.group_discard(self.group, self.channel)
+            except Exception:
+                log.info("could not leave %s (it expires on its own)", self.group, exc_info=True)
+
+    async def close(self) -> None:
+        if self.reader is not None:
+            self.reader.cancel()
+        await self._leave_group()
+
+
+_feeds: dict[tuple[int, str], RunFeed] = {}
+
+
+def _forget(feed: RunFeed) -> None:
+    key = (id(feed.loop), feed.group)
+    if _feeds.get(key) is feed:
+        del _feeds[key]
+
+
+async def join(layer: Any, group: str, watcher: Watcher) -> RunFeed:
+    """Add ``watcher`` to this process's feed of ``group``; returns once the feed is in the group (so a
+    backlog read afterwards misses nothing)."""
+    loop = asyncio.get_running_loop()
+    key = (id(loop), group)
+    feed = _feeds.get(key)
+    if feed is None or feed.loop is not loop or feed.layer is not layer:
+        feed = RunFeed(layer, group)
+        _feeds[key] = feed
+        feed.watchers.add(watcher)
+        await feed.start()
+    else:
+        feed.watchers.add(watcher)
+        await asyncio.shield(feed.joined)
+    return feed
+
+
+async def leave(feed: RunFeed, watcher: Watcher) -> None:
+    feed.watchers.discard(watcher)
+    if not feed.watchers and feed.joined.done():
+        _forget(feed)
+        await feed.close()

@@ -1,0 +1,287 @@
+"""The run trace websocket's fan-out path, in process: pre-encoded frames, gaps healed from the database, no duplicate.
+
+The live stack tests (tests/integration) cover the same socket end to end; these pin what the fan-out work
+changed (``bench/trace_fanout.py``): the publisher encodes each frame once and watchers send that text as it is,
+live frames skip Channels' per-message connection clean-up, and none of it weakens the guarantees — a dropped
+message is backfilled by seq, a repeated one is not sent twice, a foreign tenant's run is refused, secrets stay
+masked in the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from asgiref.testing import ApplicationCommunicator
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from agents import run_feeds
+from agents.consumers import RunEventsConsumer
+from agents.models import Run, RunEvent, RunStatus, Session
+from agents.store import event_rows, publish_after_commit, run_summary
+from config import live
+from runtime.types import Event
+from tenants.scoping import actor_for_api_key
+from tests.factories import World, make_world
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SECRET = "sk-live-0123456789abcdefghijABCDEFGHIJ"
+
+
+def _run(world: World) -> Run:
+    session = Session.objects.create(tenant=world.tenant, agent=world.agent)
+    return Run.objects.create(tenant=world.tenant, agent=world.agent, version=world.version, session=session,
+                              input="watch me", status=RunStatus.RUNNING)
+
+
+def _commit(run: Run, count: int) -> list[RunEvent]:
+    first = (RunEvent.objects.filter(run=run).order_by("-seq").values_list("seq", flat=True).first() or 0) + 1
+    rows = event_rows(run, first, 1, [Event(type="tool.stage", payload={"i": first + k}) for k in range(count)])
+    RunEvent.objects.bulk_create(rows)
+    return rows
+
+
+def _message(rows: list[RunEvent], texts: list[str] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"type": "run.events", "events": [r.as_frame() for r in rows]}
+    if texts is not None:
+        message["texts"] = texts
+    return message
+
+
+class Socket(ApplicationCommunicator):
+    """A websocket client at the ASGI level (Channels' own WebsocketCommunicator needs daphne, which we do not install)."""
+
+    def __init__(self, actor: Any, run: Run, after: int = 0) -> None:
+        scope = {"type": "websocket", "path": f"/ws/runs/{run.pk}/", "query_string": f"after={after}".encode(),
+                 "headers": [], "subprotocols": [], "actor": actor, "url_route": {"args": (), "kwargs": {"run_id": str(run.pk)}}}
+        super().__init__(RunEventsConsumer.as_asgi(), scope)
+
+    async def connect(self) -> bool:
+        await self.send_input({"type": "websocket.connect"})
+        return (await self.receive_output(5))["type"] == "websocket.accept"
+
+    async def receive_from(self, timeout: float = 5) -> str:
+        while True:
+            message = await self.receive_output(timeout)
+            assert message["type"] == "websocket.send", message
+            if json.loads(message["text"]).get("type") != "heartbeat":
+                return str(message["text"])
+
+    async def send_json_to(self, content: Any) -> None:
+        await self.send_input({"type": "websocket.receive", "text": json.dumps(content)})
+
+    async def disconnect(self) -> None:
+        await self.send_input({"type": "websocket.disconnect", "code": 1000})
+        await self.wait(5)
+
+
+async def _open(world: World, run: Run, after: int = 0) -> Socket:
+    ws = Socket(await _actor(world), run, after)
+    assert await ws.connect()
+    return ws
+
+
+async def _actor(world: World) -> Any:
+    from channels.db import database_sync_to_async
+
+    return await database_sync_to_async(actor_for_api_key)(world.key)
+
+
+def _feeds_here() -> list[run_feeds.RunFeed]:
+    loop = asyncio.get_running_loop()
+    return [feed for feed in run_feeds._feeds.values() if feed.loop is loop]
+
+
+async def _settled() -> list[Any]:
+    """The watchers of this loop's feeds, once each has read its backlog (its inbox pump runs)."""
+    for _ in range(500):
+        watchers = [w for feed in _feeds_here() for w in feed.watchers]
+        if all(w._pump is not None for w in watchers):
+            return watchers
+        await asyncio.sleep(0.01)
+    raise AssertionError("a watcher never finished reading its backlog")
+
+
+async def _texts(communicator: Socket, count: int) -> list[str]:
+    return [await communicator.receive_from(timeout=5) for _ in range(count)]
+
+
+def test_watchers_send_the_publishers_text_heal_a_gap_from_the_database_and_never_repeat_a_frame() -> None:
+    world = make_world()
+    run = _run(world)
+    backlog = _commit(run, 3)
+
+    async def scenario() -> None:
+        ws = await _open(world, run)
+        # the backlog, from the database, encoded as the publisher would
+        assert await _texts(ws, 3) == [live.encode_frame(r.as_frame()) for r in backlog]
+        layer = get_channel_layer()
+        group = live.run_group(run.pk)
+        # a repeated message: nothing is sent again
+        await layer.group_send(group, _message(backlog[-1:], [live.encode_frame(backlog[-1].as_frame())]))
+        # the message of seq 4 was lost on the way; seq 5's arrives: 4 and 5 come from the database, once each
+        lost_and_next = await asyncio.to_thread(_commit, run, 2)
+        await layer.group_send(group, _message(lost_and_next[1:], [live.encode_frame(lost_and_next[1].as_frame())]))
+        assert [json.loads(t)["seq"] for t in await _texts(ws, 2)] == [4, 5]
+        # a live frame goes out as the publisher's text, byte for byte (not encoded again per watcher)
+        live_row = (await asyncio.to_thread(_commit, run, 1))[0]
+        marked = json.dumps({**live_row.as_frame(), "encoded": "by the publisher"})
+        await layer.group_send(group, _message([live_row], [marked]))
+        assert await ws.receive_from(timeout=5) == marked
+        # a publisher that sent no texts (an older worker during a deploy) is still served
+        old = (await asyncio.to_thread(_commit, run, 1))[0]
+        await layer.group_send(group, _message([old]))
+        assert json.loads(await ws.receive_from(timeout=5)) == old.as_frame()
+        await layer.group_send(group, _message([old], [live.encode_frame(old.as_frame())]))
+        assert await ws.receive_nothing(timeout=0.3)
+        await ws.disconnect()
+
+    asyncio.run(scenario())
+
+
+def test_live_frames_skip_the_per_message_thread_hop_other_messages_keep_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = make_world()
+    run = _run(world)
+    hops: list[str] = []
+
+    async def counting() -> None:
+        hops.append("close_old_connections")
+
+    monkeypatch.setattr("channels.consumer.aclose_old_connections", counting)
+
+    async def scenario() -> None:
+        ws = await _open(world, run)
+        assert hops == ["close_old_connections"]  # the connect went through Channels' dispatch
+        hops.clear()
+        rows = await asyncio.to_thread(_commit, run, 3)
+        for row in rows:
+            await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(row.as_frame())]))
+        assert [json.loads(t)["seq"] for t in await _texts(ws, 3)] == [1, 2, 3]
+        assert hops == []
+        await ws.send_json_to({"after": 2})  # a client's resend request still goes through Channels' dispatch
+        assert json.loads(await ws.receive_from(timeout=5))["seq"] == 3
+        assert hops == ["close_old_connections"]
+        await ws.disconnect()
+
+    asyncio.run(scenario())
+
+
+def test_a_foreign_tenants_run_is_refused() -> None:
+    world, outsider = make_world(), make_world()
+    run = _run(world)
+
+    async def scenario() -> None:
+        ws = Socket(await _actor(outsider), run)
+        assert not await ws.connect()  # the handshake is refused (a close before any accept)
+
+    asyncio.run(scenario())
+
+
+def test_the_publisher_encodes_each_masked_frame_once_in_seq_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = make_world()
+    run = _run(world)
+    sent: list[list[tuple[str, dict[str, Any]]]] = []
+    monkeypatch.setattr(live, "_send", sent.append)
+    events = [Event(type="tool.call", payload={"headers": {"Authorization": f"Bearer {SECRET}"}, "api_key": SECRET}),
+              Event(type="tool.stage", payload={"note": f"used {SECRET}"})]
+    with transaction.atomic():
+        rows = event_rows(run, 1, 1, events)
+        RunEvent.objects.bulk_create(rows)
+        publish_after_commit(run, rows, run_summary(run))
+    [(group, message), (summary_group, _)] = sent[0]
+    assert group == live.run_group(run.pk) and summary_group == live.tenant_runs_group(world.tenant.pk)
+    assert [f["seq"] for f in message["events"]] == [1, 2]
+    assert message["texts"] == [json.dumps(f) for f in message["events"]]
+    assert all(SECRET not in text for text in message["texts"])
+
+
+def test_the_watchers_of_a_run_in_one_process_share_one_feed_which_closes_with_the_last() -> None:
+    world = make_world()
+    run, other = _run(world), _run(world)
+
+    async def scenario() -> None:
+        sockets = [await _open(world, run) for _ in range(3)] + [await _open(world, other)]
+        assert len(_feeds_here()) == 2  # one per watched run, not one per socket
+        row = (await asyncio.to_thread(_commit, run, 1))[0]
+        await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(row.as_frame())]))
+        for ws in sockets[:3]:
+            assert json.loads(await ws.receive_from(timeout=5))["seq"] == 1
+        assert await sockets[3].receive_nothing(timeout=0.2)  # another run's socket gets nothing
+        for ws in sockets:
+            await ws.disconnect()
+        assert _feeds_here() == []
+
+    asyncio.run(scenario())
+
+
+def test_a_watcher_whose_inbox_overflowed_reads_the_dropped_frames_from_the_database(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = make_world()
+    run = _run(world)
+    monkeypatch.setattr(run_feeds, "INBOX_SIZE", 1)
+
+    async def scenario() -> None:
+        ws = await _open(world, run)
+        [watcher] = await _settled()
+        rows = await asyncio.to_thread(_commit, run, 3)
+        async with watcher._sending:  # the socket is busy: one message waits in its pump, one in its inbox, one is dropped
+            for row in rows:
+                await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(row.as_frame())]))
+            await asyncio.sleep(0.2)
+            assert watcher._inbox.qsize() == 1
+        # the dropped message was the last one: no later message reveals the gap, the socket reads it once caught up
+        assert [json.loads(t)["seq"] for t in await _texts(ws, 3)] == [1, 2, 3]
+        assert await ws.receive_nothing(timeout=0.3)
+        await ws.disconnect()
+
+    asyncio.run(scenario())
+
+
+def test_when_the_feed_cannot_read_the_layer_its_sockets_close_so_clients_resume_by_seq(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = make_world()
+    run = _run(world)
+
+    async def scenario() -> None:
+        ws = await _open(world, run)
+        await _settled()
+        [feed] = _feeds_here()
+        layer = feed.layer
+        real_receive = layer.receive
+
+        async def failing(channel: str) -> Any:
+            if channel == feed.channel:
+                raise ConnectionError("the channel layer went away")
+            return await real_receive(channel)
+
+        monkeypatch.setattr(layer, "receive", failing)
+        assert feed.reader is not None
+        feed.reader.cancel()  # restart the reader on the failing layer
+        feed.reader = asyncio.get_running_loop().create_task(feed._read())
+        closed = await ws.receive_output(5)
+        assert (closed["type"], closed["code"]) == ("websocket.close", 1011)
+        assert _feeds_here() == []
+
+    asyncio.run(scenario())
+
+
+def test_a_socket_whose_gap_read_fails_is_closed_rather_left_open_without_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = make_world()
+    run = _run(world)
+
+    async def scenario() -> None:
+        ws = await _open(world, run)
+        await _settled()
+
+        async def broken(run_id: Any, after: int) -> list[dict[str, Any]]:
+            raise ConnectionError("the database went away")
+
+        monkeypatch.setattr("agents.consumers._events_after", broken)
+        rows = await asyncio.to_thread(_commit, run, 2)  # seq 1's message is lost: a gap read is needed
+        await get_channel_layer().group_send(live.run_group(run.pk), _message(rows[1:], [live.encode_frame(rows[1].as_frame())]))
+        closed = await ws.receive_output(5)
+        assert (closed["type"], closed["code"]) == ("websocket.close", 1011)
+
+    asyncio.run(scenario())
