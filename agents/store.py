@@ -21,6 +21,7 @@ from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
 from audit.masking import mask_value
 from audit.unit_of_work import StepAudit
 from config import live
+from config.batch import WriteBatch
 from runtime.protocols import Checkpoint, StepAck, StepRecord
 from runtime.types import Event, Phase, Usage
 
@@ -134,13 +135,14 @@ class DjangoRunStore:
             reasons = attention.reasons_for_writes(self.audit.pending, at=now)
             events = _with_attention_events(record.events, reasons, self.audit.pending)
             rows = event_rows(run, locked["last_seq"] + 1, record.step, events)
-            RunEvent.objects.bulk_create(rows)
-            if record.appended_messages:
-                RunMessage.objects.bulk_create(
-                    RunMessage(tenant_id=run.tenant_id, run_id=run.pk, index=locked["message_count"] + i, step=record.step, message=m)
-                    for i, m in enumerate(record.appended_messages)
-                )
-            self.audit.commit(run.tenant_id)
+            # The step's writes go out together: one statement on PostgreSQL (config/batch.py).
+            batch = WriteBatch()
+            batch.insert(RunEvent, rows)
+            batch.insert(RunMessage, (
+                RunMessage(tenant_id=run.tenant_id, run_id=run.pk, index=locked["message_count"] + i, step=record.step, message=m)
+                for i, m in enumerate(record.appended_messages)
+            ))
+            self.audit.commit(run.tenant_id, batch)  # locks the chain head (one statement); its writes join the batch
             finished = record.phase == Phase.FINISHED
             changes: dict[str, Any] = {
                 "step": record.step,
@@ -165,7 +167,8 @@ class DjangoRunStore:
                     lease_token="",
                     lease_expires_at=None,
                 )
-            Run.objects.filter(pk=run.pk).update(**changes)
+            batch.update(Run.objects.filter(pk=run.pk), **changes)
+            batch.execute()
             for field, value in changes.items():
                 setattr(run, field, value)
             if finished:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from audit.chain import write_sealed
+from config.batch import WriteBatch
 
 
 class StepAudit:
@@ -26,11 +27,14 @@ class StepAudit:
     def pending(self) -> tuple[Any, ...]:
         return tuple(self._writes)
 
-    def commit(self, tenant_id: int) -> int:
-        """Seal and write the pending rows; call inside the step's transaction. Returns how many were written."""
+    def commit(self, tenant_id: int, batch: WriteBatch | None = None) -> int:
+        """Seal and write the pending rows; call inside the step's transaction. Returns how many were written.
+
+        With ``batch``, the writes join the step's single write statement (the caller executes it).
+        """
         count = len(self._writes)
         if count:
-            write_sealed(self._writes, tenant_id)
+            write_sealed(self._writes, tenant_id, batch)
         self._writes = []
         return count
 

@@ -239,8 +239,18 @@ def measure_run(world: World, history_messages: int) -> tuple[float, list[Slice]
         finally:
             meter.slices[-1].commit_seconds += time.perf_counter() - started
 
+    from config.batch import WriteBatch
+
+    real_execute = WriteBatch.execute
+
+    def recorded_execute(batch: Any) -> None:
+        # The step's writes leave as one "WITH … UPDATE" statement on PostgreSQL: its parts are sized per table.
+        meter.writes.extend((meter.slices[-1], sql, params, False) for sql, params in batch._parts)
+        real_execute(batch)
+
     connection.commit = counting_commit
     DjangoRunStore.commit_step = timed_step  # type: ignore[method-assign]
+    WriteBatch.execute = recorded_execute  # type: ignore[method-assign]
     try:
         with connection.execute_wrapper(meter):
             started = time.perf_counter()
@@ -251,6 +261,7 @@ def measure_run(world: World, history_messages: int) -> tuple[float, list[Slice]
     finally:
         model_clients.model_client_for = real_client
         DjangoRunStore.commit_step = real_step  # type: ignore[method-assign]
+        WriteBatch.execute = real_execute  # type: ignore[method-assign]
         del connection.commit
     meter.size_writes()
     done = Run.objects.get(pk=run.pk)
