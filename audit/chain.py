@@ -102,17 +102,19 @@ def lock_head(tenant_id: int) -> AuditChainHead:
     return head
 
 
-def write_sealed(writes: list[Any], tenant_id: int, batch: WriteBatch | None = None) -> None:
+def write_sealed(writes: list[Any], tenant_id: int, batch: WriteBatch | None = None, head: AuditChainHead | None = None) -> None:
     """Seal and write a step's audit rows. Call inside the step's transaction.
 
     ``writes`` are gateway AuditWrite items: a new row, or the completion of a ``started`` row. The chain
     head is locked (and read) here, in one statement; the sealed rows are computed in Python and their
     writes (rows, completed ``started`` rows, the head) go into ``batch`` when given, the step's other
-    writes' single statement (config/batch.py), else are sent here.
+    writes' single statement (config/batch.py), else are sent here. ``head``: the head as the caller already
+    read it under a lock held by this transaction (the run store locks it with the run row), else it is locked here.
     """
     own = batch is None
     out = WriteBatch() if batch is None else batch
-    head = lock_head(tenant_id)
+    if head is None:
+        head = lock_head(tenant_id)
     new_rows: list[ToolCallAudit] = []
     for write in writes:
         row: ToolCallAudit = write.row
