@@ -46,14 +46,16 @@ class WriteBatch:
         if any(with_pk) and not all(with_pk):
             raise ValueError("a WriteBatch insert takes objects that all have a primary key, or none")
         fields = [f for f in opts.concrete_fields if not f.generated and (all(with_pk) or f is not opts.pk)]
-        query = orm_sql.InsertQuery(model)
-        query.insert_values(fields, rows, raw=False)
-        compiler = query.get_compiler(using=self.using)
-        statements = compiler.as_sql()
+        connection = connections[self.using]
+        size = max(connection.ops.bulk_batch_size(fields, rows), 1)  # as bulk_create batches (parameter limits)
+        for start in range(0, len(rows), size):
+            query = orm_sql.InsertQuery(model)
+            query.insert_values(fields, rows[start : start + size], raw=False)
+            statements = query.get_compiler(using=self.using).as_sql()
+            self._parts.extend((statement, tuple(params)) for statement, params in statements)
         for obj in rows:
             obj._state.adding = False
             obj._state.db = self.using
-        self._parts.extend((statement, tuple(params)) for statement, params in statements)
 
     def update(self, queryset: QuerySet[Any], **values: Any) -> None:
         """As ``queryset.update(**values)`` (the number of rows changed is not returned)."""

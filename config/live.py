@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -51,16 +52,18 @@ class _Publisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[Callable[[], Awaitable[Any]]] | None = None
         self._lock = threading.Lock()
+        self._pid = 0
 
     def _ensure_loop(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue[Callable[[], Awaitable[Any]]]]:
         with self._lock:
-            if self._loop is None or self._loop.is_closed() or self._queue is None:
+            # A forked child inherits the loop object but not its thread: it starts its own.
+            if self._loop is None or self._loop.is_closed() or self._queue is None or self._pid != os.getpid():
                 loop = asyncio.new_event_loop()
                 queue: asyncio.Queue[Callable[[], Awaitable[Any]]] = asyncio.Queue(maxsize=self.MAX_QUEUED)
                 thread = threading.Thread(target=loop.run_forever, name="agentops-publisher", daemon=True)
                 thread.start()
                 asyncio.run_coroutine_threadsafe(self._drain(queue), loop)
-                self._loop, self._queue = loop, queue
+                self._loop, self._queue, self._pid = loop, queue, os.getpid()
             return self._loop, self._queue
 
     @staticmethod
