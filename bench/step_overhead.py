@@ -383,12 +383,15 @@ def run_versus_peer(args: argparse.Namespace, url: str, server_version: str) -> 
                 "peer_step_ms": _ms([s for _, steps in theirs for s in steps]),
                 "peer_run_ms": _ms([e for e, _ in theirs]),
             }
+            r["ratio_step"] = round(r["ours_step_ms"] / r["peer_step_ms"], 3)  # same moment, same load: the fairest pairing
+            r["ratio_run"] = round(r["ours_run_ms"] / r["peer_run_ms"], 3)
             rounds.append(r)
             print(f"round {number}: ours step {r['ours_step_ms']:.2f} ms (run {r['ours_run_ms']:.1f}), "
-                  f"peer step {r['peer_step_ms']:.2f} ms (run {r['peer_run_ms']:.1f})", flush=True)
+                  f"peer step {r['peer_step_ms']:.2f} ms (run {r['peer_run_ms']:.1f}), ours/peer {r['ratio_step']:.2f}x", flush=True)
         peer.close()
         layer = "redis" if settings.REDIS_URL else "in-memory"
-        summary = {key: _spread([r[key] for r in rounds]) for key in ("ours_step_ms", "peer_step_ms", "ours_run_ms", "peer_run_ms")}
+        summary = {key: _spread([r[key] for r in rounds])
+                   for key in ("ours_step_ms", "peer_step_ms", "ours_run_ms", "peer_run_ms", "ratio_step", "ratio_run")}
         step_ratio = summary["ours_step_ms"]["median"] / summary["peer_step_ms"]["median"]
         run_ratio = summary["ours_run_ms"]["median"] / summary["peer_run_ms"]["median"]
         print(f"\nours vs LangGraph {_version('langgraph')} + PostgresSaver {_version('langgraph-checkpoint-postgres')} "
@@ -398,6 +401,9 @@ def run_versus_peer(args: argparse.Namespace, url: str, server_version: str) -> 
         print("-" * 35 + "+" + "-" * 10 + "+" + "-" * 10 + "+" + "-" * 9)
         for label, key in (("ours: step ms", "ours_step_ms"), ("LangGraph + PostgresSaver: step ms", "peer_step_ms"),
                            ("ours: run ms", "ours_run_ms"), ("LangGraph + PostgresSaver: run ms", "peer_run_ms")):
+            v = summary[key]
+            print(f"{label:34} | {v['min']:8.2f} | {v['median']:8.2f} | {v['max']:8.2f}")
+        for label, key in (("ours / peer per round: step", "ratio_step"), ("ours / peer per round: run", "ratio_run")):
             v = summary[key]
             print(f"{label:34} | {v['min']:8.2f} | {v['median']:8.2f} | {v['max']:8.2f}")
         print(f"\nours / peer (medians): step {step_ratio:.2f}x, run {run_ratio:.2f}x")
