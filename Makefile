@@ -61,9 +61,18 @@ chromium:
 		fi; \
 	fi
 
-# Step overhead of the durable side on PostgreSQL (bench/README.md). Creates and drops its own database.
-.PHONY: bench
-bench: $(VENV)/.dev-installed
+$(VENV)/.bench-installed: $(VENV)/.dev-installed requirements-bench.txt
+	$(PY) -m pip install --quiet -r requirements-bench.txt
+	touch $@
+
+# Our durable step beside LangGraph + PostgresSaver (sync), interleaved rounds, on PostgreSQL (bench/README.md).
+# Creates and drops its own databases. BENCH_ARGS e.g. "--rounds 5 --runs 10".
+.PHONY: bench bench-step
+bench: $(VENV)/.bench-installed
+	$(PY) bench/step_overhead.py --peer $(BENCH_ARGS)
+
+# Ours alone: time, queries, transactions and bytes per step at 10 and 100 messages of history.
+bench-step: $(VENV)/.dev-installed
 	$(PY) bench/step_overhead.py $(BENCH_ARGS)
 
 # The tool gateway's own overhead per call and the audit write's cost, on PostgreSQL (bench/README.md). Own database too.

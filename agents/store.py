@@ -9,18 +9,21 @@ step's events reach websocket clients after commit, in one batch.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from agents import attention, metrics, otel
 from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
 from audit.masking import mask_value
+from audit.models import AuditChainHead
 from audit.unit_of_work import StepAudit
 from config import live
+from config.batch import WriteBatch
 from runtime.protocols import Checkpoint, StepAck, StepRecord
 from runtime.types import Event, Phase, Usage
 
@@ -92,6 +95,23 @@ def _with_attention_events(events: list[Event], reasons: list[dict[str, Any]], w
     return [*events[:end], *marks, *events[end:]]
 
 
+_LOCKED_FIELDS = ("last_seq", "message_count", "step", "lease_token", "cancel_requested", "attention_reasons")
+
+
+def _lock_with_head_sql() -> str:
+    run, head = Run._meta, AuditChainHead._meta
+    columns = ", ".join(f'r."{run.get_field(name).column}"' for name in _LOCKED_FIELDS)
+    # Table and column names come from the models' metadata; the one value is a parameter.
+    return (
+        f'SELECT {columns}, h."{head.get_field("seq").column}", h."{head.get_field("hash").column}" '  # noqa: S608
+        f'FROM "{run.db_table}" r JOIN "{head.db_table}" h ON h."{head.pk.column}" = r."{run.get_field("tenant").column}" '
+        f'WHERE r."{run.pk.column}" = %s FOR UPDATE OF r, h'
+    )
+
+
+_LOCK_WITH_HEAD_SQL = _lock_with_head_sql()
+
+
 class DjangoRunStore:
     """Implements ``runtime.protocols.RunStore`` for one run held under a lease."""
 
@@ -121,12 +141,7 @@ class DjangoRunStore:
         run = self.run
         now = timezone.now()
         with transaction.atomic():
-            locked = (
-                Run.objects.select_for_update()
-                .filter(pk=run.pk)
-                .values("last_seq", "message_count", "step", "lease_token", "cancel_requested", "attention_reasons")
-                .first()
-            )
+            locked, head = self._lock(run, chain_head=len(self.audit) > 0)
             if locked is None or locked["lease_token"] != self.lease_token or locked["step"] != record.step - 1:
                 self.audit.discard()
                 return StepAck(lease_lost=True)
@@ -134,13 +149,14 @@ class DjangoRunStore:
             reasons = attention.reasons_for_writes(self.audit.pending, at=now)
             events = _with_attention_events(record.events, reasons, self.audit.pending)
             rows = event_rows(run, locked["last_seq"] + 1, record.step, events)
-            RunEvent.objects.bulk_create(rows)
-            if record.appended_messages:
-                RunMessage.objects.bulk_create(
-                    RunMessage(tenant_id=run.tenant_id, run_id=run.pk, index=locked["message_count"] + i, step=record.step, message=m)
-                    for i, m in enumerate(record.appended_messages)
-                )
-            self.audit.commit(run.tenant_id)
+            # The step's writes go out together: one statement on PostgreSQL (config/batch.py).
+            batch = WriteBatch()
+            batch.insert(RunEvent, rows)
+            batch.insert(RunMessage, (
+                RunMessage(tenant_id=run.tenant_id, run_id=run.pk, index=locked["message_count"] + i, step=record.step, message=m)
+                for i, m in enumerate(record.appended_messages)
+            ))
+            self.audit.commit(run.tenant_id, batch, head)  # seals the rows after the locked head; its writes join the batch
             finished = record.phase == Phase.FINISHED
             changes: dict[str, Any] = {
                 "step": record.step,
@@ -165,13 +181,34 @@ class DjangoRunStore:
                     lease_token="",
                     lease_expires_at=None,
                 )
-            Run.objects.filter(pk=run.pk).update(**changes)
+            batch.update(Run.objects.filter(pk=run.pk), **changes)
+            batch.execute()
             for field, value in changes.items():
                 setattr(run, field, value)
             if finished:
                 self._close_session_turn(run, record)
             publish_after_commit(run, rows, run_summary(run))
         return StepAck(cancel_requested=bool(locked["cancel_requested"]))
+
+    def _lock(self, run: Run, *, chain_head: bool) -> tuple[dict[str, Any] | None, AuditChainHead | None]:
+        """Lock the run row (and, for a step with audit rows, the tenant's audit chain head) and read them.
+
+        On PostgreSQL both rows in one statement once the head exists; otherwise the run row here and the
+        head in ``audit.chain.write_sealed`` (which creates it on the tenant's first row). Either way both
+        locks are held from here to the commit, the run row's taken first.
+        """
+        if chain_head and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(_LOCK_WITH_HEAD_SQL, [run.pk])
+                row = cursor.fetchone()
+            if row is not None:
+                locked = dict(zip(_LOCKED_FIELDS, row[: len(_LOCKED_FIELDS)], strict=True))
+                if isinstance(locked["attention_reasons"], str):
+                    locked["attention_reasons"] = json.loads(locked["attention_reasons"])
+                seq, hash_ = row[len(_LOCKED_FIELDS):]
+                return locked, AuditChainHead(tenant_id=run.tenant_id, seq=seq, hash=hash_)
+        locked = Run.objects.select_for_update().filter(pk=run.pk).values(*_LOCKED_FIELDS).first()
+        return locked, None
 
     def _close_session_turn(self, run: Run, record: StepRecord) -> None:
         """Append the exchange to the session's conversation and carry the run's counters over."""

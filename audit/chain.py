@@ -30,6 +30,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.models import AuditChainHead, ConfigChainHead, ConfigChange, ToolCallAudit
+from config.batch import WriteBatch
 
 HASHED_FIELDS = (
     "tenant_id",
@@ -89,13 +90,31 @@ def change_digest(row: ConfigChange) -> str:
     return _mac("config chain", data)
 
 
-def write_sealed(writes: list[Any], tenant_id: int) -> None:
+def lock_head(tenant_id: int) -> AuditChainHead:
+    """The tenant's tool-call chain head, locked until the transaction ends; created on the tenant's first row.
+
+    One statement once the head exists (every row but a tenant's first).
+    """
+    head = AuditChainHead.objects.select_for_update().filter(tenant_id=tenant_id).first()
+    if head is None:
+        AuditChainHead.objects.bulk_create([AuditChainHead(tenant_id=tenant_id)], ignore_conflicts=True)
+        head = AuditChainHead.objects.select_for_update().get(tenant_id=tenant_id)
+    return head
+
+
+def write_sealed(writes: list[Any], tenant_id: int, batch: WriteBatch | None = None, head: AuditChainHead | None = None) -> None:
     """Seal and write a step's audit rows. Call inside the step's transaction.
 
-    ``writes`` are gateway AuditWrite items: a new row, or the completion of a ``started`` row.
+    ``writes`` are gateway AuditWrite items: a new row, or the completion of a ``started`` row. The chain
+    head is locked (and read) here, in one statement; the sealed rows are computed in Python and their
+    writes (rows, completed ``started`` rows, the head) go into ``batch`` when given, the step's other
+    writes' single statement (config/batch.py), else are sent here. ``head``: the head as the caller already
+    read it under a lock held by this transaction (the run store locks it with the run row), else it is locked here.
     """
-    AuditChainHead.objects.bulk_create([AuditChainHead(tenant_id=tenant_id)], ignore_conflicts=True)
-    head = AuditChainHead.objects.select_for_update().get(tenant_id=tenant_id)
+    own = batch is None
+    out = WriteBatch() if batch is None else batch
+    if head is None:
+        head = lock_head(tenant_id)
     new_rows: list[ToolCallAudit] = []
     for write in writes:
         row: ToolCallAudit = write.row
@@ -123,9 +142,11 @@ def write_sealed(writes: list[Any], tenant_id: int) -> None:
                     "span_id",
                 )
             }
-            ToolCallAudit.objects.filter(pk=write.started_pk).update(**fields)
-    ToolCallAudit.objects.bulk_create(new_rows)
-    head.save(update_fields=["seq", "hash"])
+            out.update(ToolCallAudit.objects.filter(pk=write.started_pk), **fields)
+    out.insert(ToolCallAudit, new_rows)
+    out.update(AuditChainHead.objects.filter(tenant_id=tenant_id), seq=head.seq, hash=head.hash)
+    if own:
+        out.execute()
 
 
 def change_chain(tenant_id: int | None) -> str:

@@ -21,6 +21,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 __all__ = [
@@ -92,13 +93,30 @@ _SENSITIVE_PARTS = ("password", "passwd", "secret", "apikey", "privatekey", "cre
 _SENSITIVE_SUFFIXES = ("token", "cookie", "authorization", "accesskey", "secretkey")
 
 
+_KEY_SEPARATORS = re.compile(r"[\s_\-.]+")
+
+
 def normalize_key(key: object) -> str:
-    return re.sub(r"[\s_\-.]+", "", str(key)).lower()
+    if type(key) is str and len(key) <= 128:  # field names repeat in every payload: remembered (names, never values)
+        return _normalized(key)
+    return _KEY_SEPARATORS.sub("", str(key)).lower()
+
+
+@lru_cache(maxsize=4096)
+def _normalized(key: str) -> str:
+    return _KEY_SEPARATORS.sub("", key).lower()
 
 
 def is_sensitive_key(key: object, sensitive_fields: Iterable[str] = ()) -> bool:
     norm = normalize_key(key)
-    if norm in ALWAYS_SENSITIVE or norm in {normalize_key(f) for f in sensitive_fields}:
+    if sensitive_fields and norm in {normalize_key(f) for f in sensitive_fields}:
+        return True
+    return _sensitive_name(norm)
+
+
+@lru_cache(maxsize=4096)
+def _sensitive_name(norm: str) -> bool:
+    if norm in ALWAYS_SENSITIVE:
         return True
     return any(part in norm for part in _SENSITIVE_PARTS) or norm.endswith(_SENSITIVE_SUFFIXES)
 

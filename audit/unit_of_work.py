@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from audit.chain import write_sealed
+from audit.models import AuditChainHead
+from config.batch import WriteBatch
 
 
 class StepAudit:
@@ -26,11 +28,15 @@ class StepAudit:
     def pending(self) -> tuple[Any, ...]:
         return tuple(self._writes)
 
-    def commit(self, tenant_id: int) -> int:
-        """Seal and write the pending rows; call inside the step's transaction. Returns how many were written."""
+    def commit(self, tenant_id: int, batch: WriteBatch | None = None, head: AuditChainHead | None = None) -> int:
+        """Seal and write the pending rows; call inside the step's transaction. Returns how many were written.
+
+        With ``batch``, the writes join the step's single write statement (the caller executes it); with
+        ``head``, the chain head the caller locked in this transaction (see ``audit.chain.write_sealed``).
+        """
         count = len(self._writes)
         if count:
-            write_sealed(self._writes, tenant_id)
+            write_sealed(self._writes, tenant_id, batch, head)
         self._writes = []
         return count
 

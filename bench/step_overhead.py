@@ -239,8 +239,18 @@ def measure_run(world: World, history_messages: int) -> tuple[float, list[Slice]
         finally:
             meter.slices[-1].commit_seconds += time.perf_counter() - started
 
+    from config.batch import WriteBatch
+
+    real_execute = WriteBatch.execute
+
+    def recorded_execute(batch: Any) -> None:
+        # The step's writes leave as one "WITH … UPDATE" statement on PostgreSQL: its parts are sized per table.
+        meter.writes.extend((meter.slices[-1], sql, params, False) for sql, params in batch._parts)
+        real_execute(batch)
+
     connection.commit = counting_commit
     DjangoRunStore.commit_step = timed_step  # type: ignore[method-assign]
+    WriteBatch.execute = recorded_execute  # type: ignore[method-assign]
     try:
         with connection.execute_wrapper(meter):
             started = time.perf_counter()
@@ -251,6 +261,7 @@ def measure_run(world: World, history_messages: int) -> tuple[float, list[Slice]
     finally:
         model_clients.model_client_for = real_client
         DjangoRunStore.commit_step = real_step  # type: ignore[method-assign]
+        WriteBatch.execute = real_execute  # type: ignore[method-assign]
         del connection.commit
     meter.size_writes()
     done = Run.objects.get(pk=run.pk)
@@ -329,17 +340,129 @@ def print_table(results: list[dict[str, Any]]) -> None:
         print(f"history {r['history_messages']}: bytes per tool step by table: {r['bytes_written']['tool_step_by_table']}")
 
 
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"min": round(min(values), 3), "median": round(statistics.median(values), 3), "max": round(max(values), 3)}
+
+
+def run_versus_peer(args: argparse.Namespace, url: str, server_version: str) -> None:
+    """Ours and LangGraph + PostgresSaver (bench/step_peer_langgraph.py), interleaved round by round.
+
+    Each round: ``--runs`` runs of ours, then ``--runs`` runs of the peer, same history, same server. A
+    round's figure is its median step (ms, cut at each model call) and its median run; the table gives
+    min / median / max of those over the rounds, and ours / peer of the medians.
+    """
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*create_react_agent.*")
+    from bench.step_peer_langgraph import Peer, peer_url
+    from bench.step_peer_langgraph import drop_database as drop_peer
+    from bench.step_peer_langgraph import recreate_database as recreate_peer
+
+    history = int(args.history.split(",")[0])
+    purl = peer_url()
+    recreate_peer(purl)
+    try:
+        setup_django(url)
+        from django.conf import settings
+        from django.db import connection
+
+        world = make_world()
+        peer = Peer(purl, history)
+        for _ in range(args.warmup):
+            measure_run(world, history)
+            peer.measure_run()
+        rounds: list[dict[str, Any]] = []
+        for number in range(1, args.rounds + 1):
+            ours = [measure_run(world, history) for _ in range(args.runs)]
+            theirs = [peer.measure_run() for _ in range(args.runs)]
+            r = {
+                "round": number,
+                "ours_step_ms": _ms([s.seconds for _, slices in ours for s in slices]),
+                "ours_run_ms": _ms([e for e, _ in ours]),
+                "ours_tool_step_commit_ms": _ms([s.commit_seconds for _, slices in ours for s in slices[1 : STEPS - 1]]),
+                "peer_step_ms": _ms([s for _, steps in theirs for s in steps]),
+                "peer_run_ms": _ms([e for e, _ in theirs]),
+            }
+            r["ratio_step"] = round(r["ours_step_ms"] / r["peer_step_ms"], 3)  # same moment, same load: the fairest pairing
+            r["ratio_run"] = round(r["ours_run_ms"] / r["peer_run_ms"], 3)
+            rounds.append(r)
+            print(f"round {number}: ours step {r['ours_step_ms']:.2f} ms (run {r['ours_run_ms']:.1f}), "
+                  f"peer step {r['peer_step_ms']:.2f} ms (run {r['peer_run_ms']:.1f}), ours/peer {r['ratio_step']:.2f}x", flush=True)
+        peer.close()
+        layer = "redis" if settings.REDIS_URL else "in-memory"
+        summary = {key: _spread([r[key] for r in rounds])
+                   for key in ("ours_step_ms", "peer_step_ms", "ours_run_ms", "peer_run_ms", "ratio_step", "ratio_run")}
+        step_ratio = summary["ours_step_ms"]["median"] / summary["peer_step_ms"]["median"]
+        run_ratio = summary["ours_run_ms"]["median"] / summary["peer_run_ms"]["median"]
+        print(f"\nours vs LangGraph {_version('langgraph')} + PostgresSaver {_version('langgraph-checkpoint-postgres')} "
+              f"(durability=sync): {STEPS}-step run, history {history}, {args.rounds} interleaved rounds of {args.runs} runs, "
+              f"PostgreSQL {server_version}, our channel layer {layer}\n")
+        print(f"{'':34} | {'min':>8} | {'median':>8} | {'max':>8}")
+        print("-" * 35 + "+" + "-" * 10 + "+" + "-" * 10 + "+" + "-" * 9)
+        for label, key in (("ours: step ms", "ours_step_ms"), ("LangGraph + PostgresSaver: step ms", "peer_step_ms"),
+                           ("ours: run ms", "ours_run_ms"), ("LangGraph + PostgresSaver: run ms", "peer_run_ms")):
+            v = summary[key]
+            print(f"{label:34} | {v['min']:8.2f} | {v['median']:8.2f} | {v['max']:8.2f}")
+        for label, key in (("ours / peer per round: step", "ratio_step"), ("ours / peer per round: run", "ratio_run")):
+            v = summary[key]
+            print(f"{label:34} | {v['min']:8.2f} | {v['median']:8.2f} | {v['max']:8.2f}")
+        print(f"\nours / peer (medians): step {step_ratio:.2f}x, run {run_ratio:.2f}x")
+        out = Path(args.out if args.out != DEFAULT_OUT else str(ROOT / "bench" / "results" / "step_vs_peer.json"))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({
+            "benchmark": "step_vs_peer", "steps_per_run": STEPS, "history_messages": history, "rounds": args.rounds,
+            "runs_per_round": args.runs, "database": f"PostgreSQL {server_version}", "channel_layer": layer,
+            "peer": {"langgraph": _version("langgraph"), "langgraph-checkpoint-postgres": _version("langgraph-checkpoint-postgres"),
+                     "langchain-core": _version("langchain-core"), "durability": "sync"},
+            "python": platform.python_version(), "machine": f"{platform.machine()} {os.cpu_count()} CPUs",
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "summary": summary, "ratio_step": round(step_ratio, 3), "ratio_run": round(run_ratio, 3), "per_round": rounds,
+        }, indent=2) + "\n")
+        print(f"written {out}")
+        connection.close()
+    finally:
+        if not args.keep_db:
+            drop_peer(purl)
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "?"
+
+
+DEFAULT_OUT = str(ROOT / "bench" / "results" / "step_overhead.json")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--runs", type=int, default=30, help="Measured runs per history length (default 30).")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="Measured runs per history length (default 30), or per round and side with --peer (default 10).")
+    parser.add_argument("--peer", action="store_true",
+                        help="Interleave rounds of ours and of LangGraph + PostgresSaver (needs requirements-bench.txt).")
+    parser.add_argument("--rounds", type=int, default=5, help="With --peer: interleaved rounds (at least 3, default 5).")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--history", default="10,100", help="History lengths in messages (default 10,100).")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "step_overhead.json"))
+    parser.add_argument("--out", default=DEFAULT_OUT)
     parser.add_argument("--keep-db", action="store_true", help="Do not drop the benchmark database afterwards.")
     args = parser.parse_args()
+    if args.runs is None:
+        args.runs = 10 if args.peer else 30
+    if args.peer and args.rounds < 3:
+        parser.error("--rounds must be at least 3")
 
     url = bench_url()
     server_version = recreate_database(url)
+    if args.peer:
+        try:
+            run_versus_peer(args, url, server_version)
+        finally:
+            if not args.keep_db:
+                drop_database(url)
+        return
     try:
         setup_django(url)
         from django.conf import settings

@@ -1,7 +1,8 @@
 """Live delivery of run traces. THE one module that owns group names and publishing.
 
 Events are published after their step committed, one group message per step (a batch),
-from one long-lived event loop per process (no event loop per event). Delivery is
+from one long-lived event loop per process (no event loop per event), which sends the batches
+in order while the committing thread goes on (it never waits for the channel layer). Delivery is
 best-effort by design: a dropped message (a full channel layer) is healed by the
 consumer, which backfills from the database whenever it sees a gap in ``seq``.
 """
@@ -11,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -35,28 +37,76 @@ def tenant_approvals_group(tenant_id: int) -> str:
 
 
 class _Publisher:
+    """One event loop thread per process that sends queued batches to the channel layer, in submission order.
+
+    ``submit`` hands a batch over and returns at once: the worker thread that committed a step never waits
+    for the channel layer (Redis). Batches are sent one at a time, in the order they were submitted, so a
+    run's steps reach the layer in commit order. A batch that fails or takes longer than
+    ``PUBLISH_TIMEOUT_SECONDS`` is logged and dropped, and when more than ``MAX_QUEUED`` batches wait (the
+    layer is down) new ones are dropped: the events are committed, and viewers backfill from the database
+    whenever they see a gap in ``seq``.
+    """
+
+    MAX_QUEUED = 10_000
+
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[Callable[[], Awaitable[Any]]] | None = None
         self._lock = threading.Lock()
+        self._pid = 0
 
-    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+    def _ensure_loop(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue[Callable[[], Awaitable[Any]]]]:
         with self._lock:
-            if self._loop is None or self._loop.is_closed():
+            # A forked child inherits the loop object but not its thread: it starts its own.
+            if self._loop is None or self._loop.is_closed() or self._queue is None or self._pid != os.getpid():
                 loop = asyncio.new_event_loop()
+                queue: asyncio.Queue[Callable[[], Awaitable[Any]]] = asyncio.Queue(maxsize=self.MAX_QUEUED)
                 thread = threading.Thread(target=loop.run_forever, name="agentops-publisher", daemon=True)
                 thread.start()
-                self._loop = loop
-            return self._loop
+                asyncio.run_coroutine_threadsafe(self._drain(queue), loop)
+                self._loop, self._queue, self._pid = loop, queue, os.getpid()
+            return self._loop, self._queue
 
-    def submit(self, coro: Coroutine[Any, Any, Any]) -> None:
-        future = asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
-        try:
-            future.result(timeout=PUBLISH_TIMEOUT_SECONDS)
-        except Exception:
-            log.warning("live publish failed; websocket clients will backfill from the database", exc_info=True)
+    @staticmethod
+    async def _drain(queue: asyncio.Queue[Callable[[], Awaitable[Any]]]) -> None:
+        while True:
+            send = await queue.get()
+            try:
+                await asyncio.wait_for(send(), PUBLISH_TIMEOUT_SECONDS)
+            except Exception:
+                log.warning("live publish failed; websocket clients will backfill from the database", exc_info=True)
+            finally:
+                queue.task_done()
+
+    def submit(self, send: Callable[[], Awaitable[Any]]) -> None:
+        """Queue ``send`` (an async callable) to run on the publisher's loop after the batches before it."""
+        loop, queue = self._ensure_loop()
+
+        def enqueue() -> None:
+            try:
+                queue.put_nowait(send)
+            except asyncio.QueueFull:
+                log.warning("live publish queue full (%d batches); dropped one, clients will backfill", self.MAX_QUEUED)
+
+        loop.call_soon_threadsafe(enqueue)
+
+    def flush(self, timeout: float = PUBLISH_TIMEOUT_SECONDS) -> bool:
+        """Wait until every batch submitted before this call was sent (or dropped). For tests and shutdown."""
+        done = threading.Event()
+
+        async def mark() -> None:
+            done.set()
+
+        self.submit(mark)
+        return done.wait(timeout)
 
 
 _publisher = _Publisher()
+
+
+def flush(timeout: float = PUBLISH_TIMEOUT_SECONDS) -> bool:
+    """Block until the batches published so far have been handed to the channel layer (True), or ``timeout``."""
+    return _publisher.flush(timeout)
 
 
 def _send(groups_and_messages: list[tuple[str, dict[str, Any]]]) -> None:
@@ -68,7 +118,7 @@ def _send(groups_and_messages: list[tuple[str, dict[str, Any]]]) -> None:
         for group, message in groups_and_messages:
             await layer.group_send(group, message)
 
-    _publisher.submit(send_all())
+    _publisher.submit(send_all)
 
 
 def encode_frame(frame: dict[str, Any]) -> str:

@@ -5,8 +5,10 @@ at start-up (``MarketplaceConfig.ready()``). Read-only; no audit rows here (the 
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
+from django.db import connections, router
 from django.db.models import Q, QuerySet
 
 from marketplace.models import ACTIVE_INSTALL_STATUSES, PluginInstall
@@ -35,12 +37,7 @@ def tool_allowed_for(tool: Tool, tenant_id: int, session_key: Any) -> tuple[bool
     """
     if tool.tenant_id != tenant_id:
         return False, f"There is no tool named {tool.name!r} here."
-    row = (
-        Tool.objects.filter(pk=tool.pk)
-        .values("enabled", "plugin_install_id", "plugin_install__status", "plugin_install__plugin_id",
-                "plugin_install__plugin__available", "plugin_install__plugin_key", "rollout__enabled_percent")
-        .first()
-    )
+    row = _policy_row(tool.pk)
     if row is None:
         return False, f"The tool {tool.name} no longer exists. Do not retry it."
     if not row["enabled"]:
@@ -56,6 +53,32 @@ def tool_allowed_for(tool: Tool, tenant_id: int, session_key: Any) -> tuple[bool
         return False, (f"The tool {tool.name} is not available in this conversation yet (it is being rolled out gradually). "
                        "Do not retry it; answer without it.")
     return True, ""
+
+
+_POLICY_FIELDS = ("enabled", "plugin_install_id", "plugin_install__status", "plugin_install__plugin_id",
+                  "plugin_install__plugin__available", "plugin_install__plugin_key", "rollout__enabled_percent")
+
+
+def _policy_query(pk: Any) -> QuerySet[Tool, dict[str, Any]]:
+    return Tool.objects.filter(pk=pk).values(*_POLICY_FIELDS).order_by("pk")[:1]
+
+
+@lru_cache(maxsize=8)
+def _policy_sql(alias: str) -> str:
+    """The policy read's SQL, compiled by the ORM once per database (it runs before every tool call)."""
+    statement, params = _policy_query(0).query.get_compiler(alias).as_sql()
+    if list(params) != [0]:  # pragma: no cover - the query's one parameter is the tool's id
+        raise RuntimeError(f"unexpected parameters in the tool policy query: {params!r}")
+    return str(statement)
+
+
+def _policy_row(pk: Any) -> dict[str, Any] | None:
+    """The tool's kill switch, plugin install and rollout (what ``_policy_query(pk).first()`` returns), one query."""
+    alias = router.db_for_read(Tool)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_policy_sql(alias), [pk])
+        row = cursor.fetchone()
+    return dict(zip(_POLICY_FIELDS, row, strict=True)) if row is not None else None
 
 
 def granted_scopes(tenant_id: int) -> list[str]:

@@ -39,9 +39,25 @@ def estimate_by_chars(text: str) -> int:
     return cjk + (len(text) - cjk + 3) // 4
 
 
+#: Texts up to this length have their count remembered: a conversation's messages are counted again at every
+#: step (compaction check, budget projection, usage), and counting is the runtime's largest CPU cost per step.
+CACHED_TEXT_CHARS = 16_384
+
+
 def count_tokens(text: str, model: str = "") -> int:
     if not text:
         return 0
+    if len(text) <= CACHED_TEXT_CHARS:
+        return _count_cached(text, model)
+    return _count(text, model)
+
+
+@lru_cache(maxsize=4096)
+def _count_cached(text: str, model: str) -> int:
+    return _count(text, model)
+
+
+def _count(text: str, model: str) -> int:
     encoding = _encoding_for(model) if model else None
     if encoding is None:
         return estimate_by_chars(text)

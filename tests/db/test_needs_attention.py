@@ -32,7 +32,7 @@ from agents.engine import build_loop
 from agents.models import Run, RunEvent
 from agents.store import DjangoRunStore
 from audit.chain import verify_changes
-from audit.models import ConfigChange, ToolCallAudit
+from audit.models import AuditChainHead, ConfigChange, ToolCallAudit
 from console.metrics_view import _database_gauges
 from runtime.scripted import ScriptedModel, call, say
 from tenants.models import Role
@@ -200,6 +200,8 @@ def test_marking_costs_no_query_of_its_own(world: World, use_model: Any, monkeyp
         monkeypatch.setattr(DjangoRunStore, "commit_step", real)
         return counted["first"]
 
+    # (the tenant's chain head exists already: its very first audit row creates it, two statements more)
+    AuditChainHead.objects.get_or_create(tenant_id=world.tenant.pk)
     plain = step_queries(_start(world), crashed=False)
     unknown_run = _start(world)
     unknown = step_queries(unknown_run, crashed=True)

@@ -27,6 +27,7 @@ from agents.store import DjangoRunStore
 from agents.sweeper import stranded_runs, sweep_runs
 from audit.models import ToolCallAudit
 from audit.unit_of_work import StepAudit
+from config.batch import WriteBatch
 from runtime.protocols import StepRecord
 from runtime.scripted import ScriptedModel, call, say
 from runtime.types import Event, ModelRequest, ModelResponse, Phase, Usage
@@ -101,28 +102,29 @@ def _assert_trace_is_whole(run: Run) -> list[RunEvent]:
 
 
 def test_a_step_commits_checkpoint_events_messages_and_audit_together(world: World, use_model: Any) -> None:
-    # given a run whose third step fails to write its messages half-way through the commit
+    # given a run whose third step fails half-way through its commit: its writes (events, messages, audit
+    # rows, chain head, checkpoint) have reached the database, the transaction has not committed
     run = _start(world)
     use_model(ScriptedModel([*TOOL_STEPS[:3], say("done")]))
     calls = {"n": 0}
-    real = RunMessage.objects.bulk_create
+    real = WriteBatch.execute
 
-    def flaky(*args: Any, **kwargs: Any) -> Any:
+    def flaky(self: WriteBatch) -> None:
+        real(self)
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("disk full")
-        return real(*args, **kwargs)
 
     token = uuid.uuid4().hex
     taken = services.acquire_lease(str(run.pk), token)
     assert taken is not None
     loop = build_loop(taken, token)
-    RunMessage.objects.bulk_create = flaky  # type: ignore[method-assign]
+    WriteBatch.execute = flaky  # type: ignore[method-assign]
     try:
         with pytest.raises(RuntimeError, match="disk full"):
             loop.run(str(run.pk))
     finally:
-        del RunMessage.objects.bulk_create
+        WriteBatch.execute = real  # type: ignore[method-assign]
     # then steps 1-2 are durable and nothing of step 3 is: no event, message, audit row or checkpoint
     run.refresh_from_db()
     assert run.step == 2
@@ -143,7 +145,8 @@ class WriteMeter:
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         self.queries += 1
-        if sql.lstrip()[:6].upper() in ("INSERT", "UPDATE") and params:
+        # a step's writes are one "WITH w0 AS (INSERT …) … UPDATE …" statement on PostgreSQL (config/batch.py)
+        if sql.lstrip()[:6].upper() in ("INSERT", "UPDATE", "WITH W") and params:
             for row in params if many else [params]:
                 self.written += sum(_size(p) for p in row)
         return execute(sql, params, many, context)
@@ -214,6 +217,12 @@ def test_queries_and_bytes_per_step_do_not_grow_with_the_conversation(world: Wor
     # then steps 2..5 (each: one tool call, one commit) cost the same number of queries whatever the history,
     short_queries, long_queries = [q for q, _ in short[1:]], [q for q, _ in long[1:]]
     assert len(set(short_queries)) == 1 and short_queries == long_queries, (short, long)
+    if connection.vendor == "postgresql":
+        # a tool step is the tool's policy read, then its transaction: the run row and the audit chain head
+        # locked in one statement, and every write of the step (events, message, sealed audit row, chain
+        # head, checkpoint) in one statement (config/batch.py). (Inside the test's own transaction the step's
+        # is a savepoint: SAVEPOINT and RELEASE are two statements more, where a worker has BEGIN and COMMIT.)
+        assert short_queries[0] == 3 + 2, short
     # and write about the same bytes (messages are appended, never re-saved), while step 1 (which
     # persists the assembled context once) is where the history shows
     for (_, a), (_, b) in zip(short[1:], long[1:], strict=True):
