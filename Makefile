@@ -90,6 +90,11 @@ bench-api: $(VENV)/.dev-installed
 bench-trace: $(VENV)/.dev-installed
 	$(PY) bench/trace_fanout.py $(BENCH_ARGS)
 
+# The two-step demo end to end at 20 in flight: runs/s, POST -> finished, queue wait vs execution (bench/README.md).
+.PHONY: bench-throughput
+bench-throughput: $(VENV)/.dev-installed
+	$(PY) bench/throughput.py $(BENCH_ARGS)
+
 # A clean venv from requirements.txt only, then server + worker + beat on PostgreSQL/Redis and one demo run (CI runs it).
 .PHONY: smoke-production
 smoke-production:
