@@ -72,7 +72,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def database_url() -> str:
+def database_url(default_db: str = DEFAULT_DB) -> str:
     explicit = os.environ.get("BENCH_DATABASE_URL")
     if explicit:
         if "bench" not in urlsplit(explicit).path:
@@ -82,7 +82,21 @@ def database_url() -> str:
     if not base.startswith(("postgres://", "postgresql://")):
         base = "postgres://postgres@127.0.0.1:5432/postgres"
     parts = urlsplit(base)
-    return urlunsplit(parts._replace(path=f"/{DEFAULT_DB}"))
+    return urlunsplit(parts._replace(path=f"/{default_db}"))
+
+
+def stack_env(url: str, workdir: Path, queue: str, demo_key: str) -> dict[str, str]:
+    """The environment of a production-mode stack of our own: its database, Redis, queue and demo key."""
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=url, REDIS_URL=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), DEBUG="false",
+        HTTPS_ONLY="false", SECRET_KEY=secrets.token_urlsafe(40), AGENTOPS_VAR_DIR=str(workdir),
+        AGENTOPS_QUEUE=queue, PROMETHEUS_MULTIPROC_DIR=str(workdir / "prometheus"),
+        DEMO_API_KEY=demo_key, DEMO_PASSWORD="bench-password-0123",
+        API_THROTTLE_RATE="1000000/min", RUN_CREATE_THROTTLE_RATE="1000000/min",  # on (their cost counts), never tripping
+        UVICORN_LOG_LEVEL="warning", LOG_LEVEL="WARNING",
+    )
+    return env
 
 
 def admin_url(url: str) -> str:
@@ -417,15 +431,7 @@ def main() -> int:
     url = database_url()
     workdir = Path(tempfile.mkdtemp(prefix="agentops-api-load-"))
     port, peer_port = free_port(), free_port()
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=url, REDIS_URL=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), DEBUG="false",
-        HTTPS_ONLY="false", SECRET_KEY=secrets.token_urlsafe(40), AGENTOPS_VAR_DIR=str(workdir),
-        AGENTOPS_QUEUE=f"agentops-bench-api-{port}", PROMETHEUS_MULTIPROC_DIR=str(workdir / "prometheus"),
-        DEMO_API_KEY=DEMO_KEY, DEMO_PASSWORD="bench-password-0123",
-        API_THROTTLE_RATE="1000000/min", RUN_CREATE_THROTTLE_RATE="1000000/min",  # on (their cost counts), never tripping
-        UVICORN_LOG_LEVEL="warning", LOG_LEVEL="WARNING",
-    )
+    env = stack_env(url, workdir, f"agentops-bench-api-{port}", DEMO_KEY)
     procs = Processes(workdir, env)
     base, peer_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer_port}"
     result: dict[str, Any] = {"seconds": seconds, "rounds": [], "server_processes": args.server_processes,

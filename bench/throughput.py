@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import secrets
 import signal
 import statistics
 import sys
@@ -32,7 +31,7 @@ import httpx
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from api_load import (
     ROOT,
@@ -40,11 +39,13 @@ from api_load import (
     admin_url,
     cpu_seconds,
     database,
+    database_url,
     db_name,
     free_port,
     log,
     percentile,
     run_manage,
+    stack_env,
     wait_healthy,
 )
 
@@ -52,16 +53,6 @@ RESULTS = ROOT / "bench" / "results" / "throughput.json"
 DEFAULT_DB = "agentops_bench_throughput"
 DEMO_KEY = "aok_7b0b7b0b_throughput-bench-secret-key-0123456789"
 RUN = {"agent": "order-assistant", "input": "where is order O202411280001?"}
-
-
-def database_url() -> str:
-    explicit = os.environ.get("BENCH_DATABASE_URL")
-    if explicit and "bench" in urlsplit(explicit).path:
-        return explicit
-    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-    if not base.startswith(("postgres://", "postgresql://")):
-        base = "postgres://postgres@127.0.0.1:5432/postgres"
-    return urlunsplit(urlsplit(base)._replace(path=f"/{DEFAULT_DB}"))
 
 
 async def drive(base: str, url: str, runs: int, in_flight: int) -> dict[str, Any]:
@@ -135,18 +126,10 @@ def main() -> int:
     runs, in_flight = max(1, min(args.runs, 1000)), max(1, min(args.in_flight, 100))
     phases = [max(1, min(int(c), 32)) for c in args.concurrency.split(",") if c.strip()]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    url = database_url()
+    url = database_url(DEFAULT_DB)
     workdir = Path(tempfile.mkdtemp(prefix="agentops-throughput-"))
     port = free_port()
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=url, REDIS_URL=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), DEBUG="false",
-        HTTPS_ONLY="false", SECRET_KEY=secrets.token_urlsafe(40), AGENTOPS_VAR_DIR=str(workdir),
-        AGENTOPS_QUEUE=f"agentops-bench-tp-{port}", PROMETHEUS_MULTIPROC_DIR=str(workdir / "prometheus"),
-        DEMO_API_KEY=DEMO_KEY, DEMO_PASSWORD="bench-password-0123",
-        API_THROTTLE_RATE="1000000/min", RUN_CREATE_THROTTLE_RATE="1000000/min", UVICORN_LOG_LEVEL="warning",
-        LOG_LEVEL="WARNING",
-    )
+    env = stack_env(url, workdir, f"agentops-bench-tp-{port}", DEMO_KEY)
     procs = Processes(workdir, env)
     base = f"http://127.0.0.1:{port}"
     result: dict[str, Any] = {"runs": runs, "in_flight": in_flight, "phases": []}

@@ -99,15 +99,15 @@ def template_expressions(template: str) -> list[str]:
     return [m.group(1).strip() for m in _TEMPLATE_FIELD.finditer(template)]
 
 
-class Case(Document):
-    when: Expression
-    goto: Annotated[list[str], Leaf(lambda v: _ids(v), {"type": "array", "items": {"type": "string", "pattern": _ID}})]
-
-
 def _ids(value: Any) -> list[str]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and re.match(_ID, v) for v in value):
         raise problem("must be a non-empty list of node ids", value)
     return list(value)
+
+
+class Case(Document):
+    when: Expression
+    goto: Annotated[list[str], Leaf(_ids, {"type": "array", "items": {"type": "string", "pattern": _ID}})]
 
 
 #: The fields each kind takes besides the common ones (``id``, ``kind``, ``after``, ``inputs``, ``values``,
@@ -371,13 +371,15 @@ def plan(flow: FlowDefinition, states: Mapping[str, str], chosen: Mapping[str, I
         outcome = "failed" if not any(s in (NodeState.RUNNING, NodeState.WAITING) for s in state.values()) else None
         return Plan(outcome=outcome, failed_node=failed[0].id)
 
+    nodes = {n.id: n for n in flow.nodes}
+
     def passes(dep: str, node: str) -> bool:
         s = state[dep]
         if s == NodeState.SKIPPED:
             return False
         if s == NodeState.FAILED:
-            return flow.node(dep).on_error == "continue"
-        if node in flow.node(dep).targets():  # a switch that may choose this node: did it?
+            return nodes[dep].on_error == "continue"
+        if node in nodes[dep].targets():  # a switch that may choose this node: did it?
             return s == NodeState.DONE and node in chosen.get(dep, set())
         return s == NodeState.DONE
 
