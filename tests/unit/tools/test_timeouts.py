@@ -278,10 +278,11 @@ class SlowServer:
                 steps = [(0.0, b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")] + [(0.45, b"a")] * 22
             for delay, data in steps:
                 readable, _, _ = select.select([conn], [], [], delay)
-                if readable and not conn.recv(1):  # the client closed the connection
-                    self.closed_at.append(time.monotonic())
-                    return
                 try:
+                    # a client that closes with our bytes still unread in its buffer sends a reset, not a FIN:
+                    # recv then raises instead of returning b"" -- both mean the connection was closed
+                    if readable and not conn.recv(1):
+                        raise ConnectionResetError
                     conn.sendall(data)
                 except OSError:
                     self.closed_at.append(time.monotonic())
