@@ -64,12 +64,7 @@ def _registered() -> set[str]:
     """Sample names the metric modules the server imports can produce (this process imported the same modules)."""
     assert agents.metrics.RUNS and tools.metrics.TOOL_KILLED and approvals.metrics.APPROVAL_DECISIONS
     assert agents.acceptance.ENQUEUE_FAILURES
-    names = set()
-    for collector in list(REGISTRY._collector_to_names):
-        describe = getattr(collector, "describe", None)
-        for family in describe() if describe else []:
-            names |= {family.name + suffix for suffix in _SUFFIXES[family.type]}
-    return names
+    return {family.name + suffix for family in REGISTRY.collect() for suffix in _SUFFIXES[family.type]}
 
 
 def test_every_metric_the_dashboard_and_alerts_use_is_exported(live_stack: Any, target: str, unblocked_db: None) -> None:
