@@ -46,7 +46,9 @@ from typing import Any
 from django.db import transaction
 from prometheus_client import Counter, Histogram
 
+from agents.models import ACTIVE_STATUSES, Run
 from approvals.models import ApprovalRequest, ApprovalStatus
+from runtime.types import TerminalReason
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,23 @@ LLM_DURATION = Histogram(
     "agentops_llm_request_duration_seconds", "Model call latency, by model.", ["model"],
     buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
+LLM_ERRORS = Counter(
+    "agentops_llm_errors", "Model calls that failed after every route and retry (the run ended in error), by model.", ["model"],
+)
+LLM_ATTEMPTS = Counter(
+    "agentops_llm_attempts",
+    "Model gateway attempts, by provider and outcome (ok, timeout, rate_limited, server_error, circuit_open, ...).",
+    ["provider", "outcome"],
+)
+RUN_LIMITS = Counter(
+    "agentops_run_limits_hit",
+    "Runs stopped by a limit (model-call/step limit, recursion, budget, loop, wall time), by agent and the limit that "
+    "decided (the hook's name, else the terminal reason).",
+    ["agent", "limit"],
+)
+#: Terminal reasons that mean a limit stopped the run.
+LIMIT_REASONS = frozenset({TerminalReason.LIMIT_REACHED, TerminalReason.MAX_RECURSION, TerminalReason.BUDGET_EXCEEDED,
+                           TerminalReason.LOOP_DETECTED, TerminalReason.TIMEOUT})
 TOOL_CALLS = Counter("agentops_tool_calls", "Tool calls, by tool and outcome (the call's status).", ["tool", "outcome"])
 TOOL_DURATION = Histogram(
     "agentops_tool_call_duration_seconds", "Tool call latency as audited by the tool gateway, by tool.", ["tool"],
@@ -121,6 +140,11 @@ def samples(agent: str, steps: int, rows: Iterable[Any]) -> list[tuple[Any, dict
             out.append((LLM_COST, {"model": model}, "inc", _number(payload.get("cost"))))
             if payload.get("latency_ms") is not None:
                 out.append((LLM_DURATION, {"model": model}, "observe", _number(payload["latency_ms"]) / 1000))
+        elif row.type == "model.error":
+            out.append((LLM_ERRORS, {"model": _label(payload.get("model"))}, "inc", 1.0))
+        elif row.type == "model.attempt":
+            labels = {"provider": _label(payload.get("provider")), "outcome": _label(payload.get("outcome"))}
+            out.append((LLM_ATTEMPTS, labels, "inc", 1.0))
         elif row.type == "tool.call":
             tool = tool_of_span[row.span_id]
             out.append((TOOL_CALLS, {"tool": tool, "outcome": _label(payload.get("status"))}, "inc", 1.0))
@@ -131,8 +155,11 @@ def samples(agent: str, steps: int, rows: Iterable[Any]) -> list[tuple[Any, dict
             if payload.get("latency_ms") is not None:
                 out.append((TOOL_DURATION, {"tool": tool}, "observe", _number(payload["latency_ms"]) / 1000))
         elif row.type == "run.finished":
-            out.append((RUNS, {"agent": agent, "status": _label(payload.get("terminal_reason"), "error")}, "inc", 1.0))
+            status = _label(payload.get("terminal_reason"), "error")
+            out.append((RUNS, {"agent": agent, "status": status}, "inc", 1.0))
             out.append((RUN_STEPS, {}, "observe", float(steps)))
+            if status in LIMIT_REASONS:
+                out.append((RUN_LIMITS, {"agent": agent, "limit": _label(payload.get("decided_by"), status)}, "inc", 1.0))
     return out
 
 
@@ -145,10 +172,13 @@ def _apply(observations: list[tuple[Any, dict[str, str], str, float]]) -> None:
             target.observe(value)
 
 
+_OBSERVED = frozenset({"model.call", "model.error", "model.attempt", "tool.call", "tool.audit", "run.finished"})
+
+
 def observe_committed(run: Any, rows: list[Any]) -> None:
     """Count a step's events once its transaction commits. Never raises into the caller."""
     try:
-        relevant = [r for r in rows if r.type in {"model.call", "tool.call", "tool.audit", "run.finished"}]
+        relevant = [r for r in rows if r.type in _OBSERVED]
         if not relevant:
             return
         agent = _agent_label(run) if any(r.type == "run.finished" for r in relevant) else ""
@@ -193,4 +223,36 @@ class ApprovalQueueCollector:
             pending.add_metric([row["tenant__slug"]], row["count"])
             oldest.add_metric([row["tenant__slug"]], max(0.0, (now - row["first"]).total_seconds()))
         yield pending
+        yield oldest
+
+
+class RunQueueCollector:
+    """``agentops_runs_active`` and ``agentops_run_oldest_idle_seconds`` per tenant and status, read at scrape time.
+
+    One grouped query per scrape over the active runs (``status`` is indexed). The idle age is the time since the
+    least recently changed run in that status was last written: for ``queued`` how long it has waited for a worker,
+    for ``running`` how long since its last step committed, for ``waiting`` how long an approval has been pending.
+    Registered with the other database gauges in ``console/metrics_view.py``.
+    """
+
+    def collect(self) -> Iterable[Any]:
+        from django.db.models import Count, Min
+        from django.utils import timezone
+        from prometheus_client.core import GaugeMetricFamily
+
+        active = GaugeMetricFamily("agentops_runs_active", "Runs queued, running or waiting for approval.",
+                                   labels=["tenant", "status"])
+        oldest = GaugeMetricFamily(
+            "agentops_run_oldest_idle_seconds",
+            "Seconds since the least recently changed run in this status was written (queued: waiting for a worker).",
+            labels=["tenant", "status"],
+        )
+        now = timezone.now()
+        rows = (Run.objects.filter(status__in=ACTIVE_STATUSES).order_by().values("tenant__slug", "status")
+                .annotate(count=Count("id"), first=Min("updated_at")))
+        for row in rows:
+            labels = [row["tenant__slug"], row["status"]]
+            active.add_metric(labels, row["count"])
+            oldest.add_metric(labels, max(0.0, (now - row["first"]).total_seconds()))
+        yield active
         yield oldest

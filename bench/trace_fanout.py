@@ -410,7 +410,7 @@ def main() -> None:
         ports = {"ours": _free_port(), "peer": _free_port()}
         ours = procs.spawn("server", [sys.executable, "manage.py", "serve", "--no-worker", "--port", str(ports["ours"])], env)
         peer_srv = procs.spawn("peer", [sys.executable, "-m", "uvicorn", "--app-dir", "bench", "trace_peer:application",
-                                        "--host", "127.0.0.1", "--port", str(ports["peer"]), "--ws", "websockets",
+                                        "--host", "127.0.0.1", "--port", str(ports["peer"]), "--ws", "websockets-sansio",
                                         "--lifespan", "off", "--log-level", "warning"], env)
         wait_port(ports["ours"], ours, logdir / "server.log")
         wait_port(ports["peer"], peer_srv, logdir / "peer.log")

@@ -2,10 +2,10 @@
 
 No authentication, no tenancy, no backfill, no heartbeat: ``/ws/peer/<name>/`` joins the group
 ``bench.peer.<name>`` and relays each ``run.events`` message's frames as JSON text. It runs under
-the same uvicorn (``--ws websockets``) and the same channel layer settings (``config.settings``:
+the same uvicorn (``--ws websockets-sansio``) and the same channel layer settings (``config.settings``:
 channels_redis, same capacity and expiry) as the application, so the difference is our code.
 
-    python -m uvicorn --app-dir bench trace_peer:application --port 9001 --ws websockets --lifespan off
+    python -m uvicorn --app-dir bench trace_peer:application --port 9001 --ws websockets-sansio --lifespan off
 """
 
 from __future__ import annotations

@@ -9,11 +9,12 @@ from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 
 from agents.attention import AttentionCollector
-from agents.metrics import ApprovalQueueCollector
+from agents.metrics import ApprovalQueueCollector, RunQueueCollector
 
 _database_gauges = CollectorRegistry()  # no auto-describe: collecting queries the database, so only at scrape time
 _database_gauges.register(ApprovalQueueCollector())
 _database_gauges.register(AttentionCollector())
+_database_gauges.register(RunQueueCollector())
 
 
 def _authorized(request: HttpRequest) -> bool:

@@ -9,6 +9,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+#: uvicorn's websocket implementation on the websockets library (its legacy ``websockets`` one is deprecated).
+WS_IMPLEMENTATION = "websockets-sansio"
+
 
 class Command(BaseCommand):
     help = "Serve the console over ASGI (HTTP + websockets). In embedded mode also runs a Celery worker in-process."
@@ -40,5 +43,5 @@ class Command(BaseCommand):
         # uvicorn shuts down gracefully on SIGTERM, then re-raises it: exit normally so exit handlers
         # (e.g. flushing OpenTelemetry spans) still run.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        uvicorn.run("config.asgi:application", host=host, port=port, ws="websockets", lifespan="off",
+        uvicorn.run("config.asgi:application", host=host, port=port, ws=WS_IMPLEMENTATION, lifespan="off",
                     log_level=settings.UVICORN_LOG_LEVEL, proxy_headers=False, workers=workers)

@@ -33,6 +33,13 @@ SYSTEM_PROMPT = (
 )
 
 
+def _client_host(host: str) -> str:
+    """Where a client on this machine reaches ``manage.py serve`` bound to ``host`` (HOST): a wildcard is local."""
+    if host in ("", "0.0.0.0", "::"):  # noqa: S104 (a comparison, not a bind)
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
 def _credentials_file() -> Any:
     return settings.VAR_DIR / "demo-credentials.json"
 
@@ -71,7 +78,7 @@ class Command(BaseCommand):
             self.stdout.write("  order-assistant-llm needs OPENAI_BASE_URL (and OPENAI_API_KEY) or a provider named 'openai'.")
         self.stdout.write("  try: curl -H 'Authorization: Bearer <key>' -H 'Content-Type: application/json' "
                           "-d '{\"agent\":\"order-assistant\",\"input\":\"where is order O202411280001?\"}' "
-                          "http://127.0.0.1:8000/api/v1/runs")
+                          f"http://{_client_host(settings.SERVE_HOST)}:{settings.SERVE_PORT}/api/v1/runs")
 
     def _order_desk(self, tenant: Tenant, admin: Any) -> list[Tool]:
         """The order-desk plugin, installed for the demo tenant: its tools, refund_order (needs approval) included."""
