@@ -9,7 +9,7 @@ from django.db.models import Exists, OuterRef
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
-from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -39,18 +39,27 @@ class NewestFirst(CursorPages):
     max_page_size = 200
 
 
-class EventStreamRenderer(BaseRenderer):
-    """Lets a client ask for ``text/event-stream``; the stream itself is a StreamingHttpResponse, and errors are JSON."""
+class StreamNegotiation(DefaultContentNegotiation):
+    """``Accept: text/event-stream`` is acceptable on runs: the streams answer it, and everything else (errors too) is JSON.
 
-    media_type = "text/event-stream"
-    format = "sse"
+    (Not a renderer: a second renderer format would add a ``format`` query parameter to every run endpoint.)
+    """
 
-    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
-        return JSONRenderer().render(data)
+    def select_renderer(self, request: Request, renderers: Any, format_suffix: str | None = None) -> Any:
+        try:
+            return super().select_renderer(request, renderers, format_suffix)
+        except exceptions.NotAcceptable:
+            if not wants_event_stream(request):
+                raise
+            return renderers[0], renderers[0].media_type
+
+
+def wants_event_stream(request: Request) -> bool:
+    return "text/event-stream" in request.headers.get("Accept", "")
 
 
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
-    renderer_classes = [JSONRenderer, BrowsableAPIRenderer, EventStreamRenderer]
+    content_negotiation_class = StreamNegotiation
     queryset = Run.objects.select_related("agent", "version", "attention_resolved_by")
     serializer_class = RunSerializer
     pagination_class = NewestFirst
@@ -61,12 +70,6 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     filterset_class = RunFilter
     #: Reads load only what they show (RUN_READ_FIELDS), never a run's state (its whole conversation).
     lean_actions = frozenset({"list", "retrieve", "events", "stream"})
-
-    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(response, Response) and isinstance(getattr(request, "accepted_renderer", None), EventStreamRenderer):
-            # An error (or any rendered body) for a client that asked for a stream is still the API's JSON.
-            request.accepted_renderer, request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
-        return super().finalize_response(request, response, *args, **kwargs)
 
     def get_queryset(self) -> Any:
         queryset = super().get_queryset()
@@ -119,7 +122,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         accepted = acceptance.accept_run(actor=self.actor, agent=agent, text=data["input"], session=session,
                                              facts=data.get("facts"), idempotency_key=key)
         headers = {acceptance.REPLAYED_HEADER: "true"} if accepted.replayed else {}
-        if data.get("stream") or isinstance(getattr(request, "accepted_renderer", None), EventStreamRenderer):
+        if data.get("stream") or wants_event_stream(request):
             headers["Location"] = f"/api/v1/runs/{accepted.run.pk}"
             headers["X-Run-Id"] = str(accepted.run.pk)
             return sse.stream_response(accepted.run.pk, 0, status=status.HTTP_202_ACCEPTED, headers=headers)
