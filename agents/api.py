@@ -9,10 +9,11 @@ from django.db.models import Exists, OuterRef
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from agents import acceptance, attention, services
+from agents import acceptance, attention, services, sse
 from agents.filters import RunFilter
 from agents.models import Agent, AgentKind, AgentVersion, Run, RunEvent, Session
 from agents.serializers import (
@@ -38,17 +39,37 @@ class NewestFirst(CursorPages):
     max_page_size = 200
 
 
+class StreamNegotiation(DefaultContentNegotiation):
+    """``Accept: text/event-stream`` is acceptable on runs: the streams answer it, and everything else (errors too) is JSON.
+
+    (Not a renderer: a second renderer format would add a ``format`` query parameter to every run endpoint.)
+    """
+
+    def select_renderer(self, request: Request, renderers: Any, format_suffix: str | None = None) -> Any:
+        try:
+            return super().select_renderer(request, renderers, format_suffix)
+        except exceptions.NotAcceptable:
+            if not wants_event_stream(request):
+                raise
+            return renderers[0], renderers[0].media_type
+
+
+def wants_event_stream(request: Request) -> bool:
+    return "text/event-stream" in request.headers.get("Accept", "")
+
+
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    content_negotiation_class = StreamNegotiation
     queryset = Run.objects.select_related("agent", "version", "attention_resolved_by")
     serializer_class = RunSerializer
     pagination_class = NewestFirst
-    scope_actions = {**TenantScopedViewSet.scope_actions, "cancel": "operate", "events": "view",
+    scope_actions = {**TenantScopedViewSet.scope_actions, "cancel": "operate", "events": "view", "stream": "view",
                      "resolve_attention": attention.RESOLVE_ACTION}
     throttle_scopes = {"create": "run_create"}  # RUN_CREATE_THROTTLE_RATE per key, on top of the API-wide rate
     filter_backends = [ListFilterBackend]
     filterset_class = RunFilter
     #: Reads load only what they show (RUN_READ_FIELDS), never a run's state (its whole conversation).
-    lean_actions = frozenset({"list", "retrieve", "events"})
+    lean_actions = frozenset({"list", "retrieve", "events", "stream"})
 
     def get_queryset(self) -> Any:
         queryset = super().get_queryset()
@@ -101,6 +122,10 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         accepted = acceptance.accept_run(actor=self.actor, agent=agent, text=data["input"], session=session,
                                              facts=data.get("facts"), idempotency_key=key)
         headers = {acceptance.REPLAYED_HEADER: "true"} if accepted.replayed else {}
+        if data.get("stream") or wants_event_stream(request):
+            headers["Location"] = f"/api/v1/runs/{accepted.run.pk}"
+            headers["X-Run-Id"] = str(accepted.run.pk)
+            return sse.stream_response(accepted.run.pk, 0, status=status.HTTP_202_ACCEPTED, headers=headers)
         return Response(RunSerializer(accepted.run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED,
                         headers=headers)
 
@@ -131,6 +156,27 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             "run": str(run.pk), "status": run.status, "events": RunEventSerializer(rows, many=True).data,
             "next_after": next_after, "has_more": has_more, "next": next_url,
         })
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("after", int, description="Resume after this seq (default 0); the Last-Event-ID header wins."),
+            OpenApiParameter("Last-Event-ID", int, OpenApiParameter.HEADER, required=False,
+                             description="The last seq received (an EventSource sends it when it reconnects)."),
+        ],
+        responses={200: OpenApiResponse(str, description=(
+            "Server-Sent Events: each committed trace event with its seq as the id, and message.delta frames (no id) "
+            "with the model's text as it streams; ends after run.finished."))},
+    )
+    @action(detail=True, methods=["get"])
+    def stream(self, request: Request, pk: Any = None) -> Any:
+        """The run as Server-Sent Events (agents/sse.py): backlog after Last-Event-ID, then live, until it ends."""
+        run = self.get_object()
+        after = sse.parse_resume(request.headers.get("Last-Event-ID"), request.query_params.get("after"))
+        if after < 0:
+            raise exceptions.ValidationError(
+                {"after": ["Last-Event-ID (or after=) must be a non-negative integer: the last seq you received."]}
+            )
+        return sse.stream_response(run.pk, after)
 
     @extend_schema(request=None, responses={202: RunSerializer, 409: None})
     @action(detail=True, methods=["post"])

@@ -91,7 +91,8 @@ class RunEventsConsumer(HeartbeatConsumer):
         try:
             self._inbox.put_nowait(message)
         except asyncio.QueueFull:
-            self._overflowed = True
+            if message.get("type") == "run.events":
+                self._overflowed = True  # a dropped delta is simply lost; a dropped step is backfilled
 
     def feed_lost(self) -> None:
         """The feed stopped (the channel layer failed): close, so the client reconnects and resumes by seq."""
@@ -103,6 +104,9 @@ class RunEventsConsumer(HeartbeatConsumer):
             while True:
                 message = await self._inbox.get()
                 async with self._sending:
+                    if message.get("type") == "run.delta":
+                        await self.send(text_data=message["text"])  # ephemeral: no seq, never backfilled
+                        continue
                     await self.run_events(message)
                     if self._overflowed and self._inbox.empty():
                         # Caught up after dropping messages: read what they carried now, even if no later

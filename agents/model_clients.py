@@ -40,12 +40,14 @@ from agents.providers import (
     guarded_client_for,
     provider_config,
 )
+from agents.run_deltas import RunDeltas
 from agents.run_policy import policy_for
 from config.buckets import bucket_store
 from llm import GatewayConfig, ModelGateway, ModelInfo, ProviderConfig, ProviderError, RateLimit
 from llm.breaker import CircuitBreaker
 from llm.openai_client import split_model
 from llm.ratelimit import Bucket, BucketStore
+from llm.streaming import DeltaListener
 from runtime.protocols import ModelClient
 from runtime.types import ModelRequest, ModelResponse
 
@@ -71,12 +73,14 @@ class UnavailableProvider:
 class TenantModelClient:
     """The gateway as the run's ModelClient: tags each request with the tenant (its rate limit)."""
 
-    def __init__(self, gateway: ModelGateway, tenant: str) -> None:
+    def __init__(self, gateway: ModelGateway, tenant: str, deltas: DeltaListener | None = None) -> None:
         self.gateway = gateway
         self.tenant = tenant
+        self.deltas = deltas
 
     def complete(self, request: ModelRequest) -> ModelResponse:
-        return self.gateway.complete(dataclasses.replace(request, metadata={**request.metadata, "tenant": self.tenant}))
+        tagged = dataclasses.replace(request, metadata={**request.metadata, "tenant": self.tenant})
+        return self.gateway.complete(tagged, deltas=self.deltas)
 
 
 class ScopedBucketStore:
@@ -218,7 +222,8 @@ def clear_cache() -> None:
 
 
 def model_client_for(run: Any) -> ModelClient:
-    return TenantModelClient(gateway_for(run), f"t{run.tenant_id}")
+    """The run's client; the text it streams goes to the run's watchers as ``message.delta`` (agents/run_deltas.py)."""
+    return TenantModelClient(gateway_for(run), f"t{run.tenant_id}", deltas=RunDeltas(run.pk))
 
 
 def model_info_for(run: Any) -> ModelInfo | None:

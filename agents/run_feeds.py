@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
-INBOX_SIZE = 1000  # messages (steps) a watcher may lag behind before they are dropped and backfilled
+INBOX_SIZE = 1000  # messages (steps, deltas) a watcher may lag behind before they are dropped (steps are backfilled)
 
 
 class Watcher(Protocol):
@@ -63,7 +63,7 @@ class RunFeed:
         try:
             while True:
                 message = await self.layer.receive(self.channel)
-                if message.get("type") == "run.events":
+                if message.get("type") in ("run.events", "run.delta"):
                     for watcher in tuple(self.watchers):
                         watcher.deliver(message)
         except asyncio.CancelledError:

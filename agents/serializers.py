@@ -43,6 +43,10 @@ class RunCreateSerializer(serializers.Serializer):
         help_text=(f"Business keys for the run (never shown to the model): at most {FACTS_MAX_KEYS} keys matching "
                    f"{FACT_KEY.pattern}, {FACTS_MAX_BYTES} bytes as JSON; not {', '.join(sorted(LOOP_KEYS))}."),
     )
+    stream = serializers.BooleanField(
+        required=False, default=False,
+        help_text="Answer with the run's event stream (as GET /runs/<id>/stream) instead of JSON; so does Accept: text/event-stream.",
+    )
 
     def validate_input(self, value: str) -> str:
         limit = settings.RUN_INPUT_MAX_CHARS

@@ -5,7 +5,8 @@ capacity, hundreds of threads take turns on one core, each holding (or waiting f
 and every request slows down until all of them time out (issue #14: p50 of 11 s). Here, at the edge, a request beyond
 the limit is refused before Django sees it — no thread, no query, no middleware — with ``Retry-After`` and the API's
 error body (``config/outages.py``: ``dependency`` is ``server``). ``/healthz`` and ``/metrics`` are never refused (a
-probe must see the process as alive under load), nor websockets (they hold no thread while idle).
+probe must see the process as alive under load), nor websockets (they hold no thread while idle); an event stream
+(SSE) stops counting once its headers are sent, for the same reason.
 """
 
 from __future__ import annotations
@@ -40,10 +41,26 @@ class AdmissionLimit:
             await _refuse(send)
             return
         self.in_progress += 1
+        counted = True
+
+        async def send_and_release_streams(message: dict[str, Any]) -> None:
+            # An event stream (SSE) lives as long as its run but holds no thread while it waits, like a websocket:
+            # once its headers are out it no longer counts against the limit.
+            nonlocal counted
+            if counted and message["type"] == "http.response.start" and _is_event_stream(message):
+                counted = False
+                self.in_progress -= 1
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_and_release_streams)
         finally:
-            self.in_progress -= 1
+            if counted:
+                self.in_progress -= 1
+
+
+def _is_event_stream(message: dict[str, Any]) -> bool:
+    return any(name.lower() == b"content-type" and value.startswith(b"text/event-stream") for name, value in message.get("headers", []))
 
 
 async def _refuse(send: Send) -> None:

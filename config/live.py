@@ -78,8 +78,9 @@ class _Publisher:
             finally:
                 queue.task_done()
 
-    def submit(self, send: Callable[[], Awaitable[Any]]) -> None:
-        """Queue ``send`` (an async callable) to run on the publisher's loop after the batches before it."""
+    def submit(self, send: Callable[[], Awaitable[Any]], on_drop: Callable[[], None] | None = None) -> None:
+        """Queue ``send`` (an async callable) to run on the publisher's loop after the batches before it;
+        ``on_drop`` is called instead when the queue is full."""
         loop, queue = self._ensure_loop()
 
         def enqueue() -> None:
@@ -87,6 +88,8 @@ class _Publisher:
                 queue.put_nowait(send)
             except asyncio.QueueFull:
                 log.warning("live publish queue full (%d batches); dropped one, clients will backfill", self.MAX_QUEUED)
+                if on_drop is not None:
+                    on_drop()
 
         loop.call_soon_threadsafe(enqueue)
 
@@ -140,6 +143,44 @@ def publish_run_events(*, run_id: Any, tenant_id: int, frames: list[dict[str, An
             (tenant_runs_group(tenant_id), {"type": "run.summary", "run": summary}),
         ]
     )
+
+
+MAX_DELTAS_QUEUED = 500  # deltas waiting in this process's publisher; past this, new ones are dropped
+_deltas_queued = 0
+_deltas_lock = threading.Lock()
+
+
+def publish_run_delta(*, run_id: Any, frame: dict[str, Any]) -> bool:
+    """Send an ephemeral ``message.delta`` frame to the run's watchers; False when it was dropped.
+
+    Deltas are best-effort and never stored: when the channel layer is slow and deltas pile up in the
+    publisher, new ones are dropped here, so they can never crowd out the committed steps' batches (which
+    viewers would have to backfill) nor grow the worker's memory. The worker thread never waits.
+    """
+    global _deltas_queued
+    layer = get_channel_layer()
+    if layer is None:
+        return False
+    with _deltas_lock:
+        if _deltas_queued >= MAX_DELTAS_QUEUED:
+            return False
+        _deltas_queued += 1
+    message = {"type": "run.delta", "frame": frame, "text": encode_frame(frame)}
+    group = run_group(run_id)
+
+    def done() -> None:
+        global _deltas_queued
+        with _deltas_lock:
+            _deltas_queued -= 1
+
+    async def send() -> None:
+        try:
+            await layer.group_send(group, message)
+        finally:
+            done()
+
+    _publisher.submit(send, on_drop=done)
+    return True
 
 
 def publish_approval(*, tenant_id: int, summary: dict[str, Any]) -> None:

@@ -413,6 +413,8 @@ SERVE_PORT = env_port("PORT", 8000)
 #: HTTP requests in progress per server process; the next is answered 503 with Retry-After at once (config/admission.py).
 #: 0: no limit. Beyond the pool's DB_POOL_MAX_SIZE, requests only wait for a connection; keep it a small multiple.
 MAX_CONCURRENT_REQUESTS = env_int("MAX_CONCURRENT_REQUESTS", 32, minimum=0)
+#: A run's event stream (GET /api/v1/runs/<id>/stream) sends a comment after this many idle seconds (agents/sse.py).
+SSE_KEEPALIVE_SECONDS = env_float("SSE_KEEPALIVE_SECONDS", 15.0, minimum=0.1)
 #: Server processes (uvicorn workers) ``manage.py serve`` starts; each has its own database pool (DB_POOL_MAX_SIZE).
 #: Embedded mode always serves from one process (its Celery worker lives there).
 SERVE_WORKERS = env_int("SERVE_WORKERS", 1, minimum=1)

@@ -35,6 +35,7 @@ from llm.openai_client import ConnectionCheck, OpenAICompatibleClient, split_mod
 from llm.planner import DeterministicPlanner
 from llm.pricing import PriceTable
 from llm.ratelimit import BucketStore, RateLimiter, buckets_for
+from llm.streaming import DeltaListener, TextStreamingClient
 from runtime.protocols import ModelClient
 from runtime.tokens import count_messages, count_tools
 from runtime.types import ModelRequest, ModelResponse
@@ -56,6 +57,14 @@ DEFAULT_FACTORIES: dict[str, ClientFactory] = {
     "openai_compatible": _openai_factory,
     "deterministic": _planner_factory,
 }
+
+
+@dataclasses.dataclass
+class _Streaming:
+    """One ``complete`` call's delta listener and the attempts it has seen (numbered across retries and failover)."""
+
+    listener: DeltaListener
+    attempts: int = 0
 
 
 class ModelGateway:
@@ -143,8 +152,10 @@ class ModelGateway:
 
     # -- the call -------------------------------------------------------------------------
 
-    def complete(self, request: ModelRequest) -> ModelResponse:
+    def complete(self, request: ModelRequest, *, deltas: DeltaListener | None = None) -> ModelResponse:
+        """``deltas``: told the text of each attempt as the provider streams it (see :mod:`llm.streaming`)."""
         trace: list[dict[str, Any]] = []
+        streaming = _Streaming(deltas) if deltas is not None else None
         try:
             chain = self.route(request)
         except ModelError as exc:
@@ -156,7 +167,7 @@ class ModelGateway:
         for target in chain:
             provider_name, model = split_model(target)
             try:
-                response = self._try_target(request, target, provider_name, model, tenant, estimates, trace)
+                response = self._try_target(request, target, provider_name, model, tenant, estimates, trace, streaming)
             except RateLimitExceededError as exc:
                 errors.append((target, exc))
                 if exc.scope.startswith("tenant:"):
@@ -184,6 +195,7 @@ class ModelGateway:
         tenant: str,
         estimates: dict[str, int],
         trace: list[dict[str, Any]],
+        streaming: _Streaming | None = None,
     ) -> ModelResponse:
         provider = self.providers.get(provider_name)
         base = {"type": "model.attempt", "provider": provider_name, "model": model, "target": target}
@@ -245,7 +257,7 @@ class ModelGateway:
         for attempt in range(1, attempts + 1):
             started = self._clock()
             try:
-                response = client.complete(sub_request)
+                response = self._call(client, sub_request, streaming)
             except ModelError as exc:
                 latency = self._clock() - started
                 self._record_health(provider_name, exc)
@@ -290,6 +302,32 @@ class ModelGateway:
             trace.append(ok)
             return dataclasses.replace(response, model=target, usage=usage, trace=[*trace, *response.trace])
         raise AssertionError("unreachable: the retry loop returns or raises")  # pragma: no cover
+
+    @staticmethod
+    def _call(client: ModelClient, request: ModelRequest, streaming: _Streaming | None) -> ModelResponse:
+        if streaming is None or not isinstance(client, TextStreamingClient):
+            return client.complete(request)
+        streaming.attempts += 1
+        sink = streaming.listener.open(request, streaming.attempts)
+        broken = False
+
+        def on_text(text: str) -> None:
+            nonlocal broken
+            if broken:
+                return
+            try:
+                sink.write(text)
+            except Exception:  # a listener's fault never fails the model call
+                broken = True
+                log.warning("the delta listener failed; no more deltas for this attempt", exc_info=True)
+
+        try:
+            return client.complete_streaming(request, on_text)
+        finally:
+            try:
+                sink.close()
+            except Exception:
+                log.warning("the delta listener failed to close", exc_info=True)
 
     def _record_health(self, provider: str, exc: ModelError) -> None:
         if exc.health:

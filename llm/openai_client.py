@@ -30,6 +30,7 @@ from llm.errors import (
     UnknownModelError,
     redact,
 )
+from llm.streaming import OnText
 from runtime.tokens import count_messages, count_tokens, count_tools
 from runtime.types import Message, ModelRequest, ModelResponse, ToolCall, Usage
 
@@ -134,6 +135,13 @@ class OpenAICompatibleClient:
     # -- calls ----------------------------------------------------------------------------
 
     def complete(self, request: ModelRequest) -> ModelResponse:
+        return self._complete(request, None)
+
+    def complete_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
+        """Always streams, and hands each text fragment to ``on_text`` as it arrives (before the reply is whole)."""
+        return self._complete(request, on_text)
+
+    def _complete(self, request: ModelRequest, on_text: OnText | None) -> ModelResponse:
         provider, model = split_model(request.model)
         if provider and provider != self.config.name:
             raise ProviderError(
@@ -150,8 +158,10 @@ class OpenAICompatibleClient:
             params["max_tokens"] = int(max_output)  # the field every OpenAI-compatible server understands
         started = time.monotonic()
         try:
-            complete = self._complete_streaming if self.stream else self._complete_plain
-            response = complete(request, model, params)
+            if on_text is not None or self.stream:
+                response = self._complete_streaming(request, model, params, on_text)
+            else:
+                response = self._complete_plain(request, model, params)
         except ModelError:
             raise
         except Exception as exc:
@@ -202,7 +212,9 @@ class OpenAICompatibleClient:
             finish_reason=choice.finish_reason or ("tool_calls" if calls else "stop"),
         )
 
-    def _complete_streaming(self, request: ModelRequest, model: str, params: dict[str, Any]) -> ModelResponse:
+    def _complete_streaming(
+        self, request: ModelRequest, model: str, params: dict[str, Any], on_text: OnText | None = None
+    ) -> ModelResponse:
         stream = self._sdk.chat.completions.create(**params, stream=True, stream_options={"include_usage": True})
         content: list[str] = []
         calls: dict[int, dict[str, str]] = {}
@@ -218,6 +230,8 @@ class OpenAICompatibleClient:
                     delta = choice.delta
                     if delta is not None and delta.content:
                         content.append(delta.content)
+                        if on_text is not None:
+                            on_text(delta.content)
                     for part in (delta.tool_calls if delta is not None else None) or []:
                         slot = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
                         if part.id:

@@ -107,7 +107,10 @@ def _fuzz(operation: Any, mode: GenerationMode, auth: dict[str, str], known: dic
     real = next((values for prefix, values in known.items() if operation.path.startswith(prefix)), {})
     # Half the positive cases address a real object (so the handlers run), half a random one (so 404s are checked).
     strategies = [operation.as_strategy(generation_mode=mode)]
-    if mode is GenerationMode.POSITIVE and path_names and path_names <= real.keys():
+    # Not a real run's event stream: it lasts until the run ends, and here no worker runs it (nor can WSGI serve an async
+    # stream); its errors are fuzzed with random ids, and tests/integration/test_run_stream.py serves it over uvicorn.
+    streams = operation.path.endswith("/stream")
+    if mode is GenerationMode.POSITIVE and path_names and path_names <= real.keys() and not streams:
         strategies.append(operation.as_strategy(generation_mode=mode, path_parameters={n: real[n] for n in path_names}))
 
     for strategy in strategies:

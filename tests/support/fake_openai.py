@@ -21,7 +21,8 @@ Behaviours are JSON dicts (``kind`` plus options); the helpers below build them:
 ``text``, ``tool_calls``/``call``, ``rate_limited``, ``server_error``, ``error``, ``hang``,
 ``no_choices``, ``not_json``. Any behaviour may add ``"delay": seconds`` (answer late),
 ``"usage": {"prompt_tokens": n, "completion_tokens": m}`` (exact usage) or ``"usage": null``
-(send no usage). ``{"kind": "planner"}`` answers like the deterministic planner would.
+(send no usage). A streamed reply is sent in ``"pieces"`` content chunks (default 3), ``"chunk_delay"``
+seconds apart (default 0): a slow stream. ``{"kind": "planner"}`` answers like the deterministic planner would.
 """
 
 from __future__ import annotations
@@ -322,8 +323,11 @@ class _Handler(BaseHTTPRequestHandler):
 
         emit([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         if behaviour.get("kind") != "no_choices":
-            for piece in _pieces(content or "", 3):
+            pause = float(behaviour.get("chunk_delay") or 0)
+            for piece in _pieces(content or "", int(behaviour.get("pieces") or 3)):
                 emit([{"index": 0, "delta": {"content": piece}, "finish_reason": None}])
+                if pause:
+                    self.fake._sleep(pause)
             for index, item in enumerate(calls):
                 head = {"index": index, "id": item["id"], "type": "function"}
                 head["function"] = {"name": item["function"]["name"], "arguments": ""}

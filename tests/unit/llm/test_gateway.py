@@ -258,3 +258,51 @@ def test_the_provider_key_never_leaks(fake: FakeOpenAI, backup: FakeOpenAI, capl
             assert secret not in where
             assert secret[-8:] not in where
     assert "[redacted]" in str(failed.value)
+
+
+class Deltas:
+    """A DeltaListener that records what each attempt was told, and when."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.pieces: list[tuple[int, str, float]] = []
+        self.closed: list[int] = []
+        self.fail = fail
+
+    def open(self, request: ModelRequest, attempt: int) -> Deltas.Sink:
+        return Deltas.Sink(self, attempt)
+
+    class Sink:
+        def __init__(self, owner: Deltas, attempt: int) -> None:
+            self.owner, self.attempt = owner, attempt
+
+        def write(self, text: str) -> None:
+            if self.owner.fail:
+                raise RuntimeError("listener bug")
+            self.owner.pieces.append((self.attempt, text, time.monotonic()))
+
+        def close(self) -> None:
+            self.owner.closed.append(self.attempt)
+
+
+def test_deltas_reach_the_listener_while_the_provider_streams_and_attempts_are_numbered(fake: FakeOpenAI,
+                                                                                      backup: FakeOpenAI) -> None:
+    # given a primary that fails (500, then 500 on its retry) and a backup that streams slowly
+    fake.set_default(server_error(500))
+    backup.script(text("the answer arrives in pieces", pieces=5, chunk_delay=0.1))
+    config = GatewayConfig(fallbacks={"acme/small": ["backup/small"]}, retry_backoff_seconds=0.01)
+    deltas = Deltas()
+    # when the gateway is called with a listener (the providers' configs do not ask for streaming)
+    response = ModelGateway([primary(fake), secondary(backup)], config).complete(ask(), deltas=deltas)
+    done = time.monotonic()
+    # then every attempt was opened and closed, and the backup's text came in pieces, before the reply was whole
+    assert deltas.closed == [1, 2, 3]
+    assert {a for a, _, _ in deltas.pieces} == {3} and len(deltas.pieces) == 5
+    assert "".join(t for _, t, _ in deltas.pieces) == response.content == "the answer arrives in pieces"
+    assert done - deltas.pieces[0][2] >= 0.3
+    assert backup.chat_requests[-1]["body"]["stream"] is True
+
+
+def test_a_failing_listener_never_fails_the_call(fake: FakeOpenAI) -> None:
+    fake.script(text("still answered", pieces=3))
+    response = ModelGateway([primary(fake)]).complete(ask(), deltas=Deltas(fail=True))
+    assert response.content == "still answered"

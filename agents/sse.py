@@ -1,0 +1,159 @@
+"""``GET /api/v1/runs/<id>/stream``: a run as Server-Sent Events, the same frames as its websocket.
+
+Each committed trace event is one SSE message whose ``id:`` is its ``seq``; ``message.delta`` frames
+(the model's text as it streams, masked in the worker, see agents/run_deltas.py) carry no id, so a
+client's ``Last-Event-ID`` is always the last committed event it saw. A stream joins the run's feed
+first (agents/run_feeds.py), then sends the backlog after ``Last-Event-ID`` (or ``after=``) from the
+database, then relays live frames, skipping those already sent and backfilling any gap by ``seq``:
+no gap, no duplicate. It ends after ``run.finished``.
+
+Bounded: the stream's inbox holds ``run_feeds.INBOX_SIZE`` messages; when a client stops reading, the
+ASGI server's send waits, the inbox fills, and further messages are dropped — deltas are lost, steps
+are read from the database once the client reads again. The worker and the feed never wait for a
+client. Every ``KEEPALIVE_SECONDS`` without a frame a comment line is sent, and the database is read
+for anything a dropped message carried (e.g. the run's last step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.http import StreamingHttpResponse
+
+from agents import run_feeds
+from agents.models import Run, RunEvent, RunStatus
+from config import live
+
+log = logging.getLogger(__name__)
+
+BACKFILL_PAGE = 500
+END_TYPE = "run.finished"
+
+
+def event_message(text: str, seq: int | None = None) -> bytes:
+    """One SSE message: ``id: <seq>`` for committed events, then the frame's JSON (one line)."""
+    head = f"id: {seq}\n" if seq is not None else ""
+    return f"{head}data: {text}\n\n".encode()
+
+
+@database_sync_to_async
+def _events_after(run_id: Any, after: int) -> list[dict[str, Any]]:
+    return [row.as_frame() for row in RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:BACKFILL_PAGE]]
+
+
+@database_sync_to_async
+def _is_finished(run_id: Any) -> bool:
+    return Run.objects.filter(pk=run_id, status=RunStatus.FINISHED).exists()
+
+
+class _Inbox:
+    """This stream's place in the run's feed: never blocks the feed; a full inbox drops the message."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=run_feeds.INBOX_SIZE)
+        self.overflowed = False
+        self.lost = False
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        try:
+            self.queue.put_nowait(message)
+        except asyncio.QueueFull:
+            if message.get("type") == "run.events":
+                self.overflowed = True
+
+    def feed_lost(self) -> None:
+        self.lost = True
+
+
+class RunStream:
+    def __init__(self, run_id: Any, after: int, keepalive: float) -> None:
+        self.run_id = run_id
+        self.last_seq = after
+        self.keepalive = keepalive
+        self.ended = False
+
+    async def _backfill(self) -> list[bytes]:
+        out: list[bytes] = []
+        while True:
+            frames = await _events_after(self.run_id, self.last_seq)
+            for frame in frames:
+                out.append(event_message(live.encode_frame(frame), frame["seq"]))
+                self.last_seq = frame["seq"]
+                self.ended = self.ended or frame["type"] == END_TYPE
+            if len(frames) < BACKFILL_PAGE:
+                return out
+
+    async def _relay(self, message: dict[str, Any]) -> list[bytes]:
+        if message.get("type") == "run.delta":
+            return [event_message(message["text"])]
+        out: list[bytes] = []
+        frames = message["events"]
+        texts = message.get("texts")
+        if not isinstance(texts, list) or len(texts) != len(frames):
+            texts = [live.encode_frame(frame) for frame in frames]
+        for frame, text in zip(frames, texts, strict=True):
+            if frame["seq"] > self.last_seq + 1:
+                out += await self._backfill()  # a message was dropped on the way: the gap from the database
+            if frame["seq"] != self.last_seq + 1:
+                continue
+            out.append(event_message(text, frame["seq"]))
+            self.last_seq = frame["seq"]
+            self.ended = self.ended or frame["type"] == END_TYPE
+        return out
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        layer = get_channel_layer()
+        inbox = _Inbox()
+        feed = await run_feeds.join(layer, live.run_group(self.run_id), inbox) if layer is not None else None
+        try:
+            yield b": run stream\n\n"  # the headers and a first byte go out at once
+            for chunk in await self._backfill():  # joined first, so nothing falls between backlog and live
+                yield chunk
+            while not self.ended and not inbox.lost:  # a lost feed ends the stream: the client resumes by Last-Event-ID
+                try:
+                    message = await asyncio.wait_for(inbox.queue.get(), self.keepalive)
+                except TimeoutError:
+                    yield b": keep-alive\n\n"
+                    for chunk in await self._backfill():  # heals a dropped last step
+                        yield chunk
+                    if not self.ended and await _is_finished(self.run_id):
+                        return  # finished without a run.finished event after our position (e.g. resumed past it)
+                    continue
+                for chunk in await self._relay(message):
+                    yield chunk
+                if inbox.overflowed and inbox.queue.empty():
+                    inbox.overflowed = False
+                    for chunk in await self._backfill():
+                        yield chunk
+        finally:
+            if feed is not None and not inbox.lost:
+                await run_feeds.leave(feed, inbox)
+
+
+def parse_resume(last_event_id: str | None, after: str | None) -> int:
+    """Where to resume: ``Last-Event-ID`` (sent by an EventSource on reconnect) wins over ``after=``; -1 if invalid."""
+    raw = last_event_id if last_event_id not in (None, "") else after
+    if raw in (None, ""):
+        return 0
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        return -1
+    return value if value >= 0 else -1
+
+
+def stream_response(run_id: Any, after: int, status: int = 200, headers: dict[str, str] | None = None) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(
+        RunStream(run_id, after, settings.SSE_KEEPALIVE_SECONDS).__aiter__(), content_type="text/event-stream", status=status
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # a proxy in front must not buffer the stream
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
