@@ -10,7 +10,7 @@ from django.contrib import admin, messages
 from django.http import HttpRequest
 
 from approvals import channels, decisions
-from approvals.models import ApprovalRequest, Delivery, NotificationChannel
+from approvals.models import ApprovalRequest, Delivery, NotificationChannel, NotifyEvent
 from tenants.admin_mixins import TenantScopedAdmin
 from tenants.scoping import actor_for_user
 
@@ -74,6 +74,7 @@ class ChannelForm(forms.ModelForm):
         help_text="secret:NAME of a signing secret granted to the tenant (NOTIFY_SECRET_NAME). Never shown; leave empty to keep "
                   "the current one.")
     clear_secret = forms.BooleanField(required=False, help_text="Remove the signing secret.")
+    events = forms.MultipleChoiceField(choices=NotifyEvent.choices, widget=forms.CheckboxSelectMultiple)
 
     class Meta:
         model = NotificationChannel

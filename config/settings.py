@@ -420,7 +420,8 @@ UVICORN_LOG_LEVEL = env_choice("UVICORN_LOG_LEVEL", "warning", ("critical", "err
 
 # --- Approval notifications (approvals/notify.py) ---------------------------------------------------
 #: The address people reach the console at; every notification deep-links to ``<PUBLIC_BASE_URL>/approvals/<id>/``.
-PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", f"http://127.0.0.1:{SERVE_PORT}").rstrip("/")
+#: Unset: the first of CSRF_TRUSTED_ORIGINS (the production settings name the public origin there), else this machine.
+PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", CSRF_TRUSTED_ORIGINS[0] if CSRF_TRUSTED_ORIGINS else f"http://127.0.0.1:{SERVE_PORT}").rstrip("/")
 #: How long before a pending request expires its channels get the "expiring" notice (0: none).
 APPROVAL_EXPIRY_NOTICE_SECONDS = env_int("APPROVAL_EXPIRY_NOTICE_SECONDS", 300, minimum=0)
 #: Attempts per delivery, and the first retry's delay (doubled on each further retry, at most an hour).

@@ -177,7 +177,7 @@ def test_the_admin_saves_through_the_service_and_refuses_what_the_api_refuses(wo
     client = Client()
     client.force_login(owner)
     form = {"tenant": world.tenant.pk, "name": "ops", "kind": "webhook_slack", "target": "http://10.1.2.3/hook",
-            "events": '["arrived"]', "enabled": "on"}
+            "events": ["arrived"], "enabled": "on"}
     refused = client.post("/admin/approvals/notificationchannel/add/", form)
     assert refused.status_code == 200 and b"private" in refused.content
     assert not NotificationChannel.objects.exists()
