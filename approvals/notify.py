@@ -23,7 +23,7 @@ import httpx
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.urls import reverse
 from django.utils import timezone
 
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-AgentOps-Signature"
 TIMESTAMP_HEADER = "X-AgentOps-Timestamp"
 MAX_BACKOFF = 3600.0
+STRANDED_AFTER = 120
 
 
 def approval_url(request_id: Any) -> str:
@@ -163,6 +164,15 @@ def expiry_notices_due() -> list[Any]:
         if ids:
             ApprovalRequest.objects.filter(pk__in=ids, expiry_noticed=False).update(expiry_noticed=True)
     return ids
+
+
+def stranded_deliveries() -> list[int]:
+    """Deliveries whose task was lost (a broker outage, a worker killed with it in memory): pending for over
+    ``STRANDED_AFTER`` seconds, or overdue for their retry by as much. One query; sending one twice is harmless,
+    as :func:`attempt` claims a row before it sends."""
+    cutoff = timezone.now() - dt.timedelta(seconds=STRANDED_AFTER)
+    stuck = Q(status=DeliveryStatus.PENDING, created_at__lt=cutoff) | Q(status=DeliveryStatus.RETRYING, next_attempt_at__lt=cutoff)
+    return list(Delivery.objects.filter(stuck).order_by("created_at").values_list("pk", flat=True)[:500])
 
 
 def approver_emails(request: ApprovalRequest) -> list[str]:

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 @shared_task(name="tools.expire_approvals", ignore_result=True)
 def expire_approvals_task() -> int:
     """Expire overdue approval requests; their runs go on with "approval expired". Then announce the ones that
-    expire soon (``APPROVAL_EXPIRY_NOTICE_SECONDS``) on their channels.
+    expire soon (``APPROVAL_EXPIRY_NOTICE_SECONDS``) on their channels, and send again the deliveries whose task was lost.
 
     A second beat's copy finds the job's lock held and does nothing (and would expire nothing twice anyway)."""
     with job_lock("tools.expire_approvals") as mine:
@@ -25,6 +25,8 @@ def expire_approvals_task() -> int:
         expired = decisions.expire_due()
         for request_id in notify.expiry_notices_due():
             enqueue_notice(request_id, notify.NotifyEvent.EXPIRING)
+        for delivery_id in notify.stranded_deliveries():
+            deliver_task.delay(delivery_id)
         return expired
 
 

@@ -353,3 +353,18 @@ def test_the_expiry_task_sends_the_expiring_notice(world: World, settings: Any, 
     [delivery_id] = notify.fan_out(*sent[0])
     notify.attempt(delivery_id)
     assert "expires soon" in mail.outbox[0].subject
+
+
+def test_a_delivery_whose_task_was_lost_is_sent_again_by_the_sweep(world: World, monkeypatch: Any) -> None:
+    request = _request(world, _refund_tool(world))
+    _channel(world, kind="email", name="mail")
+    [delivery_id] = notify.fan_out(request.pk, "arrived")
+    assert notify.stranded_deliveries() == []  # just made: its task is on its way
+    Delivery.objects.filter(pk=delivery_id).update(created_at=timezone.now() - timedelta(minutes=5))
+    sent: list[Any] = []
+    monkeypatch.setattr(tasks.deliver_task, "delay", sent.append)
+    tasks.expire_approvals_task()
+    assert sent == [delivery_id]
+    Delivery.objects.filter(pk=delivery_id).update(status=DeliveryStatus.RETRYING,
+                                                   next_attempt_at=timezone.now() + timedelta(minutes=30))
+    assert notify.stranded_deliveries() == []  # waiting for its backoff is not lost
