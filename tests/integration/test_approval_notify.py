@@ -79,7 +79,7 @@ def maildir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack(django_db_setup: Any, django_db_blocker: Any, maildir: Path) -> Iterator[LiveStack]:
+def notice_stack(django_db_setup: Any, django_db_blocker: Any, maildir: Path) -> Iterator[LiveStack]:
     stack = make_live_stack({
         "TOOL_EGRESS_ALLOW": "127.0.0.1",  # the deployment allows the local sink, as for tools' local servers
         "NOTIFY_SECRET_HOOKS": SIGNING_SECRET,
@@ -95,7 +95,7 @@ def stack(django_db_setup: Any, django_db_blocker: Any, maildir: Path) -> Iterat
 
 
 @pytest.fixture(scope="module")
-def desk(stack: LiveStack, django_db_blocker: Any) -> Iterator[tuple[World, str, str]]:
+def desk(notice_stack: LiveStack, django_db_blocker: Any) -> Iterator[tuple[World, str, str]]:
     with serve_refund_target() as target, django_db_blocker.unblock():
         world = make_world()
         world.tenant.settings = {**world.tenant.settings, "notify_secrets": ["HOOKS"]}  # granted by the platform
@@ -105,6 +105,7 @@ def desk(stack: LiveStack, django_db_blocker: Any) -> Iterator[tuple[World, str,
         tool.save(update_fields=["sensitive_fields"])
         approver = make_user(email="approver@example.test")
         tenant_services.set_membership(tenant=world.tenant, user=approver, role=Role.APPROVER, actor=None)
+        world.approver = approver  # type: ignore[attr-defined]
         _key, approver_key = tenant_services.create_api_key(tenant=world.tenant, name="approver", owner=approver,
                                                             role=Role.APPROVER, actor=None)
         yield world, approver_key, target
@@ -121,8 +122,9 @@ def _wait(what: str, check: Any, timeout: float = 40) -> Any:
 
 
 def test_a_live_approval_is_announced_signed_retried_mailed_and_decided_from_its_link(
-    stack: LiveStack, desk: tuple[World, str, str], sink: WebhookSink, maildir: Path, unblocked_db: None
+    notice_stack: LiveStack, desk: tuple[World, str, str], sink: WebhookSink, maildir: Path, unblocked_db: None
 ) -> None:
+    stack = notice_stack
     world, approver_key, _target = desk
     with stack.client(world.raw_key) as http:
         for body in (
