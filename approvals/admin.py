@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
+from django import forms
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
-from approvals import decisions
-from approvals.models import ApprovalRequest
+from approvals import channels, decisions
+from approvals.models import ApprovalRequest, Delivery, NotificationChannel, NotifyEvent
 from tenants.admin_mixins import TenantScopedAdmin
 from tenants.scoping import actor_for_user
 
@@ -64,3 +66,80 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
     @admin.action(description="Reject selected requests")
     def reject_selected(self, request: HttpRequest, queryset: Any) -> None:
         self._decide(request, queryset, False)
+
+
+class ChannelForm(forms.ModelForm):
+    secret = forms.CharField(
+        required=False, strip=True, widget=forms.PasswordInput(render_value=False),
+        help_text="secret:NAME of a signing secret granted to the tenant (NOTIFY_SECRET_NAME). Never shown; leave empty to keep "
+                  "the current one.")
+    clear_secret = forms.BooleanField(required=False, help_text="Remove the signing secret.")
+    events = forms.MultipleChoiceField(choices=NotifyEvent.choices, widget=forms.CheckboxSelectMultiple)
+
+    class Meta:
+        model = NotificationChannel
+        fields = ["tenant", "name", "kind", "target", "events", "tools", "enabled"]
+
+
+@admin.register(NotificationChannel)
+class NotificationChannelAdmin(TenantScopedAdmin):
+    """Channels are saved by ``approvals.channels``: the API's validation, the egress guard and the audit row."""
+
+    form = ChannelForm
+    list_display = ["name", "tenant", "kind", "target_host", "events", "enabled", "secret_state"]
+    list_filter = ["tenant", "kind", "enabled"]
+    list_select_related = ["tenant"]
+    search_fields = ["name"]
+    filter_horizontal = ["tools"]
+
+    @admin.display(description="target host")
+    def target_host(self, obj: NotificationChannel) -> str:
+        return urlsplit(obj.target).hostname or "(the approvers' email)"
+
+    @admin.display(description="signing secret")
+    def secret_state(self, obj: NotificationChannel) -> str:
+        return channels.secret_status(obj)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return ["tenant"] if obj is not None else []
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        actor = self._actor(request)
+        data = form.cleaned_data
+        values = {f: data[f] for f in ("name", "kind", "target", "events", "enabled") if f in data}
+        secret: Any = "" if data.get("clear_secret") else (data.get("secret") or channels.KEEP)
+        tools = list(data.get("tools") or [])
+        if change:
+            saved = channels.update_channel(actor=actor, channel=obj, values=values, secret=secret, tools=tools)
+        else:
+            saved = channels.create_channel(actor=actor, tenant=data["tenant"], values=values, secret=secret, tools=tools)
+        obj.pk = saved.pk
+        obj._state.adding = False
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        """The service set the tools already (scoped to the channel's tenant); nothing is saved past it."""
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        channels.delete_channel(actor=self._actor(request), channel=obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for channel in queryset.select_related("tenant"):
+            self.delete_model(request, channel)
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(TenantScopedAdmin):
+    """Every notification sent or tried: attempts, the last error and the answer's status code."""
+
+    read_only = True
+    view_action = "review"
+    list_display = ["created_at", "event", "channel", "request", "status", "attempts", "response_code", "last_error_short",
+                    "next_attempt_at", "tenant"]
+    list_filter = ["status", "event", "channel__kind", "tenant"]
+    list_select_related = ["channel", "request", "tenant"]
+    readonly_fields = ["tenant", "channel", "request", "event", "status", "attempts", "response_code", "last_error",
+                       "next_attempt_at", "created_at", "sent_at"]
+
+    @admin.display(description="last error")
+    def last_error_short(self, obj: Delivery) -> str:
+        return obj.last_error[:120]

@@ -16,8 +16,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.decisions import expire, publish
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.models import ApprovalRequest, ApprovalStatus, NotifyEvent
 from approvals.policy import ApprovalRule, declared_policy, recorded_overrides, render_preview, rule_for
+from approvals.tasks import enqueue_notice
 from runtime.approval_policy import flagged
 from runtime.types import ToolCall, ToolContext, ToolStatus
 from tools.models import Tool
@@ -111,7 +112,7 @@ class ApprovalGate:
     def _create(
         self, tool: Tool, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any], args_hash: str, rule: ApprovalRule
     ) -> ApprovalRequest:
-        request, _created = ApprovalRequest.objects.get_or_create(
+        request, created = ApprovalRequest.objects.get_or_create(
             run_id=self.run.pk,
             call_id=call.id[:100],
             defaults={
@@ -128,4 +129,6 @@ class ApprovalGate:
             },
         )
         publish(request)
+        if created:
+            enqueue_notice(request.pk, NotifyEvent.ARRIVED)
         return request

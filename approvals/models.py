@@ -40,6 +40,7 @@ class ApprovalRequest(TenantOwned):
     requested_at = models.DateTimeField(auto_now_add=True, db_index=True)
     expires_at = models.DateTimeField(db_index=True)
     decided_at = models.DateTimeField(null=True, blank=True)
+    expiry_noticed = models.BooleanField(default=False, help_text="The channels were told it expires soon.")
 
     objects = TenantScopedQuerySet.as_manager()
 
@@ -67,3 +68,71 @@ class ApprovalDecision(TenantOwned):
         db_table = "tools_approvaldecision"
         ordering = ["request", "at"]
         constraints = [models.UniqueConstraint(fields=["request", "user"], name="one_decision_per_user_and_request")]
+
+
+class ChannelKind(models.TextChoices):
+    EMAIL = "email", "Email to the tenant's approvers"
+    WEBHOOK_SLACK = "webhook_slack", "Webhook, Slack-compatible body"
+    WEBHOOK_JSON = "webhook_json", "Webhook, JSON body"
+
+
+class NotifyEvent(models.TextChoices):
+    ARRIVED = "arrived", "A request arrived"
+    EXPIRING = "expiring", "A request expires soon"
+
+
+class NotificationChannel(TenantOwned):
+    """Where a tenant's approval requests are announced. Changed only through ``approvals.channels`` (audited)."""
+
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=ChannelKind.choices)
+    target = models.CharField(max_length=500, blank=True, help_text="The webhook URL (empty for email: the approvers are mailed).")
+    secret_ref = models.CharField(max_length=80, blank=True, editable=False,
+                                  help_text="secret:NAME of the signing secret (NOTIFY_SECRET_NAME); never shown.")
+    events = models.JSONField(default=list, help_text='Which events: "arrived", "expiring".')
+    tools = models.ManyToManyField("tools.Tool", blank=True, related_name="+",
+                                   help_text="Only requests for these tools (none: every tool).")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["tenant", "name"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="notification_channel_name_per_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RETRYING = "retrying", "Retrying"
+    SENT = "sent", "Sent"
+    FAILED = "failed", "Failed"
+    SKIPPED = "skipped", "Skipped (decided meanwhile)"
+
+
+class Delivery(TenantOwned):
+    """One notification of one request on one channel: every attempt and the last failure, for the admin."""
+
+    channel = models.ForeignKey(NotificationChannel, on_delete=models.CASCADE, related_name="deliveries")
+    request = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="deliveries")
+    event = models.CharField(max_length=16, choices=NotifyEvent.choices)
+    status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING, db_index=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    response_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "deliveries"
+        constraints = [models.UniqueConstraint(fields=["channel", "request", "event"], name="one_delivery_per_channel_request_event")]
+
+    def __str__(self) -> str:
+        return f"{self.event} of {self.request_id} to {self.channel_id} ({self.status})"

@@ -420,6 +420,30 @@ SSE_KEEPALIVE_SECONDS = env_float("SSE_KEEPALIVE_SECONDS", 15.0, minimum=0.1)
 SERVE_WORKERS = env_int("SERVE_WORKERS", 1, minimum=1)
 UVICORN_LOG_LEVEL = env_choice("UVICORN_LOG_LEVEL", "warning", ("critical", "error", "warning", "info", "debug", "trace"))
 
+# --- Approval notifications (approvals/notify.py) ---------------------------------------------------
+#: The address people reach the console at; every notification deep-links to ``<PUBLIC_BASE_URL>/approvals/<id>/``.
+#: Unset: the first of CSRF_TRUSTED_ORIGINS (the production settings name the public origin there), else this machine.
+PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", CSRF_TRUSTED_ORIGINS[0] if CSRF_TRUSTED_ORIGINS else f"http://127.0.0.1:{SERVE_PORT}").rstrip("/")
+#: How long before a pending request expires its channels get the "expiring" notice (0: none).
+APPROVAL_EXPIRY_NOTICE_SECONDS = env_int("APPROVAL_EXPIRY_NOTICE_SECONDS", 300, minimum=0)
+#: Attempts per delivery, and the first retry's delay (doubled on each further retry, at most an hour).
+NOTIFY_MAX_ATTEMPTS = env_int("NOTIFY_MAX_ATTEMPTS", 5, minimum=1)
+NOTIFY_RETRY_BASE_SECONDS = env_float("NOTIFY_RETRY_BASE_SECONDS", 10.0, minimum=0.0)
+#: Webhook signing secrets: a channel's ``secret:NAME`` is NOTIFY_SECRET_<NAME>, usable by the tenants a platform
+#: administrator granted it to (the tenant's settings ``{"notify_secrets": ["NAME"]}``).
+NOTIFY_SECRETS = env_prefixed("NOTIFY_SECRET_")
+#: Django's mail backend: the console in embedded mode, SMTP (EMAIL_HOST...) otherwise.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend" if EMBEDDED
+                        else "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_port("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "agentops@localhost")
+
 #: Commands stdio MCP servers may run (whole command lines, ";"-separated): importing tools never runs anything else.
 MCP_STDIO_COMMANDS = [c.split() for c in env_str("MCP_STDIO_COMMANDS", "python -m mcp_server_time;mcp-server-time").split(";") if c.strip()]
 #: A write tool called again with the same arguments in the same session within this window is blocked.

@@ -14,6 +14,8 @@ from django.utils import timezone
 from accounts import services as tenant_services
 from agents.models import AgentVersion, RunEvent, Session
 from agents.services import start_run
+from approvals.channels import create_channel
+from approvals.models import ApprovalRequest, Delivery
 from audit.models import ConfigChange, ToolCallAudit
 from marketplace import services
 from marketplace.models import InstallStatus, Plugin, PluginInstall, PresetAgent, ReleaseWeight
@@ -39,6 +41,11 @@ def populate(world: World) -> dict[str, Any]:
     rollout = services.set_tool_rollout(tool=tool, enabled_percent=25, actor=actor_for_user(world.operator))
     run = start_run(actor=actor_for_user(world.operator), agent=world.agent, text="where is O202411280001?")
     event = RunEvent.objects.create(tenant=world.tenant, run=run, seq=1, type="run.started", span_id="s1", at=timezone.now())
+    channel = create_channel(actor=actor_for_user(world.operator), tenant=world.tenant, values={
+        "name": f"{world.tenant.slug}-hook", "kind": "webhook_slack", "target": "https://hooks.example.com/x", "events": ["arrived"]})
+    approval = ApprovalRequest.objects.create(tenant=world.tenant, run=run, step=1, call_id="c0", tool=tool, tool_name=tool.name,
+                                              arguments={}, arguments_hash="0" * 64, expires_at=timezone.now())
+    delivery = Delivery.objects.create(tenant=world.tenant, channel=channel, request=approval, event="arrived")
     audit_row = ToolCallAudit.objects.create(tenant=world.tenant, run=run, call_id="c1", tool_name="query_order", status="ok")
     return {
         "tenants.tenant": world.tenant,
@@ -50,6 +57,8 @@ def populate(world: World) -> dict[str, Any]:
         "agents.run": run,
         "agents.runevent": event,
         "tools.tool": tool,
+        "approvals.notificationchannel": channel,
+        "approvals.delivery": delivery,
         "marketplace.plugininstall": install,
         "marketplace.releaseweight": ReleaseWeight.objects.get(agent=world.agent, version=v2),
         "marketplace.releaseguard": guard,

@@ -23,6 +23,7 @@ from django.test import Client, RequestFactory
 from accounts import services as accounts
 from agents import provider_services
 from agents.models import Agent, AgentVersion, Flow, FlowVersion
+from approvals import channels
 from audit.models import ConfigChange
 from marketplace import services as market
 from tenants.models import ApiKey, Membership, Role
@@ -67,6 +68,8 @@ class Walk:
         version = AgentVersion.objects.create(tenant=self.world.tenant, agent=flow, number=1, model="demo/planner",
                                               definition={"nodes": [{"id": "look", "kind": "tool", "tool": "query_logistics"}]})
         self.flow_draft = FlowVersion.objects.get(pk=version.pk)
+        self.channel = channels.create_channel(actor=owner, tenant=self.world.tenant, values={
+            "name": "walk", "kind": "webhook_slack", "target": "https://hooks.example.com/walk", "events": ["arrived"]})
         self.own_tool = Tool.objects.create(tenant=self.world.tenant, name="spare_tool", kind="http", description="unused",
                                             config={"url": "https://api.example.com/x", "method": "GET"})
 
@@ -200,6 +203,7 @@ def _edits(w: Walk) -> dict[str, tuple[str, Any, dict[str, str], str]]:
         "agents.Flow": ("operator", w.flow, {"description": "edited in the admin"}, "agent.changed"),
         "agents.FlowVersion": ("operator", w.flow_draft, {"note": "edited in the admin"}, "agent_version.updated"),
         "agents.Provider": ("operator", w.provider, {"requests_per_minute": "120"}, "provider.changed"),
+        "approvals.NotificationChannel": ("operator", w.channel, {"name": "renamed channel"}, "notification_channel.update"),
         "tools.Tool": ("operator", w.own_tool, {"description": "edited in the admin"}, "tool.updated"),
         "marketplace.PluginInstall": ("operator", w.install, {"config": '{"refund_limit": 50}'}, "plugin.configured"),
         "marketplace.ReleaseGuard": ("operator", w.guard, {"threshold": "0.4"}, "release.guard_changed"),
