@@ -6,6 +6,7 @@ agent lookups in :mod:`tools.handlers`.
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -67,9 +68,19 @@ def run_as_child(parent: Run, agent: Agent, text: str, depth: int) -> Run:
         held = services.acquire_lease(str(child.pk), token)
     if held is None:  # not expected: the row was created just now
         raise services.RunRefused(f"The agent {agent.slug!r} could not be started (child run {child.pk}).")
-    child_id = str(child.pk)
+    return _run_held(held, token)
+
+
+def _run_held(held: Run, token: str) -> Run:
+    from agents.supervisor import supervise, supervisor_of  # a sub-agent may itself be a supervisor
+
+    child_id = str(held.pk)
     try:
-        build_loop(held, token).run(child_id)
+        supervisor = supervisor_of(held)
+        if supervisor is not None:
+            supervise(held, supervisor)
+        else:
+            build_loop(held, token).run(child_id)
     except Exception as exc:
         with transaction.atomic():
             current = Run.objects.select_for_update().get(pk=child_id)
@@ -78,6 +89,21 @@ def run_as_child(parent: Run, agent: Agent, text: str, depth: int) -> Run:
     finally:
         services.release_lease(child_id, token)
     return Run.objects.select_related("agent").get(pk=child_id)
+
+
+def resume_child(child: Run, *, wait_seconds: float, poll: float = 0.5) -> Run:
+    """A child run left by a dead worker: run it here if no live worker holds it, else wait (at most
+    ``wait_seconds``) for the worker that does. Returns the child as it is then (finished, waiting or still running)."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        token = uuid.uuid4().hex
+        held = services.acquire_lease(str(child.pk), token)
+        if held is not None:
+            return _run_held(held, token)
+        current = Run.objects.select_related("agent").get(pk=child.pk)
+        if current.status in (RunStatus.FINISHED, RunStatus.WAITING) or time.monotonic() >= deadline:
+            return current
+        time.sleep(poll)
 
 
 def agent_slugs(tenant: Any, limit: int) -> list[str]:

@@ -15,8 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import services
-from agents.child_runs import run_as_child
-from agents.models import Agent, AgentKind, Run, RunStatus
+from agents.child_runs import resume_child, run_as_child
+from agents.models import Agent, AgentKind, Run, RunEvent, RunStatus
 from agents.run_policy import policy_for
 from agents.store import event_rows, publish_after_commit, run_summary
 from audit.masking import mask_text
@@ -83,8 +83,6 @@ def _append(run: Run, events: list[Event], **changes: Any) -> None:
     with transaction.atomic():
         locked = Run.objects.select_for_update().select_related("tenant").get(pk=run.pk)
         rows = event_rows(locked, locked.last_seq + 1, locked.step, events)
-        from agents.models import RunEvent
-
         RunEvent.objects.bulk_create(rows)
         changes["last_seq"] = locked.last_seq + len(rows)
         Run.objects.filter(pk=run.pk).update(**changes)
@@ -96,6 +94,9 @@ def _append(run: Run, events: list[Event], **changes: Any) -> None:
 
 def supervise(run: Run, policy: SupervisorPolicy) -> None:
     """Route the run's request, run the sub-agent as a child run, and finish the parent with its answer."""
+    if run.last_seq > 0:  # a worker died after routing: finish from what it committed, never route twice
+        _resume(run)
+        return
     raw = tuple(policy_for(run).policy.input_masking.raw)
     text = mask_text(run.input, keep=raw)
     depth = int((run.facts or {}).get("agent_depth", 0)) + 1
@@ -121,23 +122,55 @@ def supervise(run: Run, policy: SupervisorPolicy) -> None:
     except services.RunRefused as exc:
         _finish(run, TerminalReason.ERROR, None, f"the sub-agent {agent.slug!r} refused the request: {exc}", root.span_id)
         return
-    done = Event("supervisor.child_finished", {"agent": agent.slug, "child_run": str(child.pk), "status": child.status,
+    _conclude(run, agent.slug, child, root.span_id)
+
+
+def _resume(run: Run) -> None:
+    """Finish a supervisor run its worker left after routing: the child it started (resumed or awaited), or the
+    sub-agent the committed route names when the worker died before the child was created."""
+    committed = {e.type: e for e in RunEvent.objects.filter(run_id=run.pk, type__in=["run.started", "supervisor.route"])}
+    root_span = committed["run.started"].span_id if "run.started" in committed else ""
+    routed = committed.get("supervisor.route")
+    slug = (routed.payload or {}).get("agent") if routed is not None else None
+    child = Run.objects.filter(tenant_id=run.tenant_id, facts__parent_run=str(run.pk)).order_by("created_at").first()
+    if child is not None:
+        wait = float(policy_for(run).policy.budgets.run.wall_seconds or 300)
+        _conclude(run, child.agent.slug, resume_child(child, wait_seconds=wait), root_span)
+        return
+    agent = Agent.objects.for_tenant(run.tenant_id).filter(slug=slug, kind=AgentKind.AGENT).first() if slug else None
+    if agent is None:
+        _finish(run, TerminalReason.ERROR, None, f"the worker stopped after routing to {slug!r}, which cannot run now",
+                root_span)
+        return
+    depth = int((run.facts or {}).get("agent_depth", 0)) + 1
+    try:
+        child = run_as_child(run, agent, run.input, depth)
+    except services.RunRefused as exc:
+        _finish(run, TerminalReason.ERROR, None, f"the sub-agent {agent.slug!r} refused the request: {exc}", root_span)
+        return
+    _conclude(run, agent.slug, child, root_span)
+
+
+def _conclude(run: Run, slug: str, child: Run, root_span: str) -> None:
+    """Finish the parent with the child's answer, or with an error naming the child run."""
+    done = Event("supervisor.child_finished", {"agent": slug, "child_run": str(child.pk), "status": child.status,
                                                "terminal_reason": child.terminal_reason or None},
-                 parent_span_id=root.span_id)
+                 parent_span_id=root_span or None)
     if child.status == RunStatus.FINISHED and child.terminal_reason == TerminalReason.FINAL_ANSWER.value:
-        _finish(run, TerminalReason.FINAL_ANSWER, child.output, "final_answer", root.span_id, first=done,
+        _finish(run, TerminalReason.FINAL_ANSWER, child.output, "final_answer", root_span, first=done,
                 child_run=str(child.pk))
     else:
-        why = (f"the sub-agent {agent.slug!r} did not answer (child run {child.pk}: {child.status} "
+        why = (f"the sub-agent {slug!r} did not answer (child run {child.pk}: {child.status} "
                f"{child.terminal_reason or ''} {child.error or ''})").strip()
-        _finish(run, TerminalReason.ERROR, None, why, root.span_id, first=done, child_run=str(child.pk))
+        _finish(run, TerminalReason.ERROR, None, why, root_span, first=done, child_run=str(child.pk))
 
 
 def _finish(run: Run, reason: TerminalReason, output: str | None, why: str, root_span: str, *,
             first: Event | None = None, child_run: str | None = None) -> None:
     events = [first] if first is not None else []
     events.append(Event("run.finished", {"terminal_reason": reason.value, "output": output, "reason": why,
-                                         "decided_by": "supervisor", "child_run": child_run}, parent_span_id=root_span))
+                                         "decided_by": "supervisor", "child_run": child_run},
+                        parent_span_id=root_span or None))
     changes: dict[str, Any] = {"status": RunStatus.FINISHED, "terminal_reason": reason.value, "phase": "finished",
                                "output": output or "", "finished_at": timezone.now()}
     if reason != TerminalReason.FINAL_ANSWER:
