@@ -9,6 +9,7 @@ model call; ``llm`` makes one through the tenant's model gateway (the determinis
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.db import transaction
@@ -60,10 +61,10 @@ def supervisor_of(run: Run) -> SupervisorPolicy | None:
     return policy_for(run).policy.supervisor
 
 
-def choose_route(run: Run, policy: SupervisorPolicy, text: str) -> tuple[Route, dict[str, Any]]:
-    """The route and the routing call's usage (empty for rules)."""
+def choose_route(run: Run, policy: SupervisorPolicy, text: str) -> tuple[Route, dict[str, Any], dict[str, Any] | None]:
+    """The route, the routing call's usage (empty for rules) and its ``model.call`` event payload (None for rules)."""
     if policy.mode == "rules":
-        return route_by_rules(policy, text, intent=mentions), {}
+        return route_by_rules(policy, text, intent=mentions), {}, None
     from agents.model_clients import model_client_for
 
     system = "\n\n".join(p for p in (run.version.system_prompt, ROUTING_PROMPT) if p)
@@ -71,11 +72,18 @@ def choose_route(run: Run, policy: SupervisorPolicy, text: str) -> tuple[Route, 
                                                               {"role": "user", "content": text}],
                            tools=route_choices(policy), metadata={"run_id": str(run.pk), "step": 1, "task": "route"},
                            max_output_tokens=256)
+    started = time.monotonic()
     try:
         response = model_client_for(run).complete(request)
     except ModelError as exc:
-        return fallback_route(policy, f"the model call failed ({type(exc).__name__})"), {}
-    return route_from_response(policy, response), response.usage.to_dict()
+        return fallback_route(policy, f"the model call failed ({type(exc).__name__})"), {}, None
+    usage = response.usage
+    call = {"model": response.model, "task": "route", "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens, "cost": usage.cost,
+            "latency_ms": round((time.monotonic() - started) * 1000, 1), "finish_reason": response.finish_reason,
+            "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in response.tool_calls],
+            "content": response.content, "messages_in": len(request.messages), "trace": response.trace}
+    return route_from_response(policy, response), usage.to_dict(), call
 
 
 def _append(run: Run, events: list[Event], **changes: Any) -> None:
@@ -100,9 +108,10 @@ def supervise(run: Run, policy: SupervisorPolicy) -> None:
     raw = tuple(policy_for(run).policy.input_masking.raw)
     text = mask_text(run.input, keep=raw)
     depth = int((run.facts or {}).get("agent_depth", 0)) + 1
-    route, usage = choose_route(run, policy, text)
+    route, usage, call = choose_route(run, policy, text)
     root = Event("run.started", {"model": run.version.model, "supervisor": policy.mode, "sub_agents": policy.slugs()})
     routed = Event("supervisor.route", route.payload(policy.mode), parent_span_id=root.span_id)
+    calls = [Event("model.call", call, parent_span_id=root.span_id)] if call is not None else []
     agent = None
     if route.agent is not None:
         agent = Agent.objects.for_tenant(run.tenant_id).filter(slug=route.agent, kind=AgentKind.AGENT).first()
@@ -113,7 +122,7 @@ def supervise(run: Run, policy: SupervisorPolicy) -> None:
         refusal = f"the sub-agent {route.agent!r} no longer exists in this tenant"
     elif depth > MAX_AGENT_DEPTH:
         refusal = f"the sub-agent {route.agent!r} would run {depth} agents deep; at most {MAX_AGENT_DEPTH} are allowed"
-    _append(run, [root, routed], step=1, phase="acting", usage=usage or run.usage)
+    _append(run, [root, *calls, routed], step=1, phase="acting", usage=usage or run.usage)
     if refusal is not None or agent is None:
         _finish(run, TerminalReason.ERROR, None, refusal or "no sub-agent", root.span_id)
         return

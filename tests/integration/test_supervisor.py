@@ -54,6 +54,9 @@ def _routed(live_stack: Any, world: World, agent: str, text: str) -> tuple[dict[
         children = children["results"] if isinstance(children, dict) else children
         assert len(children) == 1, children
         [finished] = [e for e in events if e["type"] == "supervisor.child_finished"]
+        calls = [e for e in events if e["type"] == "model.call"]
+        assert len(calls) == (1 if agent == "desk-llm" else 0), "one routing call in llm mode, none for rules"
+        assert all(c["payload"]["task"] == "route" and c["seq"] < route["seq"] for c in calls)
         assert finished["payload"]["child_run"] == children[0]["id"]
         assert route["seq"] < finished["seq"], "the route is in the trace before the child ran"
         child = http.get(f"/api/v1/runs/{children[0]['id']}").json()
@@ -86,6 +89,7 @@ def test_the_model_picks_the_sub_agent_from_their_descriptions(live_stack: Any, 
     assert route["payload"]["reason"] == "model" and route["payload"]["choice"] == "route_to_totals"
     assert child["agent"] == "totals" and parent["terminal_reason"] == "final_answer"
     assert parent["usage"]["input_tokens"] > 0, "the routing call is counted on the parent"
+    assert route["payload"]["agent"] == "totals"
 
     parent, route, child = _routed(live_stack, world, "desk-llm", "where is my parcel for order O202411280001?")
     assert (route["payload"]["agent"], route["payload"]["reason"]) == ("order-assistant", "model")
