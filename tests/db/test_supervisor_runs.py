@@ -81,3 +81,27 @@ def test_a_sub_agent_that_is_a_supervisor_routes_too_and_no_route_is_an_error_sa
     assert lost.error == "no sub-agent for this request: no rule matched and there is no fallback"
     route = RunEvent.objects.get(run=lost, type="supervisor.route")
     assert route.payload["reason"] == "none"
+
+
+def test_the_api_links_parent_and_child_for_the_tenant_only(world: World) -> None:
+    from rest_framework.test import APIClient
+
+    desk = _agent(world, "desk", {"sub_agents": [ORDER], "rules": [{"agent": "order-assistant", "intent": ["logistics"]}]})
+    run = services.start_run(actor=actor_for_api_key(world.key), agent=desk, text="where is my parcel? order O202411280001")
+    services.execute_run(str(run.pk))
+    [child] = _children(run)
+    own, foreign = APIClient(), APIClient()
+    own.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
+    foreign.credentials(HTTP_AUTHORIZATION=f"Bearer {make_world().raw_key}")
+    listed = own.get("/api/v1/runs", {"parent_run": str(run.pk)}).json()
+    listed = listed["results"] if isinstance(listed, dict) else listed
+    assert [r["id"] for r in listed] == [str(child.pk)]
+    assert own.get(f"/api/v1/runs/{child.pk}").json()["parent_run"] == str(run.pk)
+    assert own.get(f"/api/v1/runs/{run.pk}").json()["parent_run"] is None
+    route = RunEvent.objects.get(run=run, type="supervisor.route").payload
+    assert (route["reason"], route["intent"], route["rule"]) == ("rule", "logistics", 0)
+    # another tenant's key sees neither the child through the filter nor either run
+    other = foreign.get("/api/v1/runs", {"parent_run": str(run.pk)}).json()
+    assert (other["results"] if isinstance(other, dict) else other) == []
+    assert foreign.get(f"/api/v1/runs/{child.pk}").status_code == 404
+    assert own.get("/api/v1/runs", {"parent_run": "not-a-uuid"}).status_code == 400
