@@ -27,6 +27,10 @@ ROUTE_PREFIX = "route_to_"
 _SLUG = r"^[-a-zA-Z0-9_]{1,64}$"
 Slug = Annotated[str, pattern(_SLUG, 'must be an agent slug (letters, digits, "-" and "_"), e.g. "billing"')]
 OptionalSlug = Annotated[str | None, pattern(_SLUG, 'must be an agent slug or null, e.g. "billing"', nullable=True)]
+#: A tenant's regex is hostile input: it is at most this long and searches at most the request's first characters,
+#: so a backtracking pattern cannot hold a worker for long.
+MAX_REGEX_CHARS = 200
+MAX_MATCH_CHARS = 2000
 #: ``(text, concept) -> bool``: does the text mention the intent concept (the agents layer passes ``llm.intent``'s).
 IntentMatcher = Callable[[str, str], bool]
 
@@ -49,7 +53,9 @@ class RouteRule(Document):
         found = []
         if not (self.intent or self.keywords or self.regex):
             found.append("$: must name at least one of intent, keywords or regex")
-        if self.regex is not None:
+        if self.regex is not None and len(self.regex) > MAX_REGEX_CHARS:
+            found.append(f"$.regex: must be at most {MAX_REGEX_CHARS} characters, got {len(self.regex)}")
+        elif self.regex is not None:
             try:
                 re.compile(self.regex)
             except re.error as exc:
@@ -124,7 +130,7 @@ def rule_match(rule: RouteRule, message: str, intent: IntentMatcher | None = Non
         if _keyword_in(keyword, lower):
             return {"keyword": keyword}
     if rule.regex is not None:
-        found = re.search(rule.regex, message)
+        found = re.search(rule.regex, message[:MAX_MATCH_CHARS])
         if found is not None:
             return {"regex": rule.regex, "matched": found.group(0)[:80]}
     return None

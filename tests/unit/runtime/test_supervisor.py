@@ -52,6 +52,13 @@ def test_a_keyword_matches_whole_words_only() -> None:
     assert (route.agent, route.reason) == ("general", "fallback")
 
 
+def test_a_regex_is_bounded_in_length_and_in_the_text_it_searches() -> None:
+    errors = check_policy({"supervisor": {**SECTION, "rules": [{"agent": "billing", "regex": "a" * 201}]}})
+    assert errors == ["supervisor.rules[0].regex: must be at most 200 characters, got 201"]
+    assert route_by_rules(_policy(), "x" * 1990 + " INV-2024").agent == "billing"
+    assert route_by_rules(_policy(), "x" * 2000 + " INV-2024").reason == "fallback", "past the searched prefix"
+
+
 def test_nothing_matching_goes_to_the_fallback_or_nowhere_saying_why() -> None:
     route = route_by_rules(_policy(), "tell me a joke", intent=mentions)
     assert (route.agent, route.reason, route.detail) == ("general", "fallback", {"why": "no rule matched"})
