@@ -106,6 +106,10 @@ class AgentVersion(TenantOwned):
         definition_errors = self.definition_errors()
         if definition_errors:
             errors["definition"] = definition_errors
+        if "policy" not in errors:
+            supervisor_errors = self.supervisor_errors()
+            if supervisor_errors:
+                errors["policy"] = supervisor_errors
         if self.agent_id is not None and self.tenant_id is not None and self.agent.tenant_id != self.tenant_id:
             errors["agent"] = ["The agent belongs to another tenant; pick an agent of this version's tenant."]
         if errors:
@@ -127,6 +131,16 @@ class AgentVersion(TenantOwned):
         if definition is not None:
             self.definition = definition.to_json()
         return found
+
+    def supervisor_errors(self) -> list[str]:
+        """``policy.supervisor`` names agents of this version's tenant (a flow, another tenant's agent or the supervisor
+        itself is refused) and intent concepts the router knows."""
+        from agents.supervisor import sub_agent_errors  # the check reads agents and the intent table
+
+        section = (self.policy or {}).get("supervisor") if isinstance(self.policy, dict) else None
+        if not isinstance(section, dict) or self.tenant_id is None or self.agent_id is None:
+            return []
+        return sub_agent_errors(section, tenant_id=self.tenant_id, own_slug=self.agent.slug, is_flow=self.is_flow)
 
     def tool_errors(self) -> list[str]:
         """``tools`` must be a list of names of tools that exist in the version's tenant."""

@@ -81,6 +81,9 @@ class RunSerializer(serializers.ModelSerializer):
     attention_resolved_at = serializers.DateTimeField(read_only=True, allow_null=True)
     attention_resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     attention_resolution = serializers.CharField(read_only=True, help_text="What the operator who resolved it checked.")
+    parent_run = serializers.SerializerMethodField(
+        help_text="The run that started this one as a child (an agent-kind tool or a supervisor routing to this agent); "
+                  "null for a top-level run.")
 
     class Meta:
         model = Run
@@ -88,9 +91,13 @@ class RunSerializer(serializers.ModelSerializer):
             "id", "status", "terminal_reason", "agent", "version", "session", "input", "output", "error",
             "usage", "step", "last_seq", "cancel_requested", "created_at", "started_at", "finished_at",
             "injection_flags", "needs_attention", "attention_reasons", "attention_resolved_at", "attention_resolved_by",
-            "attention_resolution", "links",
+            "attention_resolution", "parent_run", "links",
         ]
         read_only_fields = fields
+
+    def get_parent_run(self, run: Run) -> str | None:
+        parent = (run.facts or {}).get("parent_run")
+        return str(parent) if parent else None
 
     def get_injection_flags(self, run: Run) -> list[Any]:
         return list((run.facts or {}).get("injection_flags", []))
@@ -110,7 +117,8 @@ class RunSerializer(serializers.ModelSerializer):
                                   for reason in run.attention_reasons],
             "attention_resolved_at": iso_datetime(run.attention_resolved_at),
             "attention_resolved_by": resolved_by.username if resolved_by is not None else None,
-            "attention_resolution": run.attention_resolution, "links": self.get_links(run),
+            "attention_resolution": run.attention_resolution, "parent_run": self.get_parent_run(run),
+            "links": self.get_links(run),
         }
 
     def generic_representation(self, run: Run) -> dict[str, Any]:

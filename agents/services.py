@@ -184,6 +184,13 @@ def execute_run(run_id: str) -> None:
                 attention.mark_abandoned(run, crash_loop=True)  # an operator checks what it did (agents/attention.py)
                 finish_without_worker(run, TerminalReason.ERROR, f"crash_loop: the run's worker died {run.crash_count} times")
             return
+        from agents.supervisor import supervise, supervisor_of
+
+        supervisor = supervisor_of(run)
+        if supervisor is not None:  # routes to a sub-agent and runs it as a child run (agents/supervisor.py)
+            with heartbeat_for(run.pk, token):
+                supervise(run, supervisor)
+            return
         loop = build_loop(run, token)
         with heartbeat_for(run.pk, token):  # a long model or tool call must not look like a dead worker
             loop.run(str(run.pk))

@@ -287,3 +287,14 @@ def choose(scores: list[IntentScore], complete: dict[str, bool] | None = None) -
         chosen.append(candidate)
         covered.update(candidate.matched)
     return chosen
+
+
+#: The intent concepts a supervisor's routing rule may name (``policy.supervisor.rules[].intent``).
+CONCEPTS: tuple[str, ...] = tuple(SYNONYMS)
+
+
+def mentions(text: str, concept: str) -> bool:
+    """Does ``text`` use a word of the intent ``concept`` (English by stem, other scripts as substrings)?"""
+    words = SYNONYMS.get(concept, ())
+    message = MessageText(text)
+    return any(message.contains(_normal(w)) for w in words)

@@ -35,6 +35,7 @@ from runtime.documents import (
 )
 from runtime.plugins import ExtensionRegistry, Role, default_registry
 from runtime.state import parse_strategies
+from runtime.supervisor import SupervisorPolicy
 
 BUILTIN_HOOK_NAMES = ("model_call_limit", "tier_limit", "loop_detection", "budget")
 MODEL_TASKS = ("act", "summarize")
@@ -320,6 +321,8 @@ class Policy(Document):
     hooks: Annotated[list[dict[str, Any]], _entries("must be a list of hook objects")] = []
     interceptors: Interceptors = Interceptors()
     model: ModelRouting = ModelRouting()
+    #: Set on a supervisor agent: its sub-agents and how a request is routed to one (:mod:`runtime.supervisor`).
+    supervisor: SupervisorPolicy | None = None
 
     @field_validator("hooks")
     @classmethod

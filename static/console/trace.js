@@ -311,6 +311,29 @@
       showAttention(needs);
       return;
     }
+    if (type === "supervisor.route" || type === "supervisor.child_finished") {
+      var routed = type === "supervisor.route";
+      row = markRow(frame, "run", (routed ? "route → " : "sub-agent finished: ") + (p.agent || "none"), parent);
+      if (routed && p.reason === "none") row.li.classList.add("failed");
+      if (routed) {
+        kv(row.meta, "mode", p.mode);
+        kv(row.meta, "why", p.reason);
+        kv(row.meta, "rule", p.rule);
+        kv(row.meta, "intent", p.intent);
+        kv(row.meta, "keyword", p.keyword);
+        kv(row.meta, "matched", p.matched);
+        kv(row.meta, "choice", p.choice);
+        if (p.why) kv(row.meta, "because", p.why);
+      } else {
+        kv(row.meta, "status", p.terminal_reason || p.status);
+      }
+      if (typeof p.child_run === "string" && /^[0-9a-f-]{36}$/.test(p.child_run)) {
+        var link = el("a", null, "child run " + p.child_run.slice(0, 8));
+        link.href = "/console/runs/" + p.child_run + "/";
+        row.meta.appendChild(link);
+      }
+      return;
+    }
     // Anything else, including events this page does not know yet: shown generically.
     var kind = type.indexOf("approval") >= 0 || p.approval_id ? "approval" : "other";
     row = markRow(frame, kind, type, parent);
