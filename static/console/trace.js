@@ -272,6 +272,13 @@
       if (p.ok === false) row.li.classList.add("failed");
       kv(row.meta, "reason", p.reason);
       if (p.errors) kv(row.meta, "errors", short(p.errors, 200));
+      if (p.stage === "approval") {
+        // Who decided and with what note (masked server-side), and a link to the request.
+        kv(row.meta, "approval", p.approval_status);
+        if (p.decided_by) kv(row.meta, "decided by", p.decided_by);
+        if (p.decision_note) kv(row.meta, "note", short(p.decision_note, 200));
+        approvalLink(row.meta, p);
+      }
       return;
     }
     if (type === "tool.audit") {
