@@ -297,6 +297,7 @@
       if (p.outcome && p.outcome !== "ok") row.li.classList.add("failed");
       kv(row.meta, "outcome", p.outcome);
       kv(row.meta, "latency", fmtMs(p.latency_ms));
+      kv(row.meta, "price", p.price);  // "demo price": the demo planner's invented price, not a real one
       if (p.error) kv(row.meta, "error", short(p.error, 200));
       return;
     }

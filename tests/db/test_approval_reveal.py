@@ -171,3 +171,32 @@ def test_the_trace_says_who_decided_and_with_what_note_masked() -> None:
     assert trace["decided_by"] == approver.get_username()
     assert "13812345678" not in trace["decision_note"] and trace["decision_note"].startswith("no: customer at")
     assert trace["decisions"][0]["approved"] is False and trace["decisions"][0]["via"] == "page"
+
+
+def test_the_decision_reaches_the_runs_trace_events_and_the_api() -> None:
+    from rest_framework.test import APIClient
+
+    from agents import services
+    from agents.models import RunEvent
+    from approvals.decisions import resume_run
+
+    world = make_world()
+    Tool.objects.filter(tenant=world.tenant, name="query_order").update(requires_approval=True)
+    run = start_run(actor=actor_for_api_key(world.key), agent=world.agent, text="What is the status of order O202411280001?")
+    services.execute_run(str(run.pk))
+    request = ApprovalRequest.objects.get(run=run)
+    approver = _approver(world, may_reveal=False)
+    decide(actor=actor_for_user(approver), request_id=request.pk, approve=True, note="ok, customer called from 13812345678")
+    assert resume_run(run.pk)
+    services.execute_run(str(run.pk))
+
+    stage = next(e.payload for e in RunEvent.objects.filter(run=run, type="tool.stage").order_by("seq")
+                 if e.payload.get("stage") == "approval" and e.payload.get("approval_status") == "approved")
+    assert stage["decided_by"] == approver.get_username() and stage["approval_id"] == str(request.pk)
+    assert stage["decision_note"].startswith("ok, customer called from") and "13812345678" not in stage["decision_note"]
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
+    events = api.get(f"/api/v1/runs/{run.pk}/events")
+    assert events.status_code == 200, events.content
+    text = events.content.decode()
+    assert f'"decided_by":"{approver.get_username()}"' in text.replace(": ", ":") and "13812345678" not in text
