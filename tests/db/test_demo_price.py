@@ -29,9 +29,16 @@ def test_only_the_demo_planner_is_demo_priced() -> None:
 
 
 def test_a_demo_run_costs_money_in_the_trace_and_the_spend_view_labels_it_a_demo_price() -> None:
+    from prometheus_client import REGISTRY
+
+    def metric() -> float:
+        return REGISTRY.get_sample_value("agentops_llm_cost_total", {"model": "demo/planner"}) or 0.0
+
     world = make_world()
+    before = metric()
     run = _finished_run(world)
     assert (run.status, run.terminal_reason) == (RunStatus.FINISHED, "final_answer")
+    assert metric() == pytest.approx(before + run.usage["cost"]), "the cost metric counts the demo price too"
     cost = run.usage["cost"]
     tokens_in, tokens_out = run.usage["input_tokens"], run.usage["output_tokens"]
     info = DEMO_PRICES["planner"]
@@ -68,3 +75,16 @@ def test_the_label_follows_the_model_not_the_amount() -> None:
     AgentVersion.objects.filter(pk=world.version.pk).update(model="openai/gpt-4o-mini")
     body = client.get("/console/spend/?days=1").content.decode()
     assert 'id="demo-price-note"' not in body and "demo price" not in body
+
+
+def test_the_admins_run_list_labels_a_demo_cost() -> None:
+    from django.contrib.auth import get_user_model
+
+    world = make_world()
+    run = _finished_run(world)
+    admin = get_user_model().objects.create_superuser("root-demo-price", "root@example.com", "correct-horse-battery")
+    client = Client()
+    client.force_login(admin)
+    body = client.get("/admin/agents/run/").content.decode()
+    assert f"{run.usage['cost']:.4f}" in body and "demo price" in body and "not a real price" in body
+    assert "demo price" in client.get(f"/admin/agents/run/{run.pk}/change/").content.decode()
