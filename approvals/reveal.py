@@ -28,6 +28,19 @@ from tenants.scoping import Actor
 PERMISSION = "approvals.reveal_sensitive_fields"
 
 
+def grant_reveal(*, tenant: Any, user: Any, actor: Actor | None) -> None:
+    """Give ``user`` the reveal permission (the demo seed's approver; otherwise the admin's user or group pages).
+    The permission is platform-wide, but only counts where the user may decide, so it never crosses tenants."""
+    from django.contrib.auth.models import Permission
+
+    app_label, codename = PERMISSION.split(".")
+    if user.has_perm(PERMISSION):
+        return
+    user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    record_change(tenant=tenant, actor=actor, action="approval.reveal_granted", target=user,
+                  details={"user": user.get_username(), "permission": PERMISSION})
+
+
 def revealable_fields(request: ApprovalRequest) -> list[str]:
     """The top-level arguments masked only because the tool declares them sensitive (never secrets by name)."""
     tool = request.tool
