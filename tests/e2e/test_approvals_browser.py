@@ -90,9 +90,12 @@ def test_the_approver_reads_time_left_reveals_a_masked_field_and_the_trace_says_
     assert "s left" not in page.inner_text("dl.facts")
     cell = page.inner_text("tr[data-argument='order_id']")
     assert "******" in cell and "O202411280001" not in cell
+    assert "/refunds/******" in page.inner_text("pre.preview"), "masked in the request's URL too"
     page.click("tr[data-argument='order_id'] button.reveal")
     page.wait_for_selector("tr[data-argument='order_id'] .revealed")
     assert page.inner_text("tr[data-argument='order_id'] .revealed") == "O202411280001"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "approval-reveal.png"), full_page=True)
     assert ConfigChange.objects.filter(action="approval.field_revealed", target_id=str(approval.pk), details__field="order_id").count() == 1
 
     # Confirm with a note; the run finishes, and its trace says who decided and with what note
