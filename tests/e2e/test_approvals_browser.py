@@ -88,6 +88,14 @@ def test_the_approver_reads_time_left_reveals_a_masked_field_and_the_trace_says_
     page.wait_for_selector("#time-left")
     assert humanized.match(page.inner_text("#time-left").strip())
     assert "s left" not in page.inner_text("dl.facts")
+    # the page's script says it as the server does, and counts down: 61 s left reads "1 min", then "59 s"
+    from approvals.timeleft import humanize_seconds
+    for seconds in (0, 45, 60, 3532, 3900, 97_200):
+        assert page.evaluate(f"window.approvalTimeLeft({seconds})") == humanize_seconds(seconds)
+    page.evaluate("""() => { const s = document.createElement('span'); s.id = 'probe'; s.dataset.secondsLeft = '61';
+                            document.body.appendChild(s); }""")
+    page.wait_for_function("() => document.getElementById('probe').textContent === '1 min'", timeout=3_000)
+    page.wait_for_function("() => /^5\\d s$/.test(document.getElementById('probe').textContent)", timeout=5_000)
     cell = page.inner_text("tr[data-argument='order_id']")
     assert "******" in cell and "O202411280001" not in cell
     assert "/refunds/******" in page.inner_text("pre.preview"), "masked in the request's URL too"
