@@ -16,6 +16,7 @@ from agents.flow_graph import render_svg
 from agents.models import Agent, AgentKind, AgentVersion, Flow, FlowVersion, Run, RunEvent, Session
 from config.documents import DocumentWidget
 from config.errors import DomainError
+from llm.pricing import DEMO_PRICE_LABEL, demo_price_text, is_demo_price
 from runtime.documents import DocumentError, parse
 from runtime.flows import FlowDefinition
 from runtime.policy_document import Policy
@@ -215,8 +216,8 @@ class SessionAdmin(ReadOnlyAdmin):
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
-    list_display = ["id", "agent", "version__number", "status", "terminal_reason", "attention", "step", "tenant", "created_at",
-                    "finished_at", "trace"]
+    list_display = ["id", "agent", "version__number", "status", "terminal_reason", "attention", "step", "cost", "tenant",
+                    "created_at", "finished_at", "trace"]
     list_filter = ["needs_attention", "status", "terminal_reason", "tenant"]
     list_select_related = ["agent", "version", "tenant"]
     search_fields = ["id", "input"]
@@ -230,6 +231,15 @@ class RunAdmin(ReadOnlyAdmin):
     def trace(self, obj: Run) -> str:
         return format_html('<a href="/console/runs/{}/">trace</a>', obj.pk)
 
+    @admin.display(description="cost")
+    def cost(self, obj: Run) -> str:
+        """The run's cost; a demo-priced model's says so (its price is invented, not a real one)."""
+        value = float((obj.usage or {}).get("cost") or 0)
+        if obj.version is not None and is_demo_price(obj.version.model):
+            return format_html('{} <span class="demo-price" title="{}">{}</span>', f"{value:.4f}",
+                               f"invented for the demo: {demo_price_text()}; not a real price", DEMO_PRICE_LABEL)
+        return f"{value:.4f}"
+
     @admin.display(description="attention", ordering="needs_attention")
     def attention(self, obj: Run) -> str:
         if obj.needs_attention:
@@ -241,7 +251,7 @@ class RunAdmin(ReadOnlyAdmin):
         return ""
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return [*super().get_readonly_fields(request, obj), "trace", "attention"]
+        return [*super().get_readonly_fields(request, obj), "trace", "attention", "cost"]
 
     def get_actions(self, request: HttpRequest) -> Any:
         actions = super().get_actions(request)

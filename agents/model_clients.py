@@ -46,6 +46,7 @@ from config.buckets import bucket_store
 from llm import GatewayConfig, ModelGateway, ModelInfo, ProviderConfig, ProviderError, RateLimit
 from llm.breaker import CircuitBreaker
 from llm.openai_client import split_model
+from llm.pricing import DEMO_PRICES
 from llm.ratelimit import Bucket, BucketStore
 from llm.streaming import DeltaListener
 from runtime.protocols import ModelClient
@@ -136,7 +137,8 @@ def _chosen_rows(tenant_id: int) -> list[Provider]:
 
 
 def _build(rows: list[Provider], routing: dict[str, Any], model: str, rate: RateLimit | None, breaker: CircuitBreaker) -> ModelGateway:
-    providers: list[ProviderConfig] = [ProviderConfig(name=BUILTIN_PROVIDER, kind="deterministic")]
+    # The built-in planner carries the demo price table (labelled "demo price" wherever a cost is shown).
+    providers: list[ProviderConfig] = [ProviderConfig(name=BUILTIN_PROVIDER, kind="deterministic", models=DEMO_PRICES)]
     clients: dict[str, ModelClient] = {}
     keys: dict[str, str] = {}
     for row in rows:

@@ -19,6 +19,7 @@ from approvals.decisions import expire, publish
 from approvals.models import ApprovalRequest, ApprovalStatus, NotifyEvent
 from approvals.policy import ApprovalRule, declared_policy, recorded_overrides, render_preview, rule_for
 from approvals.tasks import enqueue_notice
+from audit.masking import mask_text
 from runtime.approval_policy import flagged
 from runtime.types import ToolCall, ToolContext, ToolStatus
 from tools.models import Tool
@@ -30,6 +31,22 @@ class GateDecision:
     status: ToolStatus = ToolStatus.OK
     message: str = ""
     trace: dict[str, Any] = field(default_factory=dict)
+
+
+def decision_trace(request: ApprovalRequest) -> dict[str, Any]:
+    """Who decided and with what note, for the run's trace: ``decided_by`` ("alice, bob"), ``decision_note`` and one
+    entry per decision. Notes are masked like any free text in a trace (an approver may paste a phone number)."""
+    decisions = [
+        {"by": d.user.get_username() if d.user is not None else "(deleted user)", "approved": d.approved,
+         "note": mask_text(d.note), "via": d.via, "at": d.at.isoformat()}
+        for d in request.decisions.all()
+    ]
+    notes = [d["note"] for d in decisions if d["note"]]
+    return {
+        "decided_by": ", ".join(d["by"] for d in decisions),
+        "decision_note": " / ".join(notes),
+        "decisions": decisions,
+    }
 
 
 class ApprovalGate:
@@ -67,6 +84,7 @@ class ApprovalGate:
             return None  # a tool that can never need approval: no lookup on the hot path
         existing = (
             ApprovalRequest.objects.filter(run_id=self.run.pk)
+            .prefetch_related("decisions__user")
             .filter(Q(call_id=call.id[:100]) | Q(tool_name=tool.name, arguments_hash=args_hash, step=ctx.step))
             .order_by("requested_at")
             .first()
@@ -81,9 +99,12 @@ class ApprovalGate:
                 f"The call to {tool.name} needs a person's approval ({rule.reason}); it has not run yet.",
                 {"approval_id": str(request.pk), "reason": rule.reason, "expires_at": request.expires_at.isoformat()},
             )
-        trace = {"approval_id": str(existing.pk), "approval_status": existing.status}
+        trace: dict[str, Any] = {"approval_id": str(existing.pk), "approval_status": existing.status}
         if existing.status == ApprovalStatus.PENDING and existing.expires_at <= timezone.now():
             expire(existing)
+            trace["approval_status"] = existing.status
+        if existing.status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED):
+            trace.update(decision_trace(existing))
         if existing.status == ApprovalStatus.PENDING:
             return GateDecision(False, ToolStatus.PENDING_APPROVAL, f"The call to {tool.name} is still waiting for approval.", trace)
         if existing.status == ApprovalStatus.APPROVED:
@@ -93,7 +114,7 @@ class ApprovalGate:
                 )
             return GateDecision(True, trace=trace)
         if existing.status == ApprovalStatus.REJECTED:
-            note = existing.decisions.filter(approved=False).values_list("note", flat=True).first() or "no reason given"
+            note = next((d.note for d in existing.decisions.all() if not d.approved), "") or "no reason given"
             return GateDecision(
                 False,
                 ToolStatus.REJECTED,

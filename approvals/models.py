@@ -49,6 +49,7 @@ class ApprovalRequest(TenantOwned):
         ordering = ["-requested_at"]
         constraints = [models.UniqueConstraint(fields=["run", "call_id"], name="one_approval_per_tool_call")]
         indexes = [models.Index(fields=["tenant", "status", "requested_at"])]
+        permissions = [("reveal_sensitive_fields", "Can reveal sensitive fields of approval requests")]
 
     def __str__(self) -> str:
         return f"{self.tool_name} for run {self.run_id} ({self.status})"

@@ -8,4 +8,5 @@ urlpatterns = [
     path("", views.inbox, name="inbox"),
     path("<uuid:pk>/", views.detail, name="detail"),
     path("<uuid:pk>/decide", views.decide, name="decide"),
+    path("<uuid:pk>/reveal", views.reveal_field, name="reveal"),
 ]

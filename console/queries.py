@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from agents.models import Agent, AgentVersion, Run, RunStatus
 from console.filters import TERMINAL_REASONS, RunListFilter
+from llm.pricing import demo_price_text, is_demo_price
 from tenants.models import Membership
 from tenants.scoping import Actor
 
@@ -216,6 +217,8 @@ class Spend:
     top_runs: list[dict[str, Any]]
     truncated: bool
     chart: dict[str, Any]
+    demo_priced: bool = False  # some cost in this window comes from the demo price table (not a real price)
+    demo_price_text: str = field(default_factory=demo_price_text)
 
 
 def spend_for(actor: Actor, *, days: int, now: dt.datetime | None = None) -> Spend:
@@ -229,7 +232,7 @@ def spend_for(actor: Actor, *, days: int, now: dt.datetime | None = None) -> Spe
         .filter(created_at__gte=start)
         .order_by("-created_at")
         .values_list("id", "tenant__slug", "agent_id", "agent__slug", "version_id", "version__number",
-                     "created_at", "usage", "status", "terminal_reason")[: SPEND_MAX_RUNS + 1]
+                     "created_at", "usage", "status", "terminal_reason", "version__model")[: SPEND_MAX_RUNS + 1]
     )
     truncated = len(rows) > SPEND_MAX_RUNS
     rows = rows[:SPEND_MAX_RUNS]
@@ -237,10 +240,13 @@ def spend_for(actor: Actor, *, days: int, now: dt.datetime | None = None) -> Spe
     total = Totals()
     agents: dict[int, tuple[str, Totals]] = {}
     versions: dict[int, tuple[str, int, Totals]] = {}
+    demo_versions: set[int] = set()
     per_day: dict[dt.date, Totals] = {since + dt.timedelta(days=i): Totals() for i in range(days)}
     top: list[tuple[float, int, str, dict[str, Any]]] = []
-    for run_id, tenant, agent_id, agent, version_id, number, created, usage, status, reason in rows:
+    for run_id, tenant, agent_id, agent, version_id, number, created, usage, status, reason, model in rows:
         i, o, c = usage_of(usage)
+        if is_demo_price(model or ""):
+            demo_versions.add(version_id)
         total.add(i, o, c)
         label = f"{tenant}/{agent}"
         agents.setdefault(agent_id, (label, Totals()))[1].add(i, o, c)
@@ -261,12 +267,14 @@ def spend_for(actor: Actor, *, days: int, now: dt.datetime | None = None) -> Spe
         key=lambda r: (-r["totals"].cost, -r["totals"].tokens, r["label"]),
     )
     by_version = sorted(
-        ({"id": vid, "label": f"{label} v{number}", "totals": t} for vid, (label, number, t) in versions.items()),
+        ({"id": vid, "label": f"{label} v{number}", "totals": t, "demo_price": vid in demo_versions}
+         for vid, (label, number, t) in versions.items()),
         key=lambda r: (-r["totals"].cost, -r["totals"].tokens, r["label"]),
     )
     by_day = [{"day": day, "totals": t} for day, t in per_day.items()]
     top_runs = [entry[3] for entry in sorted(top, key=lambda e: e[:3], reverse=True)]
-    return Spend(since, until, days, total, by_agent, by_version, by_day, top_runs, truncated, _chart(by_day, total))
+    return Spend(since, until, days, total, by_agent, by_version, by_day, top_runs, truncated, _chart(by_day, total),
+                 demo_priced=bool(demo_versions))
 
 
 CHART_WIDTH = 720

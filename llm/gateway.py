@@ -33,7 +33,7 @@ from llm.errors import (
 )
 from llm.openai_client import ConnectionCheck, OpenAICompatibleClient, split_model
 from llm.planner import DeterministicPlanner
-from llm.pricing import PriceTable
+from llm.pricing import DEMO_PRICE_LABEL, PriceTable, is_demo_price
 from llm.ratelimit import BucketStore, RateLimiter, buckets_for
 from llm.streaming import DeltaListener, TextStreamingClient
 from runtime.protocols import ModelClient
@@ -297,6 +297,8 @@ class ModelGateway:
                 "cost": usage.cost,
                 "priced": self.prices.known(target),
             }
+            if is_demo_price(target) and self.prices.known(target):
+                ok["price"] = DEMO_PRICE_LABEL  # not a real price: the trace says so
             if waited:
                 ok["rate_limit_wait_ms"] = round(waited * 1000, 1)
             trace.append(ok)

@@ -178,14 +178,24 @@ def render_request(
         used.add(name)
         return _segment(arguments[name])
 
+    sensitive_fields = tuple(sensitive_fields)
+
+    def fill_preview(match: re.Match[str]) -> str:
+        # A sensitive field in the URL's path or query template is masked in the preview, as in a body.
+        return MASK if is_sensitive_key(match.group(1), sensitive_fields) else fill(match)
+
     base, sep, template_query = spec.url_template.partition("?")
     url = _PLACEHOLDER.sub(fill, base)
+    preview_url = _PLACEHOLDER.sub(fill_preview, base)
     if sep:
         url += "?" + _PLACEHOLDER.sub(fill, template_query)
+        preview_url += "?" + _PLACEHOLDER.sub(fill_preview, template_query)
     query = _query_pairs(spec.query_params, arguments)
     used.update(spec.query_params)
     if query:
         url += ("&" if "?" in url else "?") + urlencode(query, doseq=False)
+        shown = [(k, MASK if is_sensitive_key(k, sensitive_fields) else v) for k, v in query]
+        preview_url += ("&" if "?" in preview_url else "?") + urlencode(shown, doseq=False)
 
     remaining = {k: v for k, v in arguments.items() if k not in used}
     json_body: Any = None
@@ -223,7 +233,7 @@ def render_request(
         headers["Idempotency-Key"] = idempotency_key
         preview_headers["Idempotency-Key"] = idempotency_key
 
-    preview: dict[str, Any] = {"method": spec.method, "url": _masked_url(url), "headers": preview_headers}
+    preview: dict[str, Any] = {"method": spec.method, "url": _masked_url(preview_url), "headers": preview_headers}
     if json_body is not None:
         preview["body"] = mask_value(json_body, sensitive_fields)
     return RenderedRequest(

@@ -33,15 +33,6 @@
       });
   }
 
-  function tick() {
-    var cells = list.querySelectorAll("[data-seconds-left]");
-    Array.prototype.forEach.call(cells, function (cell) {
-      var left = Math.max(0, parseInt(cell.dataset.secondsLeft, 10) - 1);
-      cell.dataset.secondsLeft = String(left);
-      cell.textContent = left + " s";
-    });
-  }
-
   function connect() {
     window.liveSocket({
       url: function () { return wsPath; },
@@ -51,6 +42,5 @@
     });
   }
 
-  window.setInterval(tick, 1000);
   connect();
 }());

@@ -272,6 +272,13 @@
       if (p.ok === false) row.li.classList.add("failed");
       kv(row.meta, "reason", p.reason);
       if (p.errors) kv(row.meta, "errors", short(p.errors, 200));
+      if (p.stage === "approval") {
+        // Who decided and with what note (masked server-side), and a link to the request.
+        kv(row.meta, "approval", p.approval_status);
+        if (p.decided_by) kv(row.meta, "decided by", p.decided_by);
+        if (p.decision_note) kv(row.meta, "note", short(p.decision_note, 200));
+        approvalLink(row.meta, p);
+      }
       return;
     }
     if (type === "tool.audit") {
@@ -290,6 +297,7 @@
       if (p.outcome && p.outcome !== "ok") row.li.classList.add("failed");
       kv(row.meta, "outcome", p.outcome);
       kv(row.meta, "latency", fmtMs(p.latency_ms));
+      kv(row.meta, "price", p.price);  // "demo price": the demo planner's invented price, not a real one
       if (p.error) kv(row.meta, "error", short(p.error, 200));
       return;
     }

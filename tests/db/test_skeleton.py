@@ -112,4 +112,8 @@ def test_seed_demo_is_idempotent_and_uses_given_credentials(
     from agents.models import Agent
 
     assert get_user_model().objects.get(username="approver").check_password("fixed-demo-password")
+    assert get_user_model().objects.get(username="approver").has_perm("approvals.reveal_sensitive_fields")
+    from audit.models import ConfigChange
+
+    assert ConfigChange.objects.filter(action="approval.reveal_granted").count() == 1, "granted once, however often seeded"
     assert Agent.objects.filter(tenant__slug="demo", slug="order-assistant").count() == 1

@@ -19,6 +19,7 @@ from django.db import transaction
 from accounts import services as tenant_services
 from agents.models import Agent, AgentVersion
 from agents.providers import ENV_PROVIDER, env_model
+from approvals.reveal import grant_reveal
 from marketplace.models import PluginInstall
 from marketplace.services import install_plugin
 from marketplace.sync import sync_catalog
@@ -104,6 +105,8 @@ class Command(BaseCommand):
         tenant_services.set_membership(tenant=tenant, user=users["operator"], role=Role.OPERATOR, actor=by_admin)
         tenant_services.set_membership(tenant=tenant, user=users["approver"], role=Role.APPROVER, actor=by_admin)
         tenant_services.set_membership(tenant=tenant, user=admin, role=Role.OWNER, actor=by_admin)
+        # The demo approver may reveal the fields a tool masks (the refund's reason); each reveal is audited.
+        grant_reveal(tenant=tenant, user=users["approver"], actor=by_admin)
 
         tools = self._order_desk(tenant, admin)
         agent, _ = Agent.objects.get_or_create(

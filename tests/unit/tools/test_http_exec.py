@@ -201,3 +201,13 @@ def test_preview_without_resolving_secrets() -> None:
     assert rendered.preview["body"] == {"card_number": "************1111", "phone": "138****5678"}
     assert "Authorization" not in rendered.headers  # unresolved without a resolver
     assert "literal-key-value" not in repr(rendered)
+
+
+def test_a_sensitive_field_in_the_url_is_masked_in_the_preview_only() -> None:
+    spec = HttpToolSpec("POST", "https://api.example.com/customers/{customer_id}/refunds/{order_id}?note={reason}",
+                        query_params=["account"])
+    arguments = {"customer_id": "C77", "order_id": "O1", "reason": "broken cup", "account": "ACC-9"}
+    rendered = render_request(spec, arguments, sensitive_fields=["customer_id", "reason", "account"])
+    assert rendered.preview["url"] == "https://api.example.com/customers/******/refunds/O1?note=******&account=%2A%2A%2A%2A%2A%2A"
+    assert rendered.url == "https://api.example.com/customers/C77/refunds/O1?note=broken%20cup&account=ACC-9"
+    assert render_request(spec, arguments).preview["url"] == rendered.url, "nothing declared: nothing masked"
