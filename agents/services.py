@@ -136,6 +136,12 @@ def cancel_run(*, actor: Actor, run: Run) -> Run:
     if locked.status in (RunStatus.QUEUED, RunStatus.WAITING) and not locked.lease_token:
         cancel_for_run(locked)
         finish_without_worker(locked, TerminalReason.CANCELLED, f"cancelled by {who}")
+        child = (locked.facts or {}).get("awaiting_child")  # a waiting supervisor's sub-agent run ends with it
+        awaited = Run.objects.filter(pk=child).exclude(status=RunStatus.FINISHED).first() if child else None
+        if awaited is not None:
+            cancel_run(actor=actor, run=awaited)
+        if (locked.facts or {}).get("parent_run"):
+            transaction.on_commit(lambda: resume_parent(locked))
     else:
         Run.objects.filter(pk=run.pk).update(cancel_requested=True)
         locked.cancel_requested = True
@@ -207,15 +213,31 @@ def execute_run(run_id: str) -> None:
         release_lease(run_id, token)
     # A decision may have landed while this worker was still committing the pause: pick it up now.
     resume_run(run_id)
+    if (run.facts or {}).get("parent_run"):  # a sub-agent's run that ended wakes the supervisor waiting for it
+        resume_parent(Run.objects.only("status", "facts").get(pk=run_id))
 
 
 def resume_waiting_run(run_id: Any) -> bool:
     """Re-enqueue a run waiting for approvals once they are all decided (``approvals.decisions.resume_run`` asks)."""
     with transaction.atomic():
-        if Run.objects.filter(pk=run_id, status=RunStatus.WAITING, lease_token="").update(status=RunStatus.QUEUED):
+        waiting = Run.objects.filter(pk=run_id, status=RunStatus.WAITING, lease_token="")
+        facts = waiting.values_list("facts", flat=True).first()
+        if facts is None:
+            return False
+        child = (facts or {}).get("awaiting_child")  # a supervisor waits for its sub-agent's run (agents/supervisor.py)
+        if child and Run.objects.filter(pk=child).exclude(status=RunStatus.FINISHED).exists():
+            return False
+        if waiting.update(status=RunStatus.QUEUED):
             enqueue_run(run_id)
             return True
     return False
+
+
+def resume_parent(run: Run) -> None:
+    """A finished child run wakes the supervisor waiting for it (through the approvals check: none may be pending)."""
+    parent = (run.facts or {}).get("parent_run")
+    if parent and run.status == RunStatus.FINISHED:
+        resume_run(parent)
 
 
 # -- agents and versions (operators) ---------------------------------------------------------

@@ -27,6 +27,9 @@ from runtime.supervisor import Route, SupervisorPolicy, fallback_route, route_by
 from runtime.types import Event, ModelRequest, TerminalReason
 from tools.agent_exec import MAX_AGENT_DEPTH
 
+#: The fact a supervisor waiting for its child run names the child by (``agents.services.resume_waiting_run``).
+AWAITING_CHILD = "awaiting_child"
+
 ROUTING_PROMPT = ("You are a router. Choose exactly one sub-agent for the user's request by calling its route_to_* "
                   "function. Do not answer the request yourself.")
 
@@ -165,6 +168,13 @@ def _conclude(run: Run, slug: str, child: Run, root_span: str) -> None:
     done = Event("supervisor.child_finished", {"agent": slug, "child_run": str(child.pk), "status": child.status,
                                                "terminal_reason": child.terminal_reason or None},
                  parent_span_id=root_span or None)
+    if child.status == RunStatus.WAITING:  # the sub-agent waits for a human: so does the supervisor, worker freed
+        waiting = Event("supervisor.waiting", {"agent": slug, "child_run": str(child.pk),
+                                               "reason": "the sub-agent waits for an approval"},
+                        parent_span_id=root_span or None)
+        _append(run, [waiting], status=RunStatus.WAITING, phase="waiting",
+                facts={**(run.facts or {}), AWAITING_CHILD: str(child.pk)})
+        return
     if child.status == RunStatus.FINISHED and child.terminal_reason == TerminalReason.FINAL_ANSWER.value:
         _finish(run, TerminalReason.FINAL_ANSWER, child.output, "final_answer", root_span, first=done,
                 child_run=str(child.pk))

@@ -105,3 +105,67 @@ def test_the_api_links_parent_and_child_for_the_tenant_only(world: World) -> Non
     assert (other["results"] if isinstance(other, dict) else other) == []
     assert foreign.get(f"/api/v1/runs/{child.pk}").status_code == 404
     assert own.get("/api/v1/runs", {"parent_run": "not-a-uuid"}).status_code == 400
+
+
+def _approver(world: World) -> Any:
+    from accounts import services as tenant_services
+    from tenants.models import Role
+    from tests.factories import make_user
+
+    user = make_user()
+    tenant_services.set_membership(tenant=world.tenant, user=user, role=Role.APPROVER, actor=None)
+    return user
+
+
+def test_a_sub_agent_waiting_for_approval_pauses_the_supervisor_and_its_answer_finishes_it(world: World) -> None:
+    from approvals.decisions import decide, resume_run
+    from approvals.models import ApprovalRequest
+    from tenants.scoping import actor_for_user
+    from tools.models import Tool
+
+    # given the order assistant's tool needs a human approval, and a supervisor routing to it
+    Tool.objects.filter(tenant=world.tenant, name="query_order").update(requires_approval=True)
+    desk = _agent(world, "desk", {"sub_agents": [ORDER], "fallback": "order-assistant"})
+    run = services.start_run(actor=actor_for_api_key(world.key), agent=desk, text="What is the status of order O202411280001?")
+    # when the worker routes and the child pauses for the approval
+    services.execute_run(str(run.pk))
+    run.refresh_from_db()
+    [child] = _children(run)
+    # then the supervisor waits too (its worker freed), naming the child, and is not re-queued while the child waits
+    assert (child.status, run.status, run.lease_token) == (RunStatus.WAITING, RunStatus.WAITING, "")
+    assert run.facts["awaiting_child"] == str(child.pk)
+    waiting = RunEvent.objects.get(run=run, type="supervisor.waiting").payload
+    assert waiting["child_run"] == str(child.pk)
+    assert services.resume_waiting_run(run.pk) is False
+    # when the approver confirms and the child's worker runs it to its answer
+    request = ApprovalRequest.objects.get(run=child)
+    decide(actor=actor_for_user(_approver(world)), request_id=request.pk, approve=True)
+    assert resume_run(child.pk)  # what the decision does once it commits
+    services.execute_run(str(child.pk))
+    child.refresh_from_db()
+    assert child.terminal_reason == "final_answer"
+    # then the supervisor was re-queued, and its next worker finishes it with the child's answer, routing nothing again
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+    services.execute_run(str(run.pk))
+    run.refresh_from_db()
+    assert (run.status, run.terminal_reason, run.output) == (RunStatus.FINISHED, "final_answer", child.output)
+    assert _children(run) == [child]
+    types = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
+    assert types == ["run.started", "supervisor.route", "supervisor.waiting", "supervisor.child_finished",
+                     "run.finished"]
+
+
+def test_cancelling_a_waiting_supervisor_cancels_the_sub_agent_it_waits_for(world: World) -> None:
+    from tools.models import Tool
+
+    Tool.objects.filter(tenant=world.tenant, name="query_order").update(requires_approval=True)
+    desk = _agent(world, "desk", {"sub_agents": [ORDER], "fallback": "order-assistant"})
+    actor = actor_for_api_key(world.key)
+    run = services.start_run(actor=actor, agent=desk, text="What is the status of order O202411280001?")
+    services.execute_run(str(run.pk))
+    [child] = _children(Run.objects.get(pk=run.pk))
+    services.cancel_run(actor=actor, run=run)
+    run.refresh_from_db()
+    child.refresh_from_db()
+    assert (run.terminal_reason, child.terminal_reason) == ("cancelled", "cancelled")
