@@ -18,14 +18,23 @@ rest gives the same text (checked), so a long reply costs linear time, not quadr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
-from audit.masking import mask_text
+from audit.masking import _SECRET_KEY_WORDS, mask_text
 
 HOLD = 48  # characters held back; longer than any multi-word secret the patterns know (cards, phones, "key: value")
 MAX_HOLD = 512  # with no whitespace for this long, release up to the window anyway (e.g. text without spaces)
 KEEP = 256  # raw characters always re-masked with each piece: the context a pattern may need, and then some
 BATCH = 16  # raw characters gathered before masking again, unless a piece brings whitespace (a possible cut)
+
+
+#: The secrets of :mod:`audit.masking` that span whitespace are numbers written in groups (cards, phones, id
+#: numbers: digits, ``+``, spaces, dashes); all the others are one word after a label the mask keeps (``password
+#: is ****``, ``Bearer ****``, ``密码：****``). So only a trailing run that may still grow into such a number must
+#: wait in full, and, to stay on the safe side, a tail naming a secret word or an authorization scheme.
+_NUMBER_RUN = re.compile(r"[+\d][\d \-+]*$")
+_SECRET_WORD = re.compile(rf"(?i){_SECRET_KEY_WORDS}|bearer|basic|digest|authorization|密码|口令|密钥|秘钥|令牌|验证码|安全码|私钥")
 
 
 class StreamMasker:
@@ -62,6 +71,12 @@ class StreamMasker:
 
     def _cut(self, masked: str) -> int:
         start, limit = len(self._released), len(masked) - self.hold
+        if not _SECRET_WORD.search(masked, max(start, limit, 0)):
+            # nothing in the held-back tail names a secret: only a trailing number run (it may grow into a card or
+            # a phone number) and the last word (it may grow into a one-word secret) wait, so prose streams word
+            # by word without the full hold
+            run = _NUMBER_RUN.search(masked, max(start, limit, 0))
+            limit = run.start() if run else len(masked)
         if limit <= start:
             return start
         for index in range(limit - 1, start - 1, -1):

@@ -14,6 +14,12 @@ SECRETS = [
     "my password is Hunter2!",
     "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJlMTIz",
     "密码：abc12345",
+    "+86 138 1234 5678",
+    "138-1234-5678",
+    "the api key is sk-live-ABCDEF0123456789xyz",
+    "token was Abc123XYZ987",
+    "Bearer Zm9vYmFyYmF6cXV4MTIz",
+    "jane.doe@example.com",
 ]
 
 
@@ -42,6 +48,39 @@ def test_a_secret_split_across_pieces_is_masked_and_the_text_is_the_masked_whole
         released += piece
         assert released == mask_text(text)[: len(released)]
     assert "hunter2" not in whole and "CANARY" not in whole and "1111 1111 1111" not in whole
+
+
+@pytest.mark.parametrize("secret", SECRETS)
+@pytest.mark.parametrize("sizes", [[1], [3], [6, 2]])
+def test_a_secret_after_plain_prose_is_masked_although_prose_streams_word_by_word(secret: str, sizes: list[int]) -> None:
+    # plain prose before the secret has nothing that begins a secret spanning words, so it is released early;
+    # the secret must still never leave raw
+    text = f"Here is what you asked for so please keep it safe {secret} and some more words after it end here"
+    pieces, whole = _stream(text, sizes)
+    assert whole == mask_text(text)
+    released = ""
+    for piece in pieces:
+        released += piece
+        assert released == mask_text(text)[: len(released)]
+
+
+def test_plain_prose_is_released_word_by_word_without_the_hold() -> None:
+    # each word leaves as soon as the whitespace after it arrives: no 48-character wait for the first delta
+    masker = StreamMasker()
+    assert masker.feed("Hello") == ""  # the last word may still grow into a one-word secret
+    assert masker.feed(" there") == "Hello "
+    assert masker.feed(" how are you") == "there how are "
+    # a trailing number run (a card, a phone number may be coming) waits whole; what is before it leaves
+    assert masker.feed(" 4111") == "you "
+    assert masker.feed(" 1111 1111") == ""
+    assert masker.feed(" 1111 ok") == "**** **** **** 1111 "  # complete: it leaves masked
+    assert masker.finish() == "ok"
+    # digits inside words (order numbers, "word0") do not hold the prose before them
+    masker = StreamMasker()
+    assert masker.feed("see word0 and") == "see word0 "
+    # a secret word in the tail brings the full hold back
+    masker = StreamMasker()
+    assert masker.feed("your password is") == ""
 
 
 def test_text_without_secrets_is_released_before_the_reply_ends() -> None:
