@@ -21,26 +21,31 @@ from agentops_client.errors import AgentOpsError
 
 
 def _show(stream: RunStream, out: TextIO, log: TextIO) -> int:
+    """The model's text as it streams on ``out``; one line per committed event on ``log``; the output at the end."""
     print(f"run {stream.run_id}", file=log)
-    status = 0
-    at_line_start = True
+    streamed = ""
     with stream:
         for event in stream:
             if event.is_delta:
                 out.write(event.text)
                 out.flush()
-                at_line_start = event.text.endswith("\n")
+                streamed += event.text
                 continue
-            if not at_line_start:
-                out.write("\n")
-                at_line_start = True
             payload = event.data.get("payload") or {}
-            detail = payload.get("tool") or payload.get("name") or ""
-            print(f"  [{event.seq}] {event.type} {detail}".rstrip(), file=log)
             if event.type == "run.finished":
-                print(f"{payload.get('output') or ''}", file=out)
-                status = 0 if payload.get("status", "succeeded") in ("succeeded", "ok") or not payload.get("error") else 1
-    return status
+                output = str(payload.get("output") or "")
+                if not streamed:
+                    out.write(output)  # no deltas (e.g. the built-in demo planner does not stream)
+                out.write("\n")
+                out.flush()
+                print(f"  [{event.seq}] run.finished {payload.get('terminal_reason', '')}", file=log)
+                return 0
+            if streamed and not streamed.endswith("\n"):
+                out.write("\n")
+                streamed = ""
+            detail = " ".join(str(payload[k]) for k in ("tool", "status", "to") if isinstance(payload.get(k), str))
+            print(f"  [{event.seq}] {event.type} {detail}".rstrip(), file=log)
+    return 0  # ended without run.finished after `after`: the run had already finished
 
 
 def main(argv: list[str] | None = None) -> int:
