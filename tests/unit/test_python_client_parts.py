@@ -31,3 +31,30 @@ def test_errors_carry_the_api_error_body() -> None:
     assert isinstance(error, NotFound) and error.code == "not_found" and error.body == body and "404 not_found" in str(error)
     plain = error_for(418, {"detail": "teapot"}, method="GET", url="u", retry_after=None)
     assert type(plain) is ApiError and plain.message == "teapot" and plain.code == "error"
+
+
+def test_a_stream_that_keeps_dropping_gives_up_after_the_bounded_reconnects_naming_the_last_event() -> None:
+    import httpx
+    import pytest
+    from agentops_client import Client, StreamInterrupted
+
+    class Drops(httpx.SyncByteStream):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            yield b'id: 1\ndata: {"seq": 1, "type": "run.started"}\n\n'
+            raise httpx.RemoteProtocolError("peer closed connection")
+
+    tries: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        tries.append(request.headers.get("Last-Event-ID"))
+        if len(tries) == 1:
+            return httpx.Response(200, stream=Drops(), headers={"content-type": "text/event-stream"})
+        raise httpx.ConnectError("refused")
+
+    client = Client("http://api.test", "k", transport=httpx.MockTransport(handler), sleep=lambda _: None, max_attempts=2, reconnects=2)
+    stream = client.stream_run("r1")
+    assert next(stream).seq == 1
+    with pytest.raises(StreamInterrupted) as stopped:
+        next(stream)
+    # each reconnect asked for what follows seq 1; three reconnects (the bound, plus the one after progress), two tries each
+    assert stopped.value.last_seq == 1 and tries[0] is None and set(tries[1:]) == {"1"} and len(tries) == 1 + 3 * 2

@@ -200,11 +200,16 @@ class RunStream:
     def _follow(self) -> Generator[StreamEvent, None, None]:
         failures = 0
         while True:
-            response = self._open()
             progressed = False
             cause: BaseException | None = None
             try:
-                for message in sse.messages(response.iter_lines()):
+                response = self._open()
+            except httpx.TransportError as exc:  # the server unreachable for every try of this reconnect
+                if self.reconnected == 0 and self.last_seq == 0:
+                    raise
+                response, cause = None, exc
+            try:
+                for message in sse.messages(response.iter_lines() if response is not None else ()):
                     event = _event(message)
                     if event.seq is not None:
                         if event.seq <= self.last_seq:
@@ -217,7 +222,8 @@ class RunStream:
             except httpx.TransportError as exc:
                 cause = exc
             finally:
-                response.close()
+                if response is not None:
+                    response.close()
             if cause is None and self.client.get_run(self.run_id).done:
                 return  # ended cleanly after run.finished was already delivered (e.g. resumed past it)
             failures = 0 if progressed else failures + 1
