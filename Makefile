@@ -38,6 +38,7 @@ beat: $(VENV)/.installed
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy runtime
+	$(VENV)/bin/mypy clients/python/agentops_client
 	$(VENV)/bin/lint-imports --no-cache
 
 # The whole suite in the configured mode (DATABASE_URL/REDIS_URL set: PostgreSQL + Redis + a separate
