@@ -115,6 +115,10 @@ class RunStream:
             yield b": run stream\n\n"  # the headers and a first byte go out at once
             for chunk in await self._backfill():  # joined first, so nothing falls between backlog and live
                 yield chunk
+            if not self.ended and await _is_finished(self.run_id):
+                for chunk in await self._backfill():  # it finished just now, or the client resumed past its end
+                    yield chunk
+                return
             while not self.ended and not inbox.lost:  # a lost feed ends the stream: the client resumes by Last-Event-ID
                 try:
                     message = await asyncio.wait_for(inbox.queue.get(), self.keepalive)

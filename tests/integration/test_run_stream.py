@@ -170,6 +170,9 @@ def test_a_reconnect_with_last_event_id_yields_every_committed_event_exactly_onc
     assert [m["id"] for m in again if m.get("id") is not None] == [e.seq for e in committed if e.seq > last_id]
     both = _stream(stack, world.raw_key, run_id, headers={"Last-Event-ID": str(len(committed) - 1)}, query="?after=0")
     assert [m["id"] for m in both if m.get("id") is not None] == [committed[-1].seq]
+    # and a client resuming past the end of a finished run gets an empty stream at once, not after a keep-alive
+    past = _stream(stack, world.raw_key, run_id, headers={"Last-Event-ID": str(committed[-1].seq)})
+    assert [m for m in past if "data" in m] == [] and [m["comment"] for m in past] == ["run stream"]
 
 
 def test_a_canary_secret_never_appears_in_any_frame_sse_or_websocket(stack: LiveStack, worlds: Any, fake: FakeOpenAI,
