@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -21,6 +22,7 @@ from agents.serializers import (
     AgentSerializer,
     AgentVersionSerializer,
     AgentVersionWriteSerializer,
+    FlowRunCreateSerializer,
     ResolveAttentionSerializer,
     RunCreateSerializer,
     RunEventSerializer,
@@ -79,6 +81,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             key = acceptance.parse_key(request.headers.get(acceptance.IDEMPOTENCY_HEADER))
         except acceptance.KeyInvalid as exc:
             raise serializers.ValidationError({acceptance.IDEMPOTENCY_HEADER: [str(exc)]}) from None
+        if isinstance(request.data, dict) and "flow" in request.data:
+            return self._create_flow_run(request, key)
         body = RunCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -89,8 +93,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             known = ", ".join(agents.values_list("slug", flat=True)[:20]) or "none"
             message = f"No agent {data['agent']!r} in tenant {tenant.slug!r}. Known agents: {known}."
             if agent is not None:
-                message = (f"{data['agent']!r} is a flow, and flows do not run through this API yet (their definitions are "
-                           f"edited and checked under /api/v1/flows). Known agents: {known}.")
+                message = (f"{data['agent']!r} is a flow: start it with {{\"flow\": \"{data['agent']}\", \"input\": "
+                           f"{{...}}}} (a JSON object) instead of \"agent\". Known agents: {known}.")
             raise serializers.ValidationError({"agent": [message]})
         session = None
         if data.get("session"):
@@ -100,6 +104,25 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
                 raise serializers.ValidationError({"session": [message]})
         accepted = acceptance.accept_run(actor=self.actor, agent=agent, text=data["input"], session=session,
                                              facts=data.get("facts"), idempotency_key=key)
+        headers = {acceptance.REPLAYED_HEADER: "true"} if accepted.replayed else {}
+        return Response(RunSerializer(accepted.run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED,
+                        headers=headers)
+
+    def _create_flow_run(self, request: Request, key: str) -> Response:
+        """``{"flow": slug, "input": {...}}``: a flow run, accepted like an agent's run (key, release, admission)."""
+        body = FlowRunCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        tenant = self.acting_tenant("operate")
+        flow = Agent.objects.for_actor(self.actor, "operate").for_tenant(tenant).filter(
+            slug=data["flow"], kind=AgentKind.FLOW).first()
+        if flow is None:
+            known = ", ".join(Agent.objects.for_tenant(tenant).filter(kind=AgentKind.FLOW).values_list("slug", flat=True)[:20])
+            raise serializers.ValidationError({"flow": [f"No flow {data['flow']!r} in tenant {tenant.slug!r}. "
+                                                        f"Known flows: {known or 'none'}."]})
+        text = json.dumps(data["input"], sort_keys=True, ensure_ascii=False, default=str)
+        accepted = acceptance.accept_run(actor=self.actor, agent=flow, text=text, facts=data.get("facts"),
+                                         idempotency_key=key)
         headers = {acceptance.REPLAYED_HEADER: "true"} if accepted.replayed else {}
         return Response(RunSerializer(accepted.run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED,
                         headers=headers)

@@ -184,9 +184,15 @@ def execute_run(run_id: str) -> None:
                 attention.mark_abandoned(run, crash_loop=True)  # an operator checks what it did (agents/attention.py)
                 finish_without_worker(run, TerminalReason.ERROR, f"crash_loop: the run's worker died {run.crash_count} times")
             return
-        loop = build_loop(run, token)
-        with heartbeat_for(run.pk, token):  # a long model or tool call must not look like a dead worker
-            loop.run(str(run.pk))
+        if run.agent.kind == AgentKind.FLOW:  # a flow run: the flows app's runner (agents/flow_hook.py)
+            from agents.flow_hook import run_flow
+
+            with heartbeat_for(run.pk, token):
+                run_flow(run, token)
+        else:
+            loop = build_loop(run, token)
+            with heartbeat_for(run.pk, token):  # a long model or tool call must not look like a dead worker
+                loop.run(str(run.pk))
     except Exception as exc:
         log.exception("run %s failed", run_id)
         with transaction.atomic():

@@ -98,6 +98,7 @@ INSTALLED_APPS = [
     "agents",
     "tools",
     "approvals",
+    "flows",
     "marketplace",
     "audit",
     "accounts",
