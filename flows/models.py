@@ -27,6 +27,9 @@ class FlowNodeRun(TenantOwned):
     chosen = models.JSONField(default=list, blank=True, help_text="A switch's chosen nodes.")
     error = models.TextField(blank=True)
     span_id = models.CharField(max_length=32, blank=True)
+    # The node's lease: the task running it (a token) until when; an expired lease on a running node = its worker died.
+    lease_token = models.CharField(max_length=32, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
     child_run = models.ForeignKey("agents.Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -36,6 +39,7 @@ class FlowNodeRun(TenantOwned):
     class Meta:
         ordering = ["run", "id"]
         constraints = [models.UniqueConstraint(fields=["run", "node_id"], name="flow_node_once_per_run")]
+        indexes = [models.Index(fields=["tenant", "status"])]
 
     def __str__(self) -> str:
         return f"{self.run_id}/{self.node_id} {self.status}"

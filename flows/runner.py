@@ -1,29 +1,41 @@
 """Executes a flow run (issue #15): the database's node rows are the state, :func:`runtime.flows.plan` the scheduler.
 
 A flow run is a :class:`agents.models.Run` whose version holds a graph. ``agents.services.execute_run`` takes the run's
-lease and hands it here (``agents/flow_hook.py``). Each pass reads the committed node rows, asks ``plan`` which nodes
-are ready or skipped, and runs the ready ones; each node's completion commits in one transaction: its row, its trace
-events (a span per node: ``flow.node.started`` / ``flow.node.finished``), its tool audit rows and the run's counters.
-A worker killed mid-flow leaves the run leased; the sweeper re-enqueues it and the next worker resumes from the
-committed rows: a finished node never runs again, and a tool node's call id is ``flow:<run>:<node>`` so a write tool
-the gateway already started is caught by its exactly-once guard.
+lease and hands it here (``agents/flow_hook.py``); :func:`advance` then decides, under the run's row lock, what the
+committed node rows allow: skipped nodes are written, ready nodes get a row ``running`` with a lease (a token and an
+expiry) and their own Celery task (``flows.execute_node``) once the decision commits, so parallel branches spread over
+workers. A node task runs its node and commits its completion in ONE transaction (the row: status, output, error; its
+trace events: a span per node, ``flow.node.started`` ... ``flow.node.finished``; its tool audit rows), then advances
+the run again. The flow ends (``run.finished``) when the plan says so.
 
-Nodes run one after another inside the run's task here (the scheduler's ``max_parallel`` bounds a pass); see the
-README's "Flows" section for what is not built yet (separate Celery tasks per node, approval and agent nodes).
+Bounds: the definition's ``max_parallel`` per run and ``FLOW_TENANT_MAX_NODES`` running nodes per tenant; ready
+nodes over the tenant's bound stay pending and the run says so once (``flow.throttled``); they start when another
+node of the tenant finishes, or at the sweeper's next look at the run.
+
+Durability: a node task heartbeats its node's lease and the run's lease expiry. A worker killed mid-node leaves a
+``running`` row whose lease expires: the next :func:`advance` (another node's completion, or the sweeper re-enqueuing
+the run) starts it again with a new token (``attempt`` + 1); a late duplicate of the old task finds its token gone
+and does nothing. A ``done`` node is never started again. A tool node's call id is ``flow:<run>:<node>`` on every
+attempt, so the gateway's exactly-once guard for write tools sees a restarted write as the same call.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
+import time
+import uuid
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from agents.engine import session_grants
 from agents.hooks import resolvable_tools, tool_allowed_for
+from agents.lease import LeaseHeartbeat
 from agents.models import Run, RunEvent, RunStatus
 from agents.services import finish_without_worker
 from agents.store import event_rows, publish_after_commit, run_summary
@@ -37,6 +49,8 @@ from tools.gateway import ToolGateway
 log = logging.getLogger(__name__)
 
 SUMMARY_CHARS = 500
+#: A node's lease outlives its timeout by this much before it counts as dead.
+LEASE_GRACE_SECONDS = 30
 
 
 class NodeFailed(Exception):
@@ -64,12 +78,12 @@ def _scope(run: Run, rows: dict[str, FlowNodeRun]) -> dict[str, Any]:
     return {"input": flow_input(run), "nodes": nodes}
 
 
-def _rows(run: Run) -> dict[str, FlowNodeRun]:
-    return {r.node_id: r for r in FlowNodeRun.objects.filter(run=run)}
+def _rows(run_id: Any) -> dict[str, FlowNodeRun]:
+    return {r.node_id: r for r in FlowNodeRun.objects.filter(run_id=run_id)}
 
 
 def _append(run: Run, events: list[Event]) -> list[RunEvent]:
-    """Write events at the run's next seqs (the caller holds the run's row lock, inside its transaction)."""
+    """Write events at the run's next seqs (locks the run's row until the caller's transaction ends)."""
     locked = Run.objects.select_for_update().only("last_seq", "step").get(pk=run.pk)
     rows = event_rows(run, locked.last_seq + 1, locked.step, events)
     RunEvent.objects.bulk_create(rows)
@@ -78,98 +92,178 @@ def _append(run: Run, events: list[Event]) -> list[RunEvent]:
     return rows
 
 
+def _tenant_bound() -> int:
+    return int(getattr(settings, "FLOW_TENANT_MAX_NODES", 8))
+
+
 def run_flow(run: Run, token: str) -> None:
-    """Run the flow's ready nodes until it finishes or waits. Safe to call again after a crash."""
-    flow = FlowDefinition.model_validate(run.version.definition)
-    while True:
-        run.refresh_from_db(fields=["cancel_requested", "status", "last_seq"])
+    """The registered runner: ``execute_run`` holds the run's lease; advance the flow (its node tasks do the rest)."""
+    advance(run.pk)
+
+
+def advance(run_id: Any) -> list[tuple[str, str]]:
+    """Decide the flow's next step from its committed rows; returns the ``(node, token)`` pairs it started.
+
+    The node tasks are enqueued when this transaction commits; tests may call :func:`execute_node` themselves.
+    """
+    started: list[tuple[str, str]] = []
+    with transaction.atomic():
+        run = Run.objects.select_for_update().select_related("tenant", "agent", "version", "session").get(pk=run_id)
+        if run.status != RunStatus.RUNNING:
+            return []
         if run.cancel_requested:
-            with transaction.atomic():
-                finish_without_worker(run, TerminalReason.CANCELLED, "cancelled")
-            return
-        rows = _rows(run)
-        states = {nid: r.status for nid, r in rows.items()}
-        chosen = {nid: r.chosen for nid, r in rows.items() if r.kind == "switch" and r.status == NodeStatus.DONE}
-        routed = [flow.node(nid).handler for nid, r in rows.items()
-                  if r.status == NodeStatus.FAILED and flow.node(nid).on_error == "route"]
-        # A node left "running" by a dead worker is run again (its tool call id is the same: exactly once).
-        stale = [nid for nid, s in states.items() if s == NodeStatus.RUNNING]
-        for nid in stale:
-            states[nid] = NodeStatus.PENDING
-        step = plan(flow, states, chosen, routed=[r for r in routed if r])
-        if step.skip:
-            _skip(run, step.skip)
-            continue
-        if step.outcome is not None:
-            _finish(run, flow, step.outcome, step.failed_node, _rows(run))
-            return
-        if not step.ready:
-            if any(s == NodeStatus.WAITING for s in states.values()):
-                _wait(run)
-            return
-        for node_id in step.ready:
-            _run_node(run, flow, flow.node(node_id), rows.get(node_id))
-            rows = _rows(run)
-
-
-def _skip(run: Run, node_ids: tuple[str, ...]) -> None:
-    with transaction.atomic():
+            finish_without_worker(run, TerminalReason.CANCELLED, "cancelled")
+            return []
+        flow = FlowDefinition.model_validate(run.version.definition)
         now = timezone.now()
-        for nid in node_ids:
+        while True:
+            rows = _rows(run.pk)
+            states = {nid: r.status for nid, r in rows.items()}
+            stale = {nid for nid, r in rows.items()
+                     if r.status == NodeStatus.RUNNING and r.lease_expires_at is not None and r.lease_expires_at < now}
+            for nid in stale:
+                states[nid] = NodeStatus.PENDING  # its worker died: start it again
+            chosen = {nid: r.chosen for nid, r in rows.items() if r.kind == "switch" and r.status == NodeStatus.DONE}
+            routed = [h for nid, r in rows.items() if r.status == NodeStatus.FAILED
+                      for h in [flow.node(nid).handler] if h and flow.node(nid).on_error == "route"]
+            step = plan(flow, states, chosen, routed=routed)
+            if not step.skip:
+                break
+            _skip(run, step.skip, now)
+        if step.outcome is not None:
+            _finish(run, flow, step.outcome, step.failed_node, rows)
+            return []
+        ready = list(step.ready)
+        busy = FlowNodeRun.objects.filter(tenant_id=run.tenant_id, status=NodeStatus.RUNNING,
+                                          lease_expires_at__gte=now).exclude(run=run, node_id__in=stale).count()
+        room = max(_tenant_bound() - busy, 0)
+        held = ready[room:]
+        ready = ready[:room]
+        events: list[Event] = []
+        scope = _scope(run, rows)
+        for nid in ready:
+            node, row = flow.node(nid), rows.get(nid)
+            token = uuid.uuid4().hex
+            span = row.span_id if row is not None and row.span_id else new_span_id()
+            attempt = (row.attempt if row is not None else 0) + 1
+            try:
+                inputs = node_arguments(node, scope)
+            except Exception as exc:  # a mapping that cannot be evaluated (a JMESPath type error): the node fails
+                inputs = {"_mapping_error": str(exc)}
             FlowNodeRun.objects.update_or_create(run=run, node_id=nid, defaults={
-                "tenant_id": run.tenant_id, "kind": "", "status": NodeStatus.SKIPPED, "finished_at": now})
-        rows = _append(run, [Event("flow.node.skipped", {"node": nid}) for nid in node_ids])
-        publish_after_commit(run, rows, run_summary(run))
+                "tenant_id": run.tenant_id, "kind": node.kind, "status": NodeStatus.RUNNING, "attempt": attempt,
+                "inputs": inputs, "span_id": span, "started_at": now, "lease_token": token,
+                "lease_expires_at": now + dt.timedelta(seconds=node.timeout_seconds + LEASE_GRACE_SECONDS)})
+            payload = {"node": nid, "kind": node.kind, "attempt": attempt, "inputs": _summary(inputs)}
+            events.append(Event("flow.node.started", payload, span_id=span))
+            started.append((nid, token))
+        if held and not started and not any(s == NodeStatus.RUNNING for s in states.values()):
+            events.append(Event("flow.throttled", {"waiting": held, "tenant_running_nodes": busy,
+                                                   "limit": _tenant_bound()}))
+        if events:
+            publish_after_commit(run, _append(run, events), run_summary(run))
+        in_flight = bool(started) or any(s == NodeStatus.RUNNING for s in states.values())
+        if not in_flight and not held and any(s == NodeStatus.WAITING for s in states.values()):
+            _wait(run)
+        else:  # nodes in flight (or held): the run's lease expiry follows them, the node tasks renew it
+            Run.objects.filter(pk=run.pk).update(
+                lease_expires_at=now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS))
+        if started:
+            transaction.on_commit(lambda: _enqueue(str(run.pk), started))
+    return started
 
 
-def _run_node(run: Run, flow: FlowDefinition, node: Node, row: FlowNodeRun | None) -> None:
-    span = row.span_id if row is not None and row.span_id else new_span_id()
-    scope = _scope(run, _rows(run))
-    attempt = (row.attempt if row is not None else 0) + 1
-    with transaction.atomic():
+def _enqueue(run_id: str, started: list[tuple[str, str]]) -> None:
+    from flows.tasks import execute_node_task
+
+    for node_id, token in started:
         try:
-            inputs = node_arguments(node, scope)
-        except Exception as exc:  # a mapping that cannot be evaluated (JMESPath type error)
-            inputs = {"error": str(exc)}
-        FlowNodeRun.objects.update_or_create(run=run, node_id=node.id, defaults={
-            "tenant_id": run.tenant_id, "kind": node.kind, "status": NodeStatus.RUNNING, "attempt": attempt,
-            "inputs": inputs, "span_id": span, "started_at": timezone.now()})
-        rows = _append(run, [Event("flow.node.started", {"node": node.id, "kind": node.kind, "attempt": attempt,
-                                                         "inputs": _summary(inputs)}, span_id=span)])
-        publish_after_commit(run, rows, run_summary(run))
+            execute_node_task.delay(run_id, node_id, token)
+        except Exception:  # the broker is down: the node's lease expires and the sweeper's advance restarts it
+            log.warning("flow run %s: node %s not enqueued; it restarts when its lease expires", run_id, node_id,
+                        exc_info=True)
+
+
+def _skip(run: Run, node_ids: tuple[str, ...], now: Any) -> None:
+    for nid in node_ids:
+        FlowNodeRun.objects.update_or_create(run=run, node_id=nid, defaults={
+            "tenant_id": run.tenant_id, "status": NodeStatus.SKIPPED, "finished_at": now})
+    rows = _append(run, [Event("flow.node.skipped", {"node": nid}) for nid in node_ids])
+    publish_after_commit(run, rows, run_summary(run))
+
+
+def _renew(run_id: Any, node_id: str, token: str, seconds: float) -> bool:
+    now = timezone.now()
+    if not FlowNodeRun.objects.filter(run_id=run_id, node_id=node_id, lease_token=token,
+                                      status=NodeStatus.RUNNING).update(lease_expires_at=now + dt.timedelta(seconds=seconds)):
+        return False
+    Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(
+        lease_expires_at=now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS))
+    return True
+
+
+def execute_node(run_id: Any, node_id: str, token: str) -> None:
+    """Run one started node and commit its completion; a duplicate or stale task (its token gone) does nothing."""
+    row = FlowNodeRun.objects.filter(run_id=run_id, node_id=node_id, lease_token=token, status=NodeStatus.RUNNING).first()
+    if row is None:
+        log.info("flow run %s: node %s is not this task's to run (finished, or restarted by another)", run_id, node_id)
+        return
+    run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
+    flow = FlowDefinition.model_validate(run.version.definition)
+    node = flow.node(node_id)
+    scope = _scope(run, _rows(run.pk))
     audit = StepAudit()
-    status, output, error, chosen = NodeStatus.DONE, None, "", []
+    status, output, error = NodeStatus.DONE, None, ""
+    chosen: list[str] = []
     tries = 1 + (node.retries if node.kind in ("tool", "llm") else 0)
-    for n in range(tries):
-        try:
-            output, chosen = _execute(run, flow, node, inputs, scope, audit, span)
-            status, error = NodeStatus.DONE, ""
-            break
-        except NodeWaits as exc:
-            status, error = NodeStatus.WAITING, str(exc)
-            break
-        except NodeFailed as exc:
-            status, error = NodeStatus.FAILED, str(exc)
-        except Exception as exc:
-            log.exception("flow run %s: node %s failed", run.pk, node.id)
-            status, error = NodeStatus.FAILED, f"internal error: {type(exc).__name__}"
-        if n + 1 < tries:
-            log.info("flow run %s: node %s attempt %s failed (%s); retrying", run.pk, node.id, n + 1, error)
+    lease = node.timeout_seconds + LEASE_GRACE_SECONDS
+    began = time.monotonic()
+    with LeaseHeartbeat(lambda: _renew(run_id, node_id, token, lease), interval=max(1.0, LEASE_GRACE_SECONDS / 3)):
+        for n in range(tries):
+            try:
+                if "_mapping_error" in row.inputs:
+                    raise NodeFailed(f"an input mapping could not be evaluated: {row.inputs['_mapping_error']}")
+                output, chosen = _execute(run, flow, node, row.inputs, scope, audit, row.span_id)
+                status, error = NodeStatus.DONE, ""
+            except NodeWaits as exc:
+                status, error = NodeStatus.WAITING, str(exc)
+            except NodeFailed as exc:
+                status, error = NodeStatus.FAILED, str(exc)
+            except Exception as exc:
+                log.exception("flow run %s: node %s failed", run_id, node_id)
+                status, error = NodeStatus.FAILED, f"internal error: {type(exc).__name__}"
+            if status == NodeStatus.DONE and time.monotonic() - began > node.timeout_seconds:
+                status, error = NodeStatus.FAILED, f"timeout: the node took over {node.timeout_seconds:g}s"
+            if status != NodeStatus.FAILED or n + 1 >= tries or not _retryable(node, run):
+                break
+            log.info("flow run %s: node %s attempt %s failed (%s); retrying", run_id, node_id, n + 1, error)
     if status == NodeStatus.FAILED and node.on_error == "continue":
         output = {"error": error}
     with transaction.atomic():
-        FlowNodeRun.objects.filter(run=run, node_id=node.id).update(
-            status=status, output=output, chosen=chosen, error=error,
+        done = FlowNodeRun.objects.filter(pk=row.pk, lease_token=token, status=NodeStatus.RUNNING).update(
+            status=status, output=output, chosen=chosen, error=error, lease_token="", lease_expires_at=None,
             finished_at=None if status == NodeStatus.WAITING else timezone.now())
+        if not done:  # restarted by another task meanwhile: that one's completion counts
+            log.warning("flow run %s: node %s lost its lease before committing; its result is dropped", run_id, node_id)
+            return
         audit.commit(run.tenant_id)
-        payload = {"node": node.id, "kind": node.kind, "status": str(status), "output": _summary(output)}
+        payload: dict[str, Any] = {"node": node_id, "kind": node.kind, "status": str(status), "output": _summary(output)}
         if error:
             payload["error"] = error
         if chosen:
             payload["chosen"] = chosen
-        rows = _append(run, [Event("flow.node.finished" if status != NodeStatus.WAITING else "flow.node.waiting",
-                                   payload, span_id=new_span_id(), parent_span_id=span)])
+        kind = "flow.node.waiting" if status == NodeStatus.WAITING else "flow.node.finished"
+        rows = _append(run, [Event(kind, payload, parent_span_id=row.span_id)])
         publish_after_commit(run, rows, run_summary(run))
+    advance(run_id)
+
+
+def _retryable(node: Node, run: Run) -> bool:
+    """Only llm nodes and tool nodes whose tool is idempotent are tried again."""
+    if node.kind == "llm":
+        return True
+    tool = resolvable_tools(run.tenant_id).filter(name=node.tool).only("idempotent").first()
+    return bool(tool is not None and getattr(tool, "idempotent", False))
 
 
 def _execute(run: Run, flow: FlowDefinition, node: Node, inputs: dict[str, Any], scope: dict[str, Any],
@@ -212,11 +306,11 @@ def _llm(run: Run, node: Node, scope: dict[str, Any]) -> Any:
 
 
 def _wait(run: Run) -> None:
-    with transaction.atomic():
-        Run.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, phase="waiting")
-        rows = _append(run, [Event("state.transition", {"from": "running", "to": "waiting"})])
-        run.status = RunStatus.WAITING
-        publish_after_commit(run, rows, run_summary(run))
+    """Nothing can run until a person decides: the run waits (no lease), its worker is free."""
+    rows = _append(run, [Event("state.transition", {"from": "running", "to": "waiting"})])
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, phase="waiting", lease_token="", lease_expires_at=None)
+    run.status = RunStatus.WAITING
+    publish_after_commit(run, rows, run_summary(run))
 
 
 def _finish(run: Run, flow: FlowDefinition, outcome: str, failed_node: str | None, rows: dict[str, FlowNodeRun]) -> None:
@@ -227,19 +321,18 @@ def _finish(run: Run, flow: FlowDefinition, outcome: str, failed_node: str | Non
         except Exception as exc:
             value, outcome, failed_node = None, "failed", f"output ({exc})"
     reason = TerminalReason.FINAL_ANSWER if outcome == "succeeded" else TerminalReason.ERROR
-    with transaction.atomic():
-        now = timezone.now()
-        error = "" if outcome == "succeeded" else f"node {failed_node} failed: {rows[failed_node].error if failed_node in rows else ''}"
-        output = _text(value) if outcome == "succeeded" else ""
-        events = [Event("run.finished", {"terminal_reason": reason.value, "output": _summary(output) or None,
-                                          "reason": error or None})]
-        erows = _append(run, events)
-        changes = {"status": RunStatus.FINISHED, "terminal_reason": reason.value, "phase": "finished", "output": output,
-                   "error": error, "finished_at": now, "lease_token": "", "lease_expires_at": None}
-        Run.objects.filter(pk=run.pk).update(**changes)
-        for k, v in changes.items():
-            setattr(run, k, v)
-        publish_after_commit(run, erows, run_summary(run))
+    now = timezone.now()
+    error = "" if outcome == "succeeded" else f"node {failed_node} failed: {rows[failed_node].error if failed_node in rows else ''}"
+    output = _text(value) if outcome == "succeeded" else ""
+    events = [Event("run.finished", {"terminal_reason": reason.value, "output": _summary(output) or None,
+                                      "reason": error or None})]
+    erows = _append(run, events)
+    changes = {"status": RunStatus.FINISHED, "terminal_reason": reason.value, "phase": "finished", "output": output,
+               "error": error, "finished_at": now, "lease_token": "", "lease_expires_at": None}
+    Run.objects.filter(pk=run.pk).update(**changes)
+    for k, v in changes.items():
+        setattr(run, k, v)
+    publish_after_commit(run, erows, run_summary(run))
 
 
 def _text(value: Any) -> str:

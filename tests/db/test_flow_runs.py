@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from agents import services
 from agents.models import Agent, AgentKind, Run, RunEvent, RunStatus
 from audit.models import ToolCallAudit
 from flows.models import FlowNodeRun
+from flows.runner import advance, execute_node
 from tests.factories import World, make_world
 
 pytestmark = pytest.mark.django_db
@@ -51,6 +54,22 @@ def client_for(raw_key: str) -> APIClient:
     return client
 
 
+def in_flight(run: Run) -> list[tuple[str, str]]:
+    rows = FlowNodeRun.objects.filter(run=run, status="running").order_by("node_id")
+    return [(r.node_id, r.lease_token) for r in rows]
+
+
+def drain(run: Run, *, reverse: bool = False) -> list[list[str]]:
+    """Run the started nodes as their tasks would (the tests' "workers"), wave by wave; returns the waves."""
+    waves = []
+    while wave := in_flight(run):
+        waves.append([nid for nid, _ in wave])
+        for node_id, token in (reversed(wave) if reverse else wave):
+            execute_node(str(run.pk), node_id, token)
+    run.refresh_from_db()
+    return waves
+
+
 @pytest.fixture
 def world() -> World:
     return make_world()
@@ -67,7 +86,8 @@ def test_a_flow_run_is_accepted_as_a_run_and_runs_to_the_end(world: World) -> No
     run = Run.objects.get(pk=answer.json()["id"])
     assert run.agent.kind == AgentKind.FLOW and run.status == RunStatus.QUEUED
     services.execute_run(str(run.pk))
-    run.refresh_from_db()
+    assert [n for n, _ in in_flight(run)] == ["logistics", "order"]  # both started at once, as two node tasks
+    assert drain(run) == [["logistics", "order"], ["route"], ["big"], ["done"]]
     assert run.status == RunStatus.FINISHED and run.terminal_reason == "final_answer", run.error
     assert json.loads(run.output) == {"carrier": "SF Express", "big": "259.00", "small": None}
     nodes = {n.node_id: n for n in FlowNodeRun.objects.filter(run=run)}
@@ -111,3 +131,99 @@ def test_another_tenants_key_cannot_start_or_see_the_flow_run(world: World) -> N
     assert api.get(f"/api/v1/runs/{run_id}").status_code == 404
     assert api.get(f"/api/v1/runs/{run_id}/events").status_code == 404
     assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 404
+
+
+def lookup(node_id: str, after: list[str] | None = None) -> dict[str, Any]:
+    node: dict[str, Any] = {"id": node_id, "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}}
+    if after:
+        node["after"] = after
+    return node
+
+
+def test_a_diamond_joins_after_both_branches_whatever_order_they_finish_in(world: World) -> None:
+    make_flow(world, {"nodes": [lookup("a"), lookup("b", ["a"]), lookup("c", ["a"]), lookup("d", ["b", "c"])],
+                      "output": "nodes.d.total"})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    assert drain(run, reverse=True) == [["a"], ["b", "c"], ["d"]]
+    assert run.terminal_reason == "final_answer" and run.output == "259.00"
+    starts = [e.payload["node"] for e in RunEvent.objects.filter(run=run, type="flow.node.started").order_by("seq")]
+    assert starts.index("d") > max(starts.index("b"), starts.index("c"))
+
+
+def test_a_ten_wide_fan_out_runs_at_most_max_parallel_at_once_and_each_node_once(world: World) -> None:
+    wide = [lookup(f"n{i}") for i in range(10)]
+    make_flow(world, {"nodes": [*wide, lookup("join", [n["id"] for n in wide])], "max_parallel": 4})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    seen: list[int] = []
+    while wave := in_flight(run):
+        seen.append(len(wave))
+        node_id, token = wave[0]
+        execute_node(run_id, node_id, token)  # one finishes: one more may start
+    run.refresh_from_db()
+    assert max(seen) == 4 and run.terminal_reason == "final_answer"
+    rows = FlowNodeRun.objects.filter(run=run)
+    assert rows.count() == 11 and {r.attempt for r in rows} == {1}
+    assert ToolCallAudit.objects.filter(run=run).count() == 11
+
+
+def test_a_tenant_at_its_node_limit_waits_visibly_and_goes_on_when_room_frees(world: World, settings: Any) -> None:
+    settings.FLOW_TENANT_MAX_NODES = 2
+    make_flow(world, {"nodes": [lookup("a"), lookup("b"), lookup("c")], "max_parallel": 3})
+    first = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(first)
+    assert len(in_flight(Run.objects.get(pk=first))) == 2  # the tenant's bound, below the flow's 3
+    second = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(second)
+    waiting = Run.objects.get(pk=second)
+    assert in_flight(waiting) == [] and waiting.status == RunStatus.RUNNING
+    throttled = RunEvent.objects.get(run=waiting, type="flow.throttled")
+    assert throttled.payload["limit"] == 2 and throttled.payload["tenant_running_nodes"] == 2
+    drain(Run.objects.get(pk=first))
+    advance(second)  # what the sweeper's next look at the run does
+    assert drain(waiting)[0] == ["a", "b"] and waiting.terminal_reason == "final_answer"
+
+
+def test_a_node_whose_worker_died_starts_again_and_a_done_node_never_does(world: World) -> None:
+    make_flow(world, {"nodes": [lookup("a"), lookup("b"), lookup("c", ["a", "b"])]})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    (_, token_a), (_, token_b) = in_flight(run)
+    execute_node(run_id, "a", token_a)  # a finishes; b's worker is killed before it commits
+    FlowNodeRun.objects.filter(run=run, node_id="b").update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    services.execute_run(run_id)  # the sweeper re-enqueues the run: its advance restarts b (a new token), not a
+    (node, new_token), = in_flight(run)
+    assert node == "b" and new_token != token_b
+    execute_node(run_id, "b", token_b)  # the dead worker's task, redelivered late: its token is gone, it does nothing
+    assert FlowNodeRun.objects.get(run=run, node_id="b").status == "running"
+    drain(run)
+    rows = {r.node_id: r for r in FlowNodeRun.objects.filter(run=run)}
+    assert run.terminal_reason == "final_answer"
+    assert (rows["a"].attempt, rows["b"].attempt, rows["c"].attempt) == (1, 2, 1)
+    finished = [e.payload["node"] for e in RunEvent.objects.filter(run=run, type="flow.node.finished")]
+    assert sorted(finished) == ["a", "b", "c"]  # each node's completion committed once
+    calls = list(ToolCallAudit.objects.filter(run=run, tool_name="query_order").values_list("call_id", flat=True))
+    assert sorted(calls) == sorted(f"flow:{run.pk}:{n}" for n in "abc")  # the dead attempt never reached the gateway
+
+
+def test_a_failing_node_fails_the_run_with_its_reason_unless_it_continues(world: World) -> None:
+    bad = {"id": "bad", "kind": "tool", "tool": "query_order", "values": {"order_id": "O000000000000"}}
+    make_flow(world, {"nodes": [bad, lookup("after", ["bad"])]})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    drain(run)
+    assert run.terminal_reason == "error" and run.error.startswith("node bad failed:") and "O000000000000" in run.error
+    assert not FlowNodeRun.objects.filter(run=run, node_id="after").exists()  # never started
+    make_flow(world, {"nodes": [{**bad, "on_error": "continue"}, lookup("after", ["bad"])], "output": "nodes.bad.error"},
+              slug="lenient")
+    run_id = start(world, {"flow": "lenient", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    drain(run)
+    assert run.terminal_reason == "final_answer" and "O000000000000" in run.output
+    assert FlowNodeRun.objects.get(run=run, node_id="after").status == "done"
