@@ -43,7 +43,7 @@ from approvals.gate import ApprovalGate
 from audit.unit_of_work import StepAudit
 from flows.models import FlowNodeRun, NodeStatus
 from runtime.flows import FlowDefinition, Node, choose, evaluate, node_arguments, plan, render
-from runtime.types import Event, ModelRequest, TerminalReason, ToolCall, ToolContext, ToolStatus, new_span_id
+from runtime.types import Event, ModelRequest, TerminalReason, ToolCall, ToolContext, ToolStatus, Usage, new_span_id
 from tools.gateway import ToolGateway
 
 log = logging.getLogger(__name__)
@@ -213,6 +213,7 @@ def execute_node(run_id: Any, node_id: str, token: str) -> None:
     node = flow.node(node_id)
     scope = _scope(run, _rows(run.pk))
     audit = StepAudit()
+    trace: list[Event] = []  # the node's model and tool call events, committed with its completion
     status, output, error = NodeStatus.DONE, None, ""
     chosen: list[str] = []
     tries = 1 + (node.retries if node.kind in ("tool", "llm") else 0)
@@ -223,7 +224,7 @@ def execute_node(run_id: Any, node_id: str, token: str) -> None:
             try:
                 if "_mapping_error" in row.inputs:
                     raise NodeFailed(f"an input mapping could not be evaluated: {row.inputs['_mapping_error']}")
-                output, chosen = _execute(run, flow, node, row.inputs, scope, audit, row.span_id)
+                output, chosen = _execute(run, flow, node, row.inputs, scope, audit, row.span_id, trace)
                 status, error = NodeStatus.DONE, ""
             except NodeWaits as exc:
                 status, error = NodeStatus.WAITING, str(exc)
@@ -253,9 +254,22 @@ def execute_node(run_id: Any, node_id: str, token: str) -> None:
         if chosen:
             payload["chosen"] = chosen
         kind = "flow.node.waiting" if status == NodeStatus.WAITING else "flow.node.finished"
-        rows = _append(run, [Event(kind, payload, parent_span_id=row.span_id)])
+        rows = _append(run, [*trace, Event(kind, payload, parent_span_id=row.span_id)])
+        _add_usage(run, [e for e in trace if e.type == "model.call"])
         publish_after_commit(run, rows, run_summary(run))
     advance(run_id)
+
+
+def _add_usage(run: Run, calls: list[Event]) -> None:
+    """The node's model calls into the run's usage (the row is locked by ``_append``), as spend reads it."""
+    if not calls:
+        return
+    usage = Usage.from_dict(Run.objects.only("usage").get(pk=run.pk).usage)
+    for call in calls:
+        usage = usage + Usage(int(call.payload.get("input_tokens", 0)), int(call.payload.get("output_tokens", 0)),
+                              float(call.payload.get("cost", 0.0)))
+    Run.objects.filter(pk=run.pk).update(usage=usage.to_dict())
+    run.usage = usage.to_dict()
 
 
 def _retryable(node: Node, run: Run) -> bool:
@@ -267,24 +281,29 @@ def _retryable(node: Node, run: Run) -> bool:
 
 
 def _execute(run: Run, flow: FlowDefinition, node: Node, inputs: dict[str, Any], scope: dict[str, Any],
-             audit: StepAudit, span: str) -> tuple[Any, list[str]]:
+             audit: StepAudit, span: str, trace: list[Event]) -> tuple[Any, list[str]]:
     if node.kind == "switch":
         return {"chosen": choose(node, scope)}, choose(node, scope)
     if node.kind == "tool":
-        return _tool(run, flow, node, inputs, audit, span), []
+        return _tool(run, flow, node, inputs, audit, span, trace), []
     if node.kind == "llm":
-        return _llm(run, node, scope), []
+        return _llm(run, node, scope, span, trace), []
     raise NodeFailed(f"{node.kind} nodes do not run yet in this version of the console")
 
 
-def _tool(run: Run, flow: FlowDefinition, node: Node, inputs: dict[str, Any], audit: StepAudit, span: str) -> Any:
+def _tool(run: Run, flow: FlowDefinition, node: Node, inputs: dict[str, Any], audit: StepAudit, span: str,
+          trace: list[Event]) -> Any:
     names = {n.tool for n in flow.nodes if n.kind == "tool" and n.tool}
     tools = list(resolvable_tools(run.tenant_id).filter(name__in=names))
     gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=session_grants(run),
                           approvals=ApprovalGate(run), tool_policy=tool_allowed_for)
     gateway.whitelist = names  # the flow's tool nodes are its tool list
     call = ToolCall(id=f"flow:{run.pk}:{node.id}", name=node.tool or "", arguments=json.dumps(inputs, default=str))
+    began = time.monotonic()
     outcome = gateway.execute(call, ToolContext(run_id=str(run.pk), step=run.step, span_id=span))
+    trace.append(Event("tool.call", {"tool": node.tool, "call_id": call.id, "status": str(outcome.status),
+                                     "latency_ms": int((time.monotonic() - began) * 1000), "node": node.id},
+                       parent_span_id=span))
     if outcome.status == ToolStatus.PENDING_APPROVAL:
         raise NodeWaits(outcome.content)
     if outcome.status != ToolStatus.OK:
@@ -295,13 +314,22 @@ def _tool(run: Run, flow: FlowDefinition, node: Node, inputs: dict[str, Any], au
         return outcome.content
 
 
-def _llm(run: Run, node: Node, scope: dict[str, Any]) -> Any:
+def _llm(run: Run, node: Node, scope: dict[str, Any], span: str, trace: list[Event]) -> Any:
+    """One model call through the tenant's model gateway (the deterministic planner serves ``demo/planner``)."""
     from agents.model_clients import model_client_for
 
     prompt = render(node.prompt or "", scope)
-    request = ModelRequest(model=node.model or run.version.model, tools=[], task="flow",
-                           messages=[{"role": "user", "content": prompt}])
+    request = ModelRequest(model=node.model or run.version.model, tools=[], task="summarize",
+                           messages=[{"role": "user", "content": prompt}], metadata={"run_id": str(run.pk)})
+    began = time.monotonic()
     response = model_client_for(run).complete(request)
+    trace.append(Event("model.call", {"model": response.model, **response.usage.to_dict(), "node": node.id,
+                                      "latency_ms": int((time.monotonic() - began) * 1000)}, parent_span_id=span))
+    if node.output_schema:
+        try:
+            return json.loads(response.content or "")
+        except ValueError:
+            raise NodeFailed("the model's reply is not the JSON the node's output_schema asks for") from None
     return response.content or ""
 
 

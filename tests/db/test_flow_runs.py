@@ -227,3 +227,20 @@ def test_a_failing_node_fails_the_run_with_its_reason_unless_it_continues(world:
     drain(run)
     assert run.terminal_reason == "final_answer" and "O000000000000" in run.output
     assert FlowNodeRun.objects.get(run=run, node_id="after").status == "done"
+
+
+def test_an_llm_node_makes_one_model_call_over_its_rendered_prompt(world: World) -> None:
+    make_flow(world, {"nodes": [lookup("order"), {"id": "summary", "kind": "llm", "after": ["order"],
+                                                   "prompt": "Order {input.order_id} costs {nodes.order.total}."}],
+                      "output": "nodes.summary"})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    drain(run)
+    assert run.terminal_reason == "final_answer", run.error
+    assert "Order O202411280001 costs 259.00." in run.output  # the rendered prompt reached the model
+    calls = RunEvent.objects.filter(run=run, type="model.call")
+    assert calls.count() == 1 and calls[0].payload["node"] == "summary"
+    assert run.usage["input_tokens"] == calls[0].payload["input_tokens"] > 0  # spend reads the run's usage
+    tool_calls = RunEvent.objects.filter(run=run, type="tool.call")
+    assert [(e.payload["tool"], e.payload["status"]) for e in tool_calls] == [("query_order", "ok")]
