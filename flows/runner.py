@@ -49,8 +49,6 @@ from tools.gateway import ToolGateway
 log = logging.getLogger(__name__)
 
 SUMMARY_CHARS = 500
-#: A node's lease outlives its timeout by this much before it counts as dead.
-LEASE_GRACE_SECONDS = 30
 
 
 class NodeFailed(Exception):
@@ -93,7 +91,12 @@ def _append(run: Run, events: list[Event]) -> list[RunEvent]:
 
 
 def _tenant_bound() -> int:
-    return int(getattr(settings, "FLOW_TENANT_MAX_NODES", 8))
+    return int(settings.FLOW_TENANT_MAX_NODES)
+
+
+def _grace() -> float:
+    """A node's lease outlives its timeout by this much before it counts as dead."""
+    return float(settings.FLOW_NODE_LEASE_GRACE_SECONDS)
 
 
 def run_flow(run: Run, token: str) -> None:
@@ -153,7 +156,7 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
             FlowNodeRun.objects.update_or_create(run=run, node_id=nid, defaults={
                 "tenant_id": run.tenant_id, "kind": node.kind, "status": NodeStatus.RUNNING, "attempt": attempt,
                 "inputs": inputs, "span_id": span, "started_at": now, "lease_token": token,
-                "lease_expires_at": now + dt.timedelta(seconds=node.timeout_seconds + LEASE_GRACE_SECONDS)})
+                "lease_expires_at": now + dt.timedelta(seconds=node.timeout_seconds + _grace())})
             payload = {"node": nid, "kind": node.kind, "attempt": attempt, "inputs": _summary(inputs)}
             events.append(Event("flow.node.started", payload, span_id=span))
             started.append((nid, token))
@@ -217,9 +220,9 @@ def execute_node(run_id: Any, node_id: str, token: str) -> None:
     status, output, error = NodeStatus.DONE, None, ""
     chosen: list[str] = []
     tries = 1 + (node.retries if node.kind in ("tool", "llm") else 0)
-    lease = node.timeout_seconds + LEASE_GRACE_SECONDS
+    lease = node.timeout_seconds + _grace()
     began = time.monotonic()
-    with LeaseHeartbeat(lambda: _renew(run_id, node_id, token, lease), interval=max(1.0, LEASE_GRACE_SECONDS / 3)):
+    with LeaseHeartbeat(lambda: _renew(run_id, node_id, token, lease), interval=max(0.5, min(_grace() / 3, 10.0))):
         for n in range(tries):
             try:
                 if "_mapping_error" in row.inputs:
