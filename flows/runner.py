@@ -90,6 +90,11 @@ def _append(run: Run, events: list[Event]) -> list[RunEvent]:
     return rows
 
 
+def call_id(run_id: Any, node_id: str) -> str:
+    """The node's call id on every attempt (at most 99 characters: tool audit and approval rows hold 100)."""
+    return f"fl:{uuid.UUID(str(run_id)).hex}:{node_id}"
+
+
 def _tenant_bound() -> int:
     return int(settings.FLOW_TENANT_MAX_NODES)
 
@@ -119,9 +124,13 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
             return []
         flow = FlowDefinition.model_validate(run.version.definition)
         now = timezone.now()
+        redo = _decided(run, flow, _rows(run.pk), now)  # waiting nodes whose approval was decided meanwhile
         while True:
             rows = _rows(run.pk)
             states = {nid: r.status for nid, r in rows.items()}
+            for nid in redo:
+                if states.get(nid) == NodeStatus.WAITING:
+                    states[nid] = NodeStatus.PENDING  # an approved (or rejected) tool call: the gateway hears the decision
             stale = {nid for nid, r in rows.items()
                      if r.status == NodeStatus.RUNNING and r.lease_expires_at is not None and r.lease_expires_at < now}
             for nid in stale:
@@ -137,13 +146,17 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
             _finish(run, flow, step.outcome, step.failed_node, rows)
             return []
         ready = list(step.ready)
+        events: list[Event] = []
+        scope = _scope(run, rows)
         busy = FlowNodeRun.objects.filter(tenant_id=run.tenant_id, status=NodeStatus.RUNNING,
                                           lease_expires_at__gte=now).exclude(run=run, node_id__in=stale).count()
         room = max(_tenant_bound() - busy, 0)
-        held = ready[room:]
-        ready = ready[:room]
-        events: list[Event] = []
-        scope = _scope(run, rows)
+        held = [n for n in ready if flow.node(n).kind != "approval"][room:]
+        ready = [n for n in ready if n not in held]
+        for nid in [n for n in ready if flow.node(n).kind == "approval"]:  # a person, not a task: wait for them
+            ready.remove(nid)
+            events.append(_ask(run, flow.node(nid), rows.get(nid), scope, now))
+            states[nid] = NodeStatus.WAITING
         for nid in ready:
             node, row = flow.node(nid), rows.get(nid)
             token = uuid.uuid4().hex
@@ -174,6 +187,65 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
         if started:
             transaction.on_commit(lambda: _enqueue(str(run.pk), started))
     return started
+
+
+def _ask(run: Run, node: Node, row: FlowNodeRun | None, scope: dict[str, Any], now: Any) -> Event:
+    """An approval node: one approval request (the approvers' page, rules and audit of tool approvals), the node waits."""
+    from approvals.decisions import publish
+    from approvals.models import ApprovalRequest
+
+    try:
+        inputs = node_arguments(node, scope)
+        text = render(node.preview or f"Approve step {node.id} of flow {run.agent.slug}?", scope)
+    except Exception as exc:
+        inputs, text = {}, f"(the preview could not be built: {exc})"
+    request, _ = ApprovalRequest.objects.get_or_create(run_id=run.pk, call_id=call_id(run.pk, node.id), defaults={
+        "tenant_id": run.tenant_id, "step": run.step, "tool": None, "tool_name": f"flow:{node.id}"[:64],
+        "arguments": inputs, "arguments_hash": "", "required_approvals": 1,
+        "preview": {"tool": f"flow {run.agent.slug}: {node.id}", "description": text[:300], "arguments": inputs},
+        "approver_roles": list(node.approver_roles),
+        "expires_at": now + dt.timedelta(seconds=node.expires_in_seconds)})
+    publish(request)
+    span = row.span_id if row is not None and row.span_id else new_span_id()
+    FlowNodeRun.objects.update_or_create(run=run, node_id=node.id, defaults={
+        "tenant_id": run.tenant_id, "kind": node.kind, "status": NodeStatus.WAITING, "attempt": 1, "inputs": inputs,
+        "span_id": span, "started_at": now, "lease_token": "", "lease_expires_at": None})
+    return Event("flow.node.waiting", {"node": node.id, "kind": "approval", "approval_id": str(request.pk),
+                                       "preview": _summary(text)}, span_id=span)
+
+
+def _decided(run: Run, flow: FlowDefinition, rows: dict[str, FlowNodeRun], now: Any) -> set[str]:
+    """Settle waiting nodes whose approval was decided: an approval node finishes (approved) or fails (rejected,
+    expired, cancelled: its on_error decides); a tool node's ids are returned to be run again with the decision."""
+    from approvals.models import ApprovalRequest, ApprovalStatus
+
+    waiting = {call_id(run.pk, nid): nid for nid, r in rows.items() if r.status == NodeStatus.WAITING}
+    if not waiting:
+        return set()
+    decided = ApprovalRequest.objects.filter(run_id=run.pk, call_id__in=list(waiting)).exclude(status=ApprovalStatus.PENDING)
+    redo: set[str] = set()
+    events: list[Event] = []
+    for request in decided.prefetch_related("decisions"):
+        nid = waiting[request.call_id]
+        node = flow.node(nid)
+        if node.kind != "approval":
+            redo.add(nid)
+            continue
+        notes = [d.note for d in request.decisions.all() if d.note]
+        approved = request.status == ApprovalStatus.APPROVED
+        output = {"approved": approved, "status": request.status, "notes": notes}
+        error = "" if approved else f"{request.status} by an approver" + (f": {notes[-1]}" if notes else "")
+        if not approved and node.on_error == "continue":
+            output["error"] = error
+        FlowNodeRun.objects.filter(pk=rows[nid].pk, status=NodeStatus.WAITING).update(
+            status=NodeStatus.DONE if approved else NodeStatus.FAILED, output=output, error=error, finished_at=now)
+        payload = {"node": nid, "kind": "approval", "status": "done" if approved else "failed", "output": _summary(output)}
+        if error:
+            payload["error"] = error
+        events.append(Event("flow.node.finished", payload, parent_span_id=rows[nid].span_id))
+    if events:
+        publish_after_commit(run, _append(run, events), run_summary(run))
+    return redo
 
 
 def _enqueue(run_id: str, started: list[tuple[str, str]]) -> None:
@@ -301,7 +373,7 @@ def _tool(run: Run, flow: FlowDefinition, node: Node, inputs: dict[str, Any], au
     gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=session_grants(run),
                           approvals=ApprovalGate(run), tool_policy=tool_allowed_for)
     gateway.whitelist = names  # the flow's tool nodes are its tool list
-    call = ToolCall(id=f"flow:{run.pk}:{node.id}", name=node.tool or "", arguments=json.dumps(inputs, default=str))
+    call = ToolCall(id=call_id(run.pk, node.id), name=node.tool or "", arguments=json.dumps(inputs, default=str))
     began = time.monotonic()
     outcome = gateway.execute(call, ToolContext(run_id=str(run.pk), step=run.step, span_id=span))
     trace.append(Event("tool.call", {"tool": node.tool, "call_id": call.id, "status": str(outcome.status),

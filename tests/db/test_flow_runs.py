@@ -14,7 +14,7 @@ from agents import services
 from agents.models import Agent, AgentKind, Run, RunEvent, RunStatus
 from audit.models import ToolCallAudit
 from flows.models import FlowNodeRun
-from flows.runner import advance, execute_node
+from flows.runner import advance, call_id, execute_node
 from tests.factories import World, make_world
 
 pytestmark = pytest.mark.django_db
@@ -98,7 +98,7 @@ def test_a_flow_run_is_accepted_as_a_run_and_runs_to_the_end(world: World) -> No
     assert types.count("flow.node.started") == 5 and types.count("flow.node.finished") == 5 and types[-1] == "run.finished"
     # the tool nodes went through the gateway: one audit row each, with the deterministic call id
     calls = ToolCallAudit.objects.filter(run=run).values_list("call_id", flat=True)
-    assert sorted(calls) == sorted(f"flow:{run.pk}:{n}" for n in ("order", "logistics", "big", "done"))
+    assert sorted(calls) == sorted(call_id(run.pk, n) for n in ("order", "logistics", "big", "done"))
 
 
 def test_the_flow_input_must_be_an_object_and_the_flow_must_exist(world: World) -> None:
@@ -207,7 +207,7 @@ def test_a_node_whose_worker_died_starts_again_and_a_done_node_never_does(world:
     finished = [e.payload["node"] for e in RunEvent.objects.filter(run=run, type="flow.node.finished")]
     assert sorted(finished) == ["a", "b", "c"]  # each node's completion committed once
     calls = list(ToolCallAudit.objects.filter(run=run, tool_name="query_order").values_list("call_id", flat=True))
-    assert sorted(calls) == sorted(f"flow:{run.pk}:{n}" for n in "abc")  # the dead attempt never reached the gateway
+    assert sorted(calls) == sorted(call_id(run.pk, n) for n in "abc")  # the dead attempt never reached the gateway
 
 
 def test_a_failing_node_fails_the_run_with_its_reason_unless_it_continues(world: World) -> None:
@@ -244,3 +244,58 @@ def test_an_llm_node_makes_one_model_call_over_its_rendered_prompt(world: World)
     assert run.usage["input_tokens"] == calls[0].payload["input_tokens"] > 0  # spend reads the run's usage
     tool_calls = RunEvent.objects.filter(run=run, type="tool.call")
     assert [(e.payload["tool"], e.payload["status"]) for e in tool_calls] == [("query_order", "ok")]
+
+
+GATED: dict[str, Any] = {
+    "nodes": [
+        lookup("order"),
+        {"id": "check", "kind": "approval", "after": ["order"], "inputs": {"total": "nodes.order.total"},
+         "preview": "Refund order {input.order_id} of {nodes.order.total}?"},
+        lookup("after", ["check"]),
+    ],
+    "output": "nodes.check",
+}
+
+
+def _approver(world: World) -> Any:
+    from accounts import services as tenant_services
+    from tenants.models import Role
+    from tenants.scoping import actor_for_user
+    from tests.factories import make_user
+
+    user = make_user(is_staff=True)
+    tenant_services.set_membership(tenant=world.tenant, user=user, role=Role.APPROVER, actor=None)
+    return actor_for_user(user)
+
+
+@pytest.mark.parametrize("approve", [True, False])
+def test_an_approval_node_pauses_the_flow_and_its_decision_continues_or_fails_it(world: World, approve: bool) -> None:
+    from approvals.decisions import ApprovalRefused, decide
+    from approvals.models import ApprovalRequest
+    from tenants.scoping import actor_for_user
+
+    make_flow(world, GATED)
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    drain(run)
+    assert run.status == RunStatus.WAITING and not run.lease_token  # the worker is free
+    request = ApprovalRequest.objects.get(run=run)
+    assert request.preview["description"] == f"Refund order {ORDER} of 259.00?" and request.arguments == {"total": "259.00"}
+    with pytest.raises(ApprovalRefused):  # the same rules as tool approvals: who started the run may not decide
+        decide(actor=actor_for_user(world.operator), request_id=request.pk, approve=True)
+    decide(actor=_approver(world), request_id=request.pk, approve=approve, note="looks fine" if approve else "too much")
+    assert services.resume_waiting_run(run_id)  # what the decision's on_commit does
+    services.execute_run(run_id)
+    drain(run)
+    check = FlowNodeRun.objects.get(run=run, node_id="check")
+    if approve:
+        assert run.terminal_reason == "final_answer" and json.loads(run.output)["approved"] is True
+        assert check.status == "done" and FlowNodeRun.objects.get(run=run, node_id="after").status == "done"
+    else:
+        assert run.terminal_reason == "error" and "rejected by an approver: too much" in run.error
+        assert check.status == "failed" and not FlowNodeRun.objects.filter(run=run, node_id="after").exists()
+    other = make_world()  # another tenant's approver cannot see or decide it
+    with pytest.raises(ApprovalRefused) as refused:
+        decide(actor=_approver(other), request_id=request.pk, approve=True)
+    assert refused.value.status == 404

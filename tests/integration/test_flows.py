@@ -19,6 +19,7 @@ import tests.support.slow_tools as slow_tools
 from agents.models import Run, RunEvent
 from audit.models import ToolCallAudit
 from flows.models import FlowNodeRun
+from flows.runner import call_id
 from tests.factories import World, make_world
 from tests.support.live_stack import ROOT, LiveStack, make_live_stack, replace_executor
 from tools.services import install_python_tool
@@ -102,7 +103,7 @@ def _finished_once(run_id: str) -> dict[str, FlowNodeRun]:
     assert finished == ["again", "confirm", "order", "summary", "ticket"], "each node's completion committed once"
     assert [e.type for e in events].count("run.finished") == 1
     audits = sorted(ToolCallAudit.objects.filter(run_id=run_id).values_list("call_id", flat=True))
-    assert audits == sorted(f"flow:{run_id}:{n}" for n in ("again", "confirm", "order", "ticket"))
+    assert audits == sorted(call_id(run_id, n) for n in ("again", "confirm", "order", "ticket"))
     return {r.node_id: r for r in FlowNodeRun.objects.filter(run_id=run_id)}
 
 
