@@ -363,6 +363,8 @@ def _execute(run: Run, flow: FlowDefinition, node: Node, inputs: dict[str, Any],
         return _tool(run, flow, node, inputs, audit, span, trace), []
     if node.kind == "llm":
         return _llm(run, node, scope, span, trace), []
+    if node.kind == "agent":
+        return _agent(run, node, inputs, trace, span), []
     raise NodeFailed(f"{node.kind} nodes do not run yet in this version of the console")
 
 
@@ -406,6 +408,43 @@ def _llm(run: Run, node: Node, scope: dict[str, Any], span: str, trace: list[Eve
         except ValueError:
             raise NodeFailed("the model's reply is not the JSON the node's output_schema asks for") from None
     return response.content or ""
+
+
+def _agent(run: Run, node: Node, inputs: dict[str, Any], trace: list[Event], span: str) -> Any:
+    """A child run of the tenant's agent, linked to the flow run (``facts.parent_run``, the row's ``child_run``); the
+    node waits for it to end (at most its ``timeout_seconds``). A restarted node waits for the child it started."""
+    from agents.models import Agent, AgentKind
+    from agents.services import RunRefused, execute_run, start_run
+    from tenants.scoping import Actor
+
+    row = FlowNodeRun.objects.get(run=run, node_id=node.id)
+    child_id = row.child_run_id
+    if child_id is None:
+        agent = Agent.objects.for_tenant(run.tenant_id).select_related("tenant").filter(
+            slug=node.agent, kind=AgentKind.AGENT).first()
+        if agent is None:
+            raise NodeFailed(f"there is no agent {node.agent!r} in this tenant")
+        text = inputs.get("input") if isinstance(inputs.get("input"), str) else json.dumps(inputs, ensure_ascii=False)
+        try:
+            with transaction.atomic():
+                child = start_run(actor=Actor(user=run.created_by, api_key=run.api_key), agent=agent, text=text or "")
+                facts = {**child.facts, "parent_run": str(run.pk), "parent_flow": run.agent.slug, "flow_node": node.id}
+                Run.objects.filter(pk=child.pk).update(facts=facts)
+                FlowNodeRun.objects.filter(pk=row.pk).update(child_run=child)
+        except RunRefused as exc:
+            raise NodeFailed(f"the agent {node.agent!r} refused the request: {exc}") from None
+        child_id = child.pk
+        trace.append(Event("flow.child_run", {"node": node.id, "agent": node.agent, "child_run": str(child_id)},
+                           parent_span_id=span))
+    execute_run(str(child_id))  # here if no worker took it yet; its lease decides, so a duplicate does nothing
+    deadline = time.monotonic() + node.timeout_seconds
+    while (done := Run.objects.get(pk=child_id)).status != RunStatus.FINISHED:
+        if time.monotonic() > deadline:
+            raise NodeFailed(f"timeout: child run {child_id} ({done.status}) did not end in {node.timeout_seconds:g}s")
+        time.sleep(0.2)
+    if done.terminal_reason != TerminalReason.FINAL_ANSWER.value:
+        raise NodeFailed(f"child run {child_id} of {node.agent!r} ended {done.terminal_reason}: {done.error or 'no answer'}")
+    return {"answer": done.output, "child_run": str(child_id), "agent": node.agent}
 
 
 def _wait(run: Run) -> None:

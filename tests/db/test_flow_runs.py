@@ -299,3 +299,20 @@ def test_an_approval_node_pauses_the_flow_and_its_decision_continues_or_fails_it
     with pytest.raises(ApprovalRefused) as refused:
         decide(actor=_approver(other), request_id=request.pk, approve=True)
     assert refused.value.status == 404
+
+
+def test_an_agent_node_runs_a_child_run_linked_to_the_flow_and_passes_its_answer_on(world: World) -> None:
+    make_flow(world, {"nodes": [{"id": "ask", "kind": "agent", "agent": "order-assistant",
+                                 "inputs": {"input": "join('', ['where is order ', input.order_id, '?'])"}},
+                                lookup("order", ["ask"])],
+                      "output": "nodes.ask"})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    drain(run)
+    assert run.terminal_reason == "final_answer", run.error
+    out = json.loads(run.output)
+    child = Run.objects.get(pk=out["child_run"])
+    assert child.agent.slug == "order-assistant" and child.facts["parent_run"] == str(run.pk)
+    assert child.terminal_reason == "final_answer" and out["answer"] == child.output and "SF" in child.output
+    assert FlowNodeRun.objects.get(run=run, node_id="ask").child_run_id == child.pk
