@@ -40,6 +40,7 @@ from agents.models import Run, RunEvent, RunStatus
 from agents.services import finish_without_worker
 from agents.store import event_rows, publish_after_commit, run_summary
 from approvals.gate import ApprovalGate
+from audit.masking import mask_text, mask_value
 from audit.unit_of_work import StepAudit
 from flows.models import FlowNodeRun, NodeStatus
 from runtime.flows import FlowDefinition, Node, choose, evaluate, node_arguments, plan, render
@@ -202,7 +203,8 @@ def _ask(run: Run, node: Node, row: FlowNodeRun | None, scope: dict[str, Any], n
     request, _ = ApprovalRequest.objects.get_or_create(run_id=run.pk, call_id=call_id(run.pk, node.id), defaults={
         "tenant_id": run.tenant_id, "step": run.step, "tool": None, "tool_name": f"flow:{node.id}"[:64],
         "arguments": inputs, "arguments_hash": "", "required_approvals": 1,
-        "preview": {"tool": f"flow {run.agent.slug}: {node.id}", "description": text[:300], "arguments": inputs},
+        "preview": {"tool": f"flow {run.agent.slug}: {node.id}", "description": mask_text(text)[:300],
+                    "text": mask_text(text)[:4000], "arguments": mask_value(inputs)},
         "approver_roles": list(node.approver_roles),
         "expires_at": now + dt.timedelta(seconds=node.expires_in_seconds)})
     publish(request)

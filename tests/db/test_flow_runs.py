@@ -269,7 +269,8 @@ def _approver(world: World) -> Any:
 
 
 @pytest.mark.parametrize("approve", [True, False])
-def test_an_approval_node_pauses_the_flow_and_its_decision_continues_or_fails_it(world: World, approve: bool) -> None:
+def test_an_approval_node_pauses_the_flow_and_its_decision_continues_or_fails_it(world: World, approve: bool,
+                                                                                client: Any) -> None:
     from approvals.decisions import ApprovalRefused, decide
     from approvals.models import ApprovalRequest
     from tenants.scoping import actor_for_user
@@ -284,7 +285,11 @@ def test_an_approval_node_pauses_the_flow_and_its_decision_continues_or_fails_it
     assert request.preview["description"] == f"Refund order {ORDER} of 259.00?" and request.arguments == {"total": "259.00"}
     with pytest.raises(ApprovalRefused):  # the same rules as tool approvals: who started the run may not decide
         decide(actor=actor_for_user(world.operator), request_id=request.pk, approve=True)
-    decide(actor=_approver(world), request_id=request.pk, approve=approve, note="looks fine" if approve else "too much")
+    approver = _approver(world)
+    assert client.login(username=approver.user.username, password="correct-horse-battery")
+    page = client.get(f"/approvals/{request.pk}/")  # the approvers' page shows the node's preview
+    assert page.status_code == 200 and f"Refund order {ORDER} of 259.00?".encode() in page.content
+    decide(actor=approver, request_id=request.pk, approve=approve, note="looks fine" if approve else "too much")
     assert services.resume_waiting_run(run_id)  # what the decision's on_commit does
     services.execute_run(run_id)
     drain(run)
@@ -316,3 +321,18 @@ def test_an_agent_node_runs_a_child_run_linked_to_the_flow_and_passes_its_answer
     assert child.agent.slug == "order-assistant" and child.facts["parent_run"] == str(run.pk)
     assert child.terminal_reason == "final_answer" and out["answer"] == child.output and "SF" in child.output
     assert FlowNodeRun.objects.get(run=run, node_id="ask").child_run_id == child.pk
+
+
+def test_the_console_shows_a_flow_run_and_its_node_spans_to_its_tenant_only(world: World, client: Any) -> None:
+    make_flow(world, desk())
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    drain(Run.objects.get(pk=run_id))
+    assert client.login(username=world.operator.username, password="correct-horse-battery")
+    page = client.get(f"/console/runs/{run_id}/")
+    assert page.status_code == 200 and b"flow.node.finished" in page.content
+    assert str(run_id).encode() in client.get("/console/runs/").content
+    other = make_world()
+    client.logout()
+    assert client.login(username=other.operator.username, password="correct-horse-battery")
+    assert client.get(f"/console/runs/{run_id}/").status_code == 404
