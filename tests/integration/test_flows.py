@@ -141,3 +141,54 @@ def test_a_worker_killed_mid_branch_finishes_the_flow_with_each_node_once(
     nodes = _finished_once(run_id)
     assert nodes["ticket"].attempt == 1, "the node committed before the kill did not run again"
     assert nodes["confirm"].attempt == 2 and nodes["again"].attempt == 2, "the killed branches started again"
+
+
+GATED: dict[str, Any] = {
+    "nodes": [
+        fetch("ticket"),
+        {"id": "check", "kind": "approval", "after": ["ticket"], "inputs": {"ticket": "nodes.ticket.ticket"},
+         "preview": "Confirm ticket {nodes.ticket.ticket}?"},
+        {"id": "confirm", "kind": "tool", "tool": "slow_confirm", "after": ["check"], "timeout_seconds": 5,
+         "inputs": {"ticket": "nodes.ticket.ticket"}},
+    ],
+    "output": "nodes.confirm",
+}
+
+
+@pytest.mark.parametrize("verb", ["approve", "reject"])
+def test_an_approval_node_is_approved_or_rejected_through_the_api(
+    stacks: list[LiveStack], world: World, unblocked_db: None, verb: str
+) -> None:
+    from accounts import services as tenant_services
+    from approvals.models import ApprovalRequest
+    from tenants.models import Role
+    from tests.factories import make_user
+
+    stack = stacks[0] if stacks else _own(stacks)
+    slug = f"gated-{verb}"
+    with stack.client(world.raw_key) as http:
+        assert http.post("/api/v1/flows", json={"slug": slug, "name": slug}).status_code == 201
+        assert http.post(f"/api/v1/flows/{slug}/versions", json={"model": "demo/planner", "definition": GATED,
+                                                                  "make_current": True}).status_code == 201
+    run_id = _start(stack, world, slug)
+    body = stack.wait_for_run(world.raw_key, run_id, timeout=30, statuses=("waiting", "finished"))
+    assert body["status"] == "waiting", body
+    request = ApprovalRequest.objects.get(run_id=run_id)
+    assert request.preview["text"] == "Confirm ticket TKT-280001?"
+    approver = make_user()
+    tenant_services.set_membership(tenant=world.tenant, user=approver, role=Role.APPROVER, actor=None)
+    _key, raw = tenant_services.create_api_key(tenant=world.tenant, name="approver", owner=approver, role=Role.APPROVER,
+                                               actor=None)
+    with stack.client(world.raw_key) as http:  # the run's starter may not decide
+        assert http.post(f"/api/v1/approvals/{request.pk}/approve", json={"note": ""}).status_code == 403
+    with stack.client(raw) as http:
+        decided = http.post(f"/api/v1/approvals/{request.pk}/{verb}", json={"note": "checked"})
+    assert decided.status_code == 200, decided.text
+    body = stack.wait_for_run(world.raw_key, run_id, timeout=30)
+    nodes = {r.node_id: r for r in FlowNodeRun.objects.filter(run_id=run_id)}
+    if verb == "approve":
+        assert body["terminal_reason"] == "final_answer", body
+        assert nodes["check"].status == "done" and nodes["confirm"].status == "done" and '"confirmed": true' in body["output"]
+    else:
+        assert body["terminal_reason"] == "error" and "rejected by an approver: checked" in body["error"], body
+        assert nodes["check"].status == "failed" and "confirm" not in nodes
