@@ -336,3 +336,27 @@ def test_the_console_shows_a_flow_run_and_its_node_spans_to_its_tenant_only(worl
     client.logout()
     assert client.login(username=other.operator.username, password="correct-horse-battery")
     assert client.get(f"/console/runs/{run_id}/").status_code == 404
+
+
+def test_a_failing_node_routed_to_its_handler_runs_the_handler_and_the_flow_goes_on(world: World) -> None:
+    bad = {"id": "bad", "kind": "tool", "tool": "query_order", "values": {"order_id": "O000000000000"},
+           "on_error": "route", "handler": "fallback"}
+    make_flow(world, {"nodes": [bad, lookup("fallback"), lookup("unused", ["bad"])], "output": "nodes.fallback.total"})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    assert drain(run) == [["bad"], ["fallback"]]
+    states = dict(FlowNodeRun.objects.filter(run=run).values_list("node_id", "status"))
+    assert states == {"bad": "failed", "fallback": "done", "unused": "skipped"}
+    assert run.terminal_reason == "final_answer" and run.output == "259.00"
+
+
+def test_a_cancelled_flow_run_starts_no_further_node(world: World) -> None:
+    make_flow(world, {"nodes": [lookup("a"), lookup("b", ["a"])]})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    cancelled = client_for(world.raw_key).post(f"/api/v1/runs/{run_id}/cancel")
+    assert cancelled.status_code == 202 and cancelled.json()["cancel_requested"] is True
+    assert drain(run) == [["a"]]  # a finishes; b never starts
+    assert run.terminal_reason == "cancelled" and not FlowNodeRun.objects.filter(run=run, node_id="b").exists()
