@@ -7,7 +7,13 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import Exists, OuterRef
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -57,7 +63,10 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         return queryset.only(*RUN_READ_FIELDS) if self.action in self.lean_actions else queryset
 
     @extend_schema(
-        request=RunCreateSerializer,
+        request=PolymorphicProxySerializer("RunOrFlowRunCreate", [RunCreateSerializer, FlowRunCreateSerializer],
+                                           resource_type_field_name=None),
+        description=("Start an agent's run ({\"agent\", \"input\": text}) or a flow's run ({\"flow\", \"input\": "
+                     "object}); both are runs, answered the same way."),
         parameters=[
             OpenApiParameter(
                 acceptance.IDEMPOTENCY_HEADER, acceptance.KEY_SCHEMA, OpenApiParameter.HEADER, required=False,
