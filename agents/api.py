@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import Exists, OuterRef
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -22,6 +29,7 @@ from agents.serializers import (
     AgentSerializer,
     AgentVersionSerializer,
     AgentVersionWriteSerializer,
+    FlowRunCreateSerializer,
     ResolveAttentionSerializer,
     RunCreateSerializer,
     RunEventSerializer,
@@ -76,7 +84,10 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         return queryset.only(*RUN_READ_FIELDS) if self.action in self.lean_actions else queryset
 
     @extend_schema(
-        request=RunCreateSerializer,
+        request=PolymorphicProxySerializer("RunOrFlowRunCreate", [RunCreateSerializer, FlowRunCreateSerializer],
+                                           resource_type_field_name=None),
+        description=("Start an agent's run ({\"agent\", \"input\": text}) or a flow's run ({\"flow\", \"input\": "
+                     "object}); both are runs, answered the same way."),
         parameters=[
             OpenApiParameter(
                 acceptance.IDEMPOTENCY_HEADER, acceptance.KEY_SCHEMA, OpenApiParameter.HEADER, required=False,
@@ -100,6 +111,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             key = acceptance.parse_key(request.headers.get(acceptance.IDEMPOTENCY_HEADER))
         except acceptance.KeyInvalid as exc:
             raise serializers.ValidationError({acceptance.IDEMPOTENCY_HEADER: [str(exc)]}) from None
+        if isinstance(request.data, dict) and "flow" in request.data:
+            return self._create_flow_run(request, key)
         body = RunCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -110,8 +123,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             known = ", ".join(agents.values_list("slug", flat=True)[:20]) or "none"
             message = f"No agent {data['agent']!r} in tenant {tenant.slug!r}. Known agents: {known}."
             if agent is not None:
-                message = (f"{data['agent']!r} is a flow, and flows do not run through this API yet (their definitions are "
-                           f"edited and checked under /api/v1/flows). Known agents: {known}.")
+                message = (f"{data['agent']!r} is a flow: start it with {{\"flow\": \"{data['agent']}\", \"input\": "
+                           f"{{...}}}} (a JSON object) instead of \"agent\". Known agents: {known}.")
             raise serializers.ValidationError({"agent": [message]})
         session = None
         if data.get("session"):
@@ -126,6 +139,25 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             headers["Location"] = f"/api/v1/runs/{accepted.run.pk}"
             headers["X-Run-Id"] = str(accepted.run.pk)
             return sse.stream_response(accepted.run.pk, 0, status=status.HTTP_202_ACCEPTED, headers=headers)
+        return Response(RunSerializer(accepted.run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED,
+                        headers=headers)
+
+    def _create_flow_run(self, request: Request, key: str) -> Response:
+        """``{"flow": slug, "input": {...}}``: a flow run, accepted like an agent's run (key, release, admission)."""
+        body = FlowRunCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        tenant = self.acting_tenant("operate")
+        flow = Agent.objects.for_actor(self.actor, "operate").for_tenant(tenant).filter(
+            slug=data["flow"], kind=AgentKind.FLOW).first()
+        if flow is None:
+            known = ", ".join(Agent.objects.for_tenant(tenant).filter(kind=AgentKind.FLOW).values_list("slug", flat=True)[:20])
+            raise serializers.ValidationError({"flow": [f"No flow {data['flow']!r} in tenant {tenant.slug!r}. "
+                                                        f"Known flows: {known or 'none'}."]})
+        text = json.dumps(data["input"], sort_keys=True, ensure_ascii=False, default=str)
+        accepted = acceptance.accept_run(actor=self.actor, agent=flow, text=text, facts=data.get("facts"),
+                                         idempotency_key=key)
+        headers = {acceptance.REPLAYED_HEADER: "true"} if accepted.replayed else {}
         return Response(RunSerializer(accepted.run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED,
                         headers=headers)
 

@@ -61,6 +61,26 @@ class RunCreateSerializer(serializers.Serializer):
         return value
 
 
+class FlowRunCreateSerializer(serializers.Serializer):
+    flow = serializers.SlugField(help_text="The flow's slug, e.g. refund-desk.")
+    input = serializers.JSONField(help_text="The flow's input: a JSON object its mappings read as input.<key>.")
+    facts = serializers.DictField(required=False, help_text="Business keys for the run, as for an agent's run.")
+
+    def validate_input(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError(f"Must be a JSON object (its keys are read as input.<key>); got {type(value).__name__}.")
+        size = len(json.dumps(value, default=str))
+        if size > settings.RUN_INPUT_MAX_CHARS:
+            raise serializers.ValidationError(f"Must be at most {settings.RUN_INPUT_MAX_CHARS} characters as JSON; got {size}.")
+        return value
+
+    def validate_facts(self, value: dict[str, Any]) -> dict[str, Any]:
+        problems = fact_problems(value)
+        if problems:
+            raise serializers.ValidationError(problems)
+        return value
+
+
 class RunSerializer(serializers.ModelSerializer):
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     version = serializers.IntegerField(source="version.number", read_only=True)

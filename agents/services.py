@@ -190,6 +190,12 @@ def execute_run(run_id: str) -> None:
                 attention.mark_abandoned(run, crash_loop=True)  # an operator checks what it did (agents/attention.py)
                 finish_without_worker(run, TerminalReason.ERROR, f"crash_loop: the run's worker died {run.crash_count} times")
             return
+        if run.agent.kind == AgentKind.FLOW:  # a flow run: the flows app's runner (agents/flow_hook.py)
+            from agents.flow_hook import run_flow
+
+            with heartbeat_for(run.pk, token):
+                run_flow(run, token)
+            return
         from agents.supervisor import supervise, supervisor_of
 
         supervisor = supervisor_of(run)

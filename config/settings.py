@@ -98,6 +98,7 @@ INSTALLED_APPS = [
     "agents",
     "tools",
     "approvals",
+    "flows",
     "marketplace",
     "audit",
     "accounts",
@@ -346,6 +347,10 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("AGENTOPS_QUEUE", "agentops")
 # --- Runs ---------------------------------------------------------------------------------
 #: How long a worker's lease on a run lasts without a step commit before another may take it.
 RUN_LEASE_SECONDS = env_int("RUN_LEASE_SECONDS", 120, minimum=5)
+#: Flows (flows/runner.py): at most this many nodes of one tenant's flow runs run at once (the rest wait, queued);
+#: a running node's lease outlives its timeout_seconds by FLOW_NODE_LEASE_GRACE_SECONDS before it counts as dead.
+FLOW_TENANT_MAX_NODES = env_int("FLOW_TENANT_MAX_NODES", 8, minimum=1)
+FLOW_NODE_LEASE_GRACE_SECONDS = env_int("FLOW_NODE_LEASE_GRACE_SECONDS", 30, minimum=1)
 #: Runs longer than this in input are refused at the API.
 RUN_INPUT_MAX_CHARS = env_int("RUN_INPUT_MAX_CHARS", 20_000, minimum=100)
 

@@ -29,6 +29,7 @@ nodes' states it says which nodes are ready, which are skipped, and whether the 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -427,10 +428,10 @@ def node_arguments(node: Node, scope: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def render(template: str, scope: Mapping[str, Any]) -> str:
-    """A prompt or preview with each ``{expression}`` replaced by its value."""
+    """A prompt or preview with each ``{expression}`` replaced by its value (text as is, anything else as JSON)."""
     def value(match: re.Match[str]) -> str:
         result = evaluate(match.group(1).strip(), scope)
-        return result if isinstance(result, str) else "null" if result is None else str(result)
+        return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
 
     return _TEMPLATE_FIELD.sub(value, template)
 

@@ -17,7 +17,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from accounts import services as tenant_services
-from agents.models import Agent, AgentVersion
+from agents import services as agent_services
+from agents.models import Agent, AgentKind, AgentVersion
 from agents.providers import ENV_PROVIDER, env_model
 from approvals.reveal import grant_reveal
 from marketplace.models import PluginInstall
@@ -26,6 +27,34 @@ from marketplace.sync import sync_catalog
 from tenants.models import ApiKey, Role, Tenant, hash_key
 from tenants.scoping import actor_for_user
 from tools.models import Tool
+
+#: The refund desk flow (issue #15): order and logistics looked up in parallel, a switch on the amount, a manager's
+#: approval above REFUND_THRESHOLD, the refund (its tool's own approval still applies: a flow cannot loosen that
+#: floor), and a one-paragraph summary by the llm node (the deterministic planner in embedded mode).
+REFUND_THRESHOLD = 200
+REFUND_DESK: dict[str, Any] = {
+    "description": "Refund an order: look it up, ask a manager above the threshold, refund, summarize.",
+    "scopes": ["orders:read", "orders:refund"],
+    "max_parallel": 4,
+    "nodes": [
+        {"id": "order", "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}},
+        {"id": "logistics", "kind": "tool", "tool": "query_logistics", "inputs": {"order_id": "input.order_id"}},
+        {"id": "route", "kind": "switch", "after": ["order", "logistics"],
+         "cases": [{"when": f"to_number(input.amount) > `{REFUND_THRESHOLD}`", "goto": ["manager"]}],
+         "default": ["refund"]},
+        {"id": "manager", "kind": "approval", "approver_roles": ["owner", "approver"],
+         "inputs": {"order_id": "input.order_id", "amount": "input.amount", "customer": "nodes.order.customer"},
+         "preview": "Refund {input.amount} {nodes.order.currency} of order {input.order_id} ({nodes.order.customer}, "
+                    f"total {{nodes.order.total}})? It is above the desk's {REFUND_THRESHOLD} threshold."},
+        {"id": "refund", "kind": "tool", "tool": "refund_order", "after": ["manager"], "timeout_seconds": 30,
+         "inputs": {"order_id": "input.order_id", "amount": "input.amount", "reason": "input.reason"}},
+        {"id": "summary", "kind": "llm", "after": ["refund"],
+         "prompt": "Order {input.order_id} for {nodes.order.customer} ({nodes.logistics.status}) was refunded "
+                   "{nodes.refund.amount} {nodes.refund.currency} (refund {nodes.refund.refund_id}); "
+                   "{nodes.refund.remaining_refundable} remains refundable."},
+    ],
+    "output": "nodes.summary",
+}
 
 SYSTEM_PROMPT = (
     "You are the order assistant of a small online shop. Answer questions about orders with the tools; "
@@ -80,6 +109,8 @@ class Command(BaseCommand):
         self.stdout.write("  try: curl -H 'Authorization: Bearer <key>' -H 'Content-Type: application/json' "
                           "-d '{\"agent\":\"order-assistant\",\"input\":\"where is order O202411280001?\"}' "
                           f"http://{_client_host(settings.SERVE_HOST)}:{settings.SERVE_PORT}/api/v1/runs")
+        self.stdout.write("  a flow: -d '{\"flow\":\"refund-desk\",\"input\":{\"order_id\":\"O202411280001\","
+                          "\"amount\":\"30.00\",\"reason\":\"damaged cup\"}}' (README: Flows)")
 
     def _order_desk(self, tenant: Tenant, admin: Any) -> list[Tool]:
         """The order-desk plugin, installed for the demo tenant: its tools, refund_order (needs approval) included."""
@@ -89,6 +120,17 @@ class Command(BaseCommand):
             # An earlier seed made the tools as the tenant's own; the install takes them over.
             install = install_plugin(tenant=tenant, plugin_key="order-desk", actor=actor_for_user(admin))
         return list(Tool.objects.filter(plugin_install=install).order_by("name"))
+
+    def _refund_desk(self, tenant: Tenant, admin: Any) -> None:
+        """The refund desk flow, through the same services as the API (checked at save, audited)."""
+        flow = Agent.objects.filter(tenant=tenant, slug="refund-desk").first()
+        if flow is None:
+            flow = agent_services.create_agent(actor=actor_for_user(admin), tenant=tenant, slug="refund-desk",
+                                               name="Refund desk", description=REFUND_DESK["description"],
+                                               kind=AgentKind.FLOW)
+        if flow.current_version_id is None:
+            agent_services.create_version(actor=actor_for_user(admin), agent=flow, make_current=True, model="demo/planner",
+                                          definition=REFUND_DESK, note="seeded")
 
     def _seed(self, password: str, api_key: str) -> None:
         User = get_user_model()
@@ -133,6 +175,8 @@ class Command(BaseCommand):
             )
             llm.current_version = version
             llm.save(update_fields=["current_version"])
+
+        self._refund_desk(tenant, admin)
 
         if not ApiKey.objects.filter(hashed=hash_key(api_key)).exists():
             tenant_services.create_api_key(tenant=tenant, name="demo", owner=users["operator"], role=Role.OPERATOR,

@@ -1,0 +1,483 @@
+"""Executes a flow run (issue #15): the database's node rows are the state, :func:`runtime.flows.plan` the scheduler.
+
+A flow run is a :class:`agents.models.Run` whose version holds a graph. ``agents.services.execute_run`` takes the run's
+lease and hands it here (``agents/flow_hook.py``); :func:`advance` then decides, under the run's row lock, what the
+committed node rows allow: skipped nodes are written, ready nodes get a row ``running`` with a lease (a token and an
+expiry) and their own Celery task (``flows.execute_node``) once the decision commits, so parallel branches spread over
+workers. A node task runs its node and commits its completion in ONE transaction (the row: status, output, error; its
+trace events: a span per node, ``flow.node.started`` ... ``flow.node.finished``; its tool audit rows), then advances
+the run again. The flow ends (``run.finished``) when the plan says so.
+
+Bounds: the definition's ``max_parallel`` per run and ``FLOW_TENANT_MAX_NODES`` running nodes per tenant; ready
+nodes over the tenant's bound stay pending and the run says so once (``flow.throttled``); they start when another
+node of the tenant finishes, or at the sweeper's next look at the run.
+
+Durability: a node task heartbeats its node's lease and the run's lease expiry. A worker killed mid-node leaves a
+``running`` row whose lease expires: the next :func:`advance` (another node's completion, or the sweeper re-enqueuing
+the run) starts it again with a new token (``attempt`` + 1); a late duplicate of the old task finds its token gone
+and does nothing. A ``done`` node is never started again. A tool node's call id is ``flow:<run>:<node>`` on every
+attempt, so the gateway's exactly-once guard for write tools sees a restarted write as the same call.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agents.engine import session_grants
+from agents.hooks import resolvable_tools, tool_allowed_for
+from agents.lease import LeaseHeartbeat
+from agents.models import Run, RunEvent, RunStatus
+from agents.services import finish_without_worker
+from agents.store import event_rows, publish_after_commit, run_summary
+from approvals.gate import ApprovalGate
+from audit.masking import mask_text, mask_value
+from audit.unit_of_work import StepAudit
+from flows.models import FlowNodeRun, NodeStatus
+from runtime.flows import FlowDefinition, Node, choose, evaluate, node_arguments, plan, render
+from runtime.types import Event, ModelRequest, TerminalReason, ToolCall, ToolContext, ToolStatus, Usage, new_span_id
+from tools.gateway import ToolGateway
+
+log = logging.getLogger(__name__)
+
+SUMMARY_CHARS = 500
+
+
+class NodeFailed(Exception):
+    pass
+
+
+class NodeWaits(Exception):
+    pass
+
+
+def _summary(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    return text[:SUMMARY_CHARS]
+
+
+def flow_input(run: Run) -> Any:
+    try:
+        return json.loads(run.input)
+    except ValueError:
+        return run.input
+
+
+def _scope(run: Run, rows: dict[str, FlowNodeRun]) -> dict[str, Any]:
+    nodes = {nid: r.output for nid, r in rows.items() if r.status in (NodeStatus.DONE, NodeStatus.FAILED)}
+    return {"input": flow_input(run), "nodes": nodes}
+
+
+def _rows(run_id: Any) -> dict[str, FlowNodeRun]:
+    return {r.node_id: r for r in FlowNodeRun.objects.filter(run_id=run_id)}
+
+
+def _append(run: Run, events: list[Event]) -> list[RunEvent]:
+    """Write events at the run's next seqs (locks the run's row until the caller's transaction ends)."""
+    locked = Run.objects.select_for_update().only("last_seq", "step").get(pk=run.pk)
+    rows = event_rows(run, locked.last_seq + 1, locked.step, events)
+    RunEvent.objects.bulk_create(rows)
+    Run.objects.filter(pk=run.pk).update(last_seq=F("last_seq") + len(rows), step=F("step") + 1)
+    run.last_seq = locked.last_seq + len(rows)
+    return rows
+
+
+def call_id(run_id: Any, node_id: str) -> str:
+    """The node's call id on every attempt (at most 99 characters: tool audit and approval rows hold 100)."""
+    return f"fl:{uuid.UUID(str(run_id)).hex}:{node_id}"
+
+
+def _tenant_bound() -> int:
+    return int(settings.FLOW_TENANT_MAX_NODES)
+
+
+def _grace() -> float:
+    """A node's lease outlives its timeout by this much before it counts as dead."""
+    return float(settings.FLOW_NODE_LEASE_GRACE_SECONDS)
+
+
+def run_flow(run: Run, token: str) -> None:
+    """The registered runner: ``execute_run`` holds the run's lease; advance the flow (its node tasks do the rest)."""
+    advance(run.pk)
+
+
+def advance(run_id: Any) -> list[tuple[str, str]]:
+    """Decide the flow's next step from its committed rows; returns the ``(node, token)`` pairs it started.
+
+    The node tasks are enqueued when this transaction commits; tests may call :func:`execute_node` themselves.
+    """
+    started: list[tuple[str, str]] = []
+    with transaction.atomic():
+        run = Run.objects.select_for_update().select_related("tenant", "agent", "version", "session").get(pk=run_id)
+        if run.status != RunStatus.RUNNING:
+            return []
+        if run.cancel_requested:
+            finish_without_worker(run, TerminalReason.CANCELLED, "cancelled")
+            return []
+        flow = FlowDefinition.model_validate(run.version.definition)
+        now = timezone.now()
+        redo = _decided(run, flow, _rows(run.pk), now)  # waiting nodes whose approval was decided meanwhile
+        while True:
+            rows = _rows(run.pk)
+            states = {nid: r.status for nid, r in rows.items()}
+            for nid in redo:
+                if states.get(nid) == NodeStatus.WAITING:
+                    states[nid] = NodeStatus.PENDING  # an approved (or rejected) tool call: the gateway hears the decision
+            stale = {nid for nid, r in rows.items()
+                     if r.status == NodeStatus.RUNNING and r.lease_expires_at is not None and r.lease_expires_at < now}
+            for nid in stale:
+                states[nid] = NodeStatus.PENDING  # its worker died: start it again
+            chosen = {nid: r.chosen for nid, r in rows.items() if r.kind == "switch" and r.status == NodeStatus.DONE}
+            routed = [h for nid, r in rows.items() if r.status == NodeStatus.FAILED
+                      for h in [flow.node(nid).handler] if h and flow.node(nid).on_error == "route"]
+            step = plan(flow, states, chosen, routed=routed)
+            if not step.skip:
+                break
+            _skip(run, step.skip, now)
+        if step.outcome is not None:
+            _finish(run, flow, step.outcome, step.failed_node, rows)
+            return []
+        ready = list(step.ready)
+        events: list[Event] = []
+        scope = _scope(run, rows)
+        busy = FlowNodeRun.objects.filter(tenant_id=run.tenant_id, status=NodeStatus.RUNNING,
+                                          lease_expires_at__gte=now).exclude(run=run, node_id__in=stale).count()
+        room = max(_tenant_bound() - busy, 0)
+        held = [n for n in ready if flow.node(n).kind != "approval"][room:]
+        ready = [n for n in ready if n not in held]
+        for nid in [n for n in ready if flow.node(n).kind == "approval"]:  # a person, not a task: wait for them
+            ready.remove(nid)
+            events.append(_ask(run, flow.node(nid), rows.get(nid), scope, now))
+            states[nid] = NodeStatus.WAITING
+        for nid in ready:
+            node, row = flow.node(nid), rows.get(nid)
+            token = uuid.uuid4().hex
+            span = row.span_id if row is not None and row.span_id else new_span_id()
+            attempt = (row.attempt if row is not None else 0) + 1
+            try:
+                inputs = node_arguments(node, scope)
+            except Exception as exc:  # a mapping that cannot be evaluated (a JMESPath type error): the node fails
+                inputs = {"_mapping_error": str(exc)}
+            FlowNodeRun.objects.update_or_create(run=run, node_id=nid, defaults={
+                "tenant_id": run.tenant_id, "kind": node.kind, "status": NodeStatus.RUNNING, "attempt": attempt,
+                "inputs": inputs, "span_id": span, "started_at": now, "lease_token": token,
+                "lease_expires_at": now + dt.timedelta(seconds=node.timeout_seconds + _grace())})
+            payload = {"node": nid, "kind": node.kind, "attempt": attempt, "inputs": _summary(inputs)}
+            events.append(Event("flow.node.started", payload, span_id=span))
+            started.append((nid, token))
+        if held and not started and not any(s == NodeStatus.RUNNING for s in states.values()):
+            events.append(Event("flow.throttled", {"waiting": held, "tenant_running_nodes": busy,
+                                                   "limit": _tenant_bound()}))
+        if events:
+            publish_after_commit(run, _append(run, events), run_summary(run))
+        in_flight = bool(started) or any(s == NodeStatus.RUNNING for s in states.values())
+        if not in_flight and not held and any(s == NodeStatus.WAITING for s in states.values()):
+            _wait(run)
+        else:  # nodes in flight (or held): the run's lease expiry follows them, the node tasks renew it
+            Run.objects.filter(pk=run.pk).update(
+                lease_expires_at=now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS))
+        if started:
+            transaction.on_commit(lambda: _enqueue(str(run.pk), started))
+    return started
+
+
+def _ask(run: Run, node: Node, row: FlowNodeRun | None, scope: dict[str, Any], now: Any) -> Event:
+    """An approval node: one approval request (the approvers' page, rules and audit of tool approvals), the node waits."""
+    from approvals.decisions import publish
+    from approvals.models import ApprovalRequest
+
+    try:
+        inputs = node_arguments(node, scope)
+        text = render(node.preview or f"Approve step {node.id} of flow {run.agent.slug}?", scope)
+    except Exception as exc:
+        inputs, text = {}, f"(the preview could not be built: {exc})"
+    request, _ = ApprovalRequest.objects.get_or_create(run_id=run.pk, call_id=call_id(run.pk, node.id), defaults={
+        "tenant_id": run.tenant_id, "step": run.step, "tool": None, "tool_name": f"flow:{node.id}"[:64],
+        "arguments": inputs, "arguments_hash": "", "required_approvals": 1,
+        "preview": {"tool": f"flow {run.agent.slug}: {node.id}", "description": mask_text(text)[:300],
+                    "text": mask_text(text)[:4000], "arguments": mask_value(inputs)},
+        "approver_roles": list(node.approver_roles),
+        "expires_at": now + dt.timedelta(seconds=node.expires_in_seconds)})
+    publish(request)
+    span = row.span_id if row is not None and row.span_id else new_span_id()
+    FlowNodeRun.objects.update_or_create(run=run, node_id=node.id, defaults={
+        "tenant_id": run.tenant_id, "kind": node.kind, "status": NodeStatus.WAITING, "attempt": 1, "inputs": inputs,
+        "span_id": span, "started_at": now, "lease_token": "", "lease_expires_at": None})
+    return Event("flow.node.waiting", {"node": node.id, "kind": "approval", "approval_id": str(request.pk),
+                                       "preview": _summary(text)}, span_id=span)
+
+
+def _decided(run: Run, flow: FlowDefinition, rows: dict[str, FlowNodeRun], now: Any) -> set[str]:
+    """Settle waiting nodes whose approval was decided: an approval node finishes (approved) or fails (rejected,
+    expired, cancelled: its on_error decides); a tool node's ids are returned to be run again with the decision."""
+    from approvals.models import ApprovalRequest, ApprovalStatus
+
+    waiting = {call_id(run.pk, nid): nid for nid, r in rows.items() if r.status == NodeStatus.WAITING}
+    if not waiting:
+        return set()
+    decided = ApprovalRequest.objects.filter(run_id=run.pk, call_id__in=list(waiting)).exclude(status=ApprovalStatus.PENDING)
+    redo: set[str] = set()
+    events: list[Event] = []
+    for request in decided.prefetch_related("decisions"):
+        nid = waiting[request.call_id]
+        node = flow.node(nid)
+        if node.kind != "approval":
+            redo.add(nid)
+            continue
+        notes = [d.note for d in request.decisions.all() if d.note]
+        approved = request.status == ApprovalStatus.APPROVED
+        output = {"approved": approved, "status": request.status, "notes": notes}
+        error = "" if approved else f"{request.status} by an approver" + (f": {notes[-1]}" if notes else "")
+        if not approved and node.on_error == "continue":
+            output["error"] = error
+        FlowNodeRun.objects.filter(pk=rows[nid].pk, status=NodeStatus.WAITING).update(
+            status=NodeStatus.DONE if approved else NodeStatus.FAILED, output=output, error=error, finished_at=now)
+        payload = {"node": nid, "kind": "approval", "status": "done" if approved else "failed", "output": _summary(output)}
+        if error:
+            payload["error"] = error
+        events.append(Event("flow.node.finished", payload, parent_span_id=rows[nid].span_id))
+    if events:
+        publish_after_commit(run, _append(run, events), run_summary(run))
+    return redo
+
+
+def _enqueue(run_id: str, started: list[tuple[str, str]]) -> None:
+    from flows.tasks import execute_node_task
+
+    for node_id, token in started:
+        try:
+            execute_node_task.delay(run_id, node_id, token)
+        except Exception:  # the broker is down: the node's lease expires and the sweeper's advance restarts it
+            log.warning("flow run %s: node %s not enqueued; it restarts when its lease expires", run_id, node_id,
+                        exc_info=True)
+
+
+def _skip(run: Run, node_ids: tuple[str, ...], now: Any) -> None:
+    for nid in node_ids:
+        FlowNodeRun.objects.update_or_create(run=run, node_id=nid, defaults={
+            "tenant_id": run.tenant_id, "status": NodeStatus.SKIPPED, "finished_at": now})
+    rows = _append(run, [Event("flow.node.skipped", {"node": nid}) for nid in node_ids])
+    publish_after_commit(run, rows, run_summary(run))
+
+
+def _renew(run_id: Any, node_id: str, token: str, seconds: float) -> bool:
+    now = timezone.now()
+    if not FlowNodeRun.objects.filter(run_id=run_id, node_id=node_id, lease_token=token,
+                                      status=NodeStatus.RUNNING).update(lease_expires_at=now + dt.timedelta(seconds=seconds)):
+        return False
+    Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(
+        lease_expires_at=now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS))
+    return True
+
+
+def execute_node(run_id: Any, node_id: str, token: str) -> None:
+    """Run one started node and commit its completion; a duplicate or stale task (its token gone) does nothing."""
+    row = FlowNodeRun.objects.filter(run_id=run_id, node_id=node_id, lease_token=token, status=NodeStatus.RUNNING).first()
+    if row is None:
+        log.info("flow run %s: node %s is not this task's to run (finished, or restarted by another)", run_id, node_id)
+        return
+    run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
+    flow = FlowDefinition.model_validate(run.version.definition)
+    node = flow.node(node_id)
+    scope = _scope(run, _rows(run.pk))
+    audit = StepAudit()
+    trace: list[Event] = []  # the node's model and tool call events, committed with its completion
+    status, output, error = NodeStatus.DONE, None, ""
+    chosen: list[str] = []
+    tries = 1 + (node.retries if node.kind in ("tool", "llm") else 0)
+    lease = node.timeout_seconds + _grace()
+    began = time.monotonic()
+    with LeaseHeartbeat(lambda: _renew(run_id, node_id, token, lease), interval=max(0.5, min(_grace() / 3, 10.0))):
+        for n in range(tries):
+            try:
+                if "_mapping_error" in row.inputs:
+                    raise NodeFailed(f"an input mapping could not be evaluated: {row.inputs['_mapping_error']}")
+                output, chosen = _execute(run, flow, node, row.inputs, scope, audit, row.span_id, trace)
+                status, error = NodeStatus.DONE, ""
+            except NodeWaits as exc:
+                status, error = NodeStatus.WAITING, str(exc)
+            except NodeFailed as exc:
+                status, error = NodeStatus.FAILED, str(exc)
+            except Exception as exc:
+                log.exception("flow run %s: node %s failed", run_id, node_id)
+                status, error = NodeStatus.FAILED, f"internal error: {type(exc).__name__}"
+            if status == NodeStatus.DONE and time.monotonic() - began > node.timeout_seconds:
+                status, error = NodeStatus.FAILED, f"timeout: the node took over {node.timeout_seconds:g}s"
+            if status != NodeStatus.FAILED or n + 1 >= tries or not _retryable(node, run):
+                break
+            log.info("flow run %s: node %s attempt %s failed (%s); retrying", run_id, node_id, n + 1, error)
+    if status == NodeStatus.FAILED and node.on_error == "continue":
+        output = {"error": error}
+    with transaction.atomic():
+        done = FlowNodeRun.objects.filter(pk=row.pk, lease_token=token, status=NodeStatus.RUNNING).update(
+            status=status, output=output, chosen=chosen, error=error, lease_token="", lease_expires_at=None,
+            finished_at=None if status == NodeStatus.WAITING else timezone.now())
+        if not done:  # restarted by another task meanwhile: that one's completion counts
+            log.warning("flow run %s: node %s lost its lease before committing; its result is dropped", run_id, node_id)
+            return
+        audit.commit(run.tenant_id)
+        payload: dict[str, Any] = {"node": node_id, "kind": node.kind, "status": str(status), "output": _summary(output)}
+        if error:
+            payload["error"] = error
+        if chosen:
+            payload["chosen"] = chosen
+        kind = "flow.node.waiting" if status == NodeStatus.WAITING else "flow.node.finished"
+        rows = _append(run, [*trace, Event(kind, payload, parent_span_id=row.span_id)])
+        _add_usage(run, [e for e in trace if e.type == "model.call"])
+        publish_after_commit(run, rows, run_summary(run))
+    advance(run_id)
+
+
+def _add_usage(run: Run, calls: list[Event]) -> None:
+    """The node's model calls into the run's usage (the row is locked by ``_append``), as spend reads it."""
+    if not calls:
+        return
+    usage = Usage.from_dict(Run.objects.only("usage").get(pk=run.pk).usage)
+    for call in calls:
+        usage = usage + Usage(int(call.payload.get("input_tokens", 0)), int(call.payload.get("output_tokens", 0)),
+                              float(call.payload.get("cost", 0.0)))
+    Run.objects.filter(pk=run.pk).update(usage=usage.to_dict())
+    run.usage = usage.to_dict()
+
+
+def _retryable(node: Node, run: Run) -> bool:
+    """Only llm nodes and tool nodes whose tool is idempotent are tried again."""
+    if node.kind == "llm":
+        return True
+    tool = resolvable_tools(run.tenant_id).filter(name=node.tool).only("idempotent").first()
+    return bool(tool is not None and getattr(tool, "idempotent", False))
+
+
+def _execute(run: Run, flow: FlowDefinition, node: Node, inputs: dict[str, Any], scope: dict[str, Any],
+             audit: StepAudit, span: str, trace: list[Event]) -> tuple[Any, list[str]]:
+    if node.kind == "switch":
+        return {"chosen": choose(node, scope)}, choose(node, scope)
+    if node.kind == "tool":
+        return _tool(run, flow, node, inputs, audit, span, trace), []
+    if node.kind == "llm":
+        return _llm(run, node, scope, span, trace), []
+    if node.kind == "agent":
+        return _agent(run, node, inputs, trace, span), []
+    raise NodeFailed(f"{node.kind} nodes do not run yet in this version of the console")
+
+
+def _tool(run: Run, flow: FlowDefinition, node: Node, inputs: dict[str, Any], audit: StepAudit, span: str,
+          trace: list[Event]) -> Any:
+    names = {n.tool for n in flow.nodes if n.kind == "tool" and n.tool}
+    tools = list(resolvable_tools(run.tenant_id).filter(name__in=names))
+    gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=session_grants(run),
+                          approvals=ApprovalGate(run), tool_policy=tool_allowed_for)
+    gateway.whitelist = names  # the flow's tool nodes are its tool list
+    call = ToolCall(id=call_id(run.pk, node.id), name=node.tool or "", arguments=json.dumps(inputs, default=str))
+    began = time.monotonic()
+    outcome = gateway.execute(call, ToolContext(run_id=str(run.pk), step=run.step, span_id=span))
+    trace.append(Event("tool.call", {"tool": node.tool, "call_id": call.id, "status": str(outcome.status),
+                                     "latency_ms": int((time.monotonic() - began) * 1000), "node": node.id},
+                       parent_span_id=span))
+    if outcome.status == ToolStatus.PENDING_APPROVAL:
+        raise NodeWaits(outcome.content)
+    if outcome.status != ToolStatus.OK:
+        raise NodeFailed(f"{outcome.status}: {outcome.content}")
+    try:
+        return json.loads(outcome.content)
+    except ValueError:
+        return outcome.content
+
+
+def _llm(run: Run, node: Node, scope: dict[str, Any], span: str, trace: list[Event]) -> Any:
+    """One model call through the tenant's model gateway (the deterministic planner serves ``demo/planner``)."""
+    from agents.model_clients import model_client_for
+
+    prompt = render(node.prompt or "", scope)
+    request = ModelRequest(model=node.model or run.version.model, tools=[], task="summarize",
+                           messages=[{"role": "user", "content": prompt}], metadata={"run_id": str(run.pk)})
+    began = time.monotonic()
+    response = model_client_for(run).complete(request)
+    trace.append(Event("model.call", {"model": response.model, **response.usage.to_dict(), "node": node.id,
+                                      "latency_ms": int((time.monotonic() - began) * 1000)}, parent_span_id=span))
+    if node.output_schema:
+        try:
+            return json.loads(response.content or "")
+        except ValueError:
+            raise NodeFailed("the model's reply is not the JSON the node's output_schema asks for") from None
+    return response.content or ""
+
+
+def _agent(run: Run, node: Node, inputs: dict[str, Any], trace: list[Event], span: str) -> Any:
+    """A child run of the tenant's agent, linked to the flow run (``facts.parent_run``, the row's ``child_run``); the
+    node waits for it to end (at most its ``timeout_seconds``). A restarted node waits for the child it started."""
+    from agents.models import Agent, AgentKind
+    from agents.services import RunRefused, execute_run, start_run
+    from tenants.scoping import Actor
+
+    row = FlowNodeRun.objects.get(run=run, node_id=node.id)
+    child_id = row.child_run_id
+    if child_id is None:
+        agent = Agent.objects.for_tenant(run.tenant_id).select_related("tenant").filter(
+            slug=node.agent, kind=AgentKind.AGENT).first()
+        if agent is None:
+            raise NodeFailed(f"there is no agent {node.agent!r} in this tenant")
+        text = inputs.get("input") if isinstance(inputs.get("input"), str) else json.dumps(inputs, ensure_ascii=False)
+        try:
+            with transaction.atomic():
+                child = start_run(actor=Actor(user=run.created_by, api_key=run.api_key), agent=agent, text=text or "")
+                facts = {**child.facts, "parent_run": str(run.pk), "parent_flow": run.agent.slug, "flow_node": node.id}
+                Run.objects.filter(pk=child.pk).update(facts=facts)
+                FlowNodeRun.objects.filter(pk=row.pk).update(child_run=child)
+        except RunRefused as exc:
+            raise NodeFailed(f"the agent {node.agent!r} refused the request: {exc}") from None
+        child_id = child.pk
+        trace.append(Event("flow.child_run", {"node": node.id, "agent": node.agent, "child_run": str(child_id)},
+                           parent_span_id=span))
+    execute_run(str(child_id))  # here if no worker took it yet; its lease decides, so a duplicate does nothing
+    deadline = time.monotonic() + node.timeout_seconds
+    while (done := Run.objects.get(pk=child_id)).status != RunStatus.FINISHED:
+        if time.monotonic() > deadline:
+            raise NodeFailed(f"timeout: child run {child_id} ({done.status}) did not end in {node.timeout_seconds:g}s")
+        time.sleep(0.2)
+    if done.terminal_reason != TerminalReason.FINAL_ANSWER.value:
+        raise NodeFailed(f"child run {child_id} of {node.agent!r} ended {done.terminal_reason}: {done.error or 'no answer'}")
+    return {"answer": done.output, "child_run": str(child_id), "agent": node.agent}
+
+
+def _wait(run: Run) -> None:
+    """Nothing can run until a person decides: the run waits (no lease), its worker is free."""
+    rows = _append(run, [Event("state.transition", {"from": "running", "to": "waiting"})])
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, phase="waiting", lease_token="", lease_expires_at=None)
+    run.status = RunStatus.WAITING
+    publish_after_commit(run, rows, run_summary(run))
+
+
+def _finish(run: Run, flow: FlowDefinition, outcome: str, failed_node: str | None, rows: dict[str, FlowNodeRun]) -> None:
+    scope = _scope(run, rows)
+    if outcome == "succeeded":
+        try:
+            value = evaluate(flow.output, scope) if flow.output else scope["nodes"]
+        except Exception as exc:
+            value, outcome, failed_node = None, "failed", f"output ({exc})"
+    reason = TerminalReason.FINAL_ANSWER if outcome == "succeeded" else TerminalReason.ERROR
+    now = timezone.now()
+    error = "" if outcome == "succeeded" else f"node {failed_node} failed: {rows[failed_node].error if failed_node in rows else ''}"
+    output = _text(value) if outcome == "succeeded" else ""
+    events = [Event("run.finished", {"terminal_reason": reason.value, "output": _summary(output) or None,
+                                      "reason": error or None})]
+    erows = _append(run, events)
+    changes = {"status": RunStatus.FINISHED, "terminal_reason": reason.value, "phase": "finished", "output": output,
+               "error": error, "finished_at": now, "lease_token": "", "lease_expires_at": None}
+    Run.objects.filter(pk=run.pk).update(**changes)
+    for k, v in changes.items():
+        setattr(run, k, v)
+    publish_after_commit(run, erows, run_summary(run))
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)

@@ -1,0 +1,362 @@
+"""Issue #15, execution: a flow run is a run; its nodes' rows are committed one by one and never run twice."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from agents import services
+from agents.models import Agent, AgentKind, Run, RunEvent, RunStatus
+from audit.models import ToolCallAudit
+from flows.models import FlowNodeRun
+from flows.runner import advance, call_id, execute_node
+from tests.factories import World, make_world
+
+pytestmark = pytest.mark.django_db
+
+ORDER = "O202411280001"  # total 259.00, shipped
+
+
+def desk(threshold: int = 100) -> dict[str, Any]:
+    return {
+        "nodes": [
+            {"id": "order", "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}},
+            {"id": "logistics", "kind": "tool", "tool": "query_logistics", "inputs": {"order_id": "input.order_id"}},
+            {"id": "route", "kind": "switch", "after": ["order", "logistics"],
+             "cases": [{"when": f"to_number(nodes.order.total) > `{threshold}`", "goto": ["big"]}], "default": ["small"]},
+            {"id": "big", "kind": "tool", "tool": "sum_order_totals", "values": {"order_ids": [ORDER]}},
+            {"id": "small", "kind": "tool", "tool": "sum_order_totals", "values": {"order_ids": [ORDER, ORDER]}},
+            {"id": "done", "kind": "tool", "tool": "query_logistics", "after": ["big", "small"],
+             "inputs": {"order_id": "input.order_id"}},
+        ],
+        "output": "{carrier: nodes.logistics.carrier, big: nodes.big.total, small: nodes.small.total}",
+    }
+
+
+def make_flow(world: World, definition: dict[str, Any], slug: str = "desk") -> Agent:
+    """Through the API, so the definition is checked as at save (a flow that saved is a flow that can run)."""
+    api = client_for(world.raw_key)
+    assert api.post("/api/v1/flows", {"slug": slug, "name": slug}, format="json").status_code == 201
+    saved = api.post(f"/api/v1/flows/{slug}/versions", {"model": "demo/planner", "definition": definition,
+                                                         "make_current": True}, format="json")
+    assert saved.status_code == 201, saved.content
+    return Agent.objects.get(tenant=world.tenant, slug=slug)
+
+
+def client_for(raw_key: str) -> APIClient:
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
+    return client
+
+
+def in_flight(run: Run) -> list[tuple[str, str]]:
+    rows = FlowNodeRun.objects.filter(run=run, status="running").order_by("node_id")
+    return [(r.node_id, r.lease_token) for r in rows]
+
+
+def drain(run: Run, *, reverse: bool = False) -> list[list[str]]:
+    """Run the started nodes as their tasks would (the tests' "workers"), wave by wave; returns the waves."""
+    waves = []
+    while wave := in_flight(run):
+        waves.append([nid for nid, _ in wave])
+        for node_id, token in (reversed(wave) if reverse else wave):
+            execute_node(str(run.pk), node_id, token)
+    run.refresh_from_db()
+    return waves
+
+
+@pytest.fixture
+def world() -> World:
+    return make_world()
+
+
+def start(world: World, body: dict[str, Any], **headers: str) -> Any:
+    return client_for(world.raw_key).post("/api/v1/runs", body, format="json", **headers)
+
+
+def test_a_flow_run_is_accepted_as_a_run_and_runs_to_the_end(world: World) -> None:
+    make_flow(world, desk())
+    answer = start(world, {"flow": "desk", "input": {"order_id": ORDER}})
+    assert answer.status_code == 202, answer.content
+    run = Run.objects.get(pk=answer.json()["id"])
+    assert run.agent.kind == AgentKind.FLOW and run.status == RunStatus.QUEUED
+    services.execute_run(str(run.pk))
+    assert [n for n, _ in in_flight(run)] == ["logistics", "order"]  # both started at once, as two node tasks
+    assert drain(run) == [["logistics", "order"], ["route"], ["big"], ["done"]]
+    assert run.status == RunStatus.FINISHED and run.terminal_reason == "final_answer", run.error
+    assert json.loads(run.output) == {"carrier": "SF Express", "big": "259.00", "small": None}
+    nodes = {n.node_id: n for n in FlowNodeRun.objects.filter(run=run)}
+    assert {k: v.status for k, v in nodes.items()} == {
+        "order": "done", "logistics": "done", "route": "done", "big": "done", "small": "skipped", "done": "done"}
+    assert nodes["route"].chosen == ["big"] and nodes["order"].attempt == 1
+    types = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
+    assert types.count("flow.node.started") == 5 and types.count("flow.node.finished") == 5 and types[-1] == "run.finished"
+    # the tool nodes went through the gateway: one audit row each, with the deterministic call id
+    calls = ToolCallAudit.objects.filter(run=run).values_list("call_id", flat=True)
+    assert sorted(calls) == sorted(call_id(run.pk, n) for n in ("order", "logistics", "big", "done"))
+
+
+def test_the_flow_input_must_be_an_object_and_the_flow_must_exist(world: World) -> None:
+    make_flow(world, desk())
+    bad = start(world, {"flow": "desk", "input": "hello"})
+    assert bad.status_code == 400 and "Must be a JSON object" in bad.json()["input"][0]
+    missing = start(world, {"flow": "nope", "input": {}})
+    assert missing.status_code == 400 and "desk" in json.dumps(missing.json())
+    agent_as_flow = start(world, {"flow": "order-assistant", "input": {}})
+    assert agent_as_flow.status_code == 400 and "No flow 'order-assistant'" in agent_as_flow.json()["flow"][0]
+    assert Run.objects.filter(tenant=world.tenant).count() == 0
+
+
+def test_an_idempotency_key_replays_the_flow_run(world: World) -> None:
+    make_flow(world, desk())
+    first = start(world, {"flow": "desk", "input": {"order_id": ORDER}}, HTTP_IDEMPOTENCY_KEY="k-1")
+    again = start(world, {"flow": "desk", "input": {"order_id": ORDER}}, HTTP_IDEMPOTENCY_KEY="k-1")
+    assert first.status_code == again.status_code == 202
+    assert first.json()["id"] == again.json()["id"] and again.headers["Idempotent-Replayed"] == "true"
+    other = start(world, {"flow": "desk", "input": {"order_id": "O202411280002"}}, HTTP_IDEMPOTENCY_KEY="k-1")
+    assert other.status_code == 422
+
+
+def test_another_tenants_key_cannot_start_or_see_the_flow_run(world: World) -> None:
+    make_flow(world, desk())
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    other = make_world()
+    assert start(other, {"flow": "desk", "input": {"order_id": ORDER}}).status_code == 400  # no flow "desk" there
+    api = client_for(other.raw_key)
+    assert api.get(f"/api/v1/runs/{run_id}").status_code == 404
+    assert api.get(f"/api/v1/runs/{run_id}/events").status_code == 404
+    assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 404
+
+
+def lookup(node_id: str, after: list[str] | None = None) -> dict[str, Any]:
+    node: dict[str, Any] = {"id": node_id, "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}}
+    if after:
+        node["after"] = after
+    return node
+
+
+def test_a_diamond_joins_after_both_branches_whatever_order_they_finish_in(world: World) -> None:
+    make_flow(world, {"nodes": [lookup("a"), lookup("b", ["a"]), lookup("c", ["a"]), lookup("d", ["b", "c"])],
+                      "output": "nodes.d.total"})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    assert drain(run, reverse=True) == [["a"], ["b", "c"], ["d"]]
+    assert run.terminal_reason == "final_answer" and run.output == "259.00"
+    starts = [e.payload["node"] for e in RunEvent.objects.filter(run=run, type="flow.node.started").order_by("seq")]
+    assert starts.index("d") > max(starts.index("b"), starts.index("c"))
+
+
+def test_a_ten_wide_fan_out_runs_at_most_max_parallel_at_once_and_each_node_once(world: World) -> None:
+    wide = [lookup(f"n{i}") for i in range(10)]
+    make_flow(world, {"nodes": [*wide, lookup("join", [n["id"] for n in wide])], "max_parallel": 4})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    seen: list[int] = []
+    while wave := in_flight(run):
+        seen.append(len(wave))
+        node_id, token = wave[0]
+        execute_node(run_id, node_id, token)  # one finishes: one more may start
+    run.refresh_from_db()
+    assert max(seen) == 4 and run.terminal_reason == "final_answer"
+    rows = FlowNodeRun.objects.filter(run=run)
+    assert rows.count() == 11 and {r.attempt for r in rows} == {1}
+    assert ToolCallAudit.objects.filter(run=run).count() == 11
+
+
+def test_a_tenant_at_its_node_limit_waits_visibly_and_goes_on_when_room_frees(world: World, settings: Any) -> None:
+    settings.FLOW_TENANT_MAX_NODES = 2
+    make_flow(world, {"nodes": [lookup("a"), lookup("b"), lookup("c")], "max_parallel": 3})
+    first = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(first)
+    assert len(in_flight(Run.objects.get(pk=first))) == 2  # the tenant's bound, below the flow's 3
+    second = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(second)
+    waiting = Run.objects.get(pk=second)
+    assert in_flight(waiting) == [] and waiting.status == RunStatus.RUNNING
+    throttled = RunEvent.objects.get(run=waiting, type="flow.throttled")
+    assert throttled.payload["limit"] == 2 and throttled.payload["tenant_running_nodes"] == 2
+    drain(Run.objects.get(pk=first))
+    advance(second)  # what the sweeper's next look at the run does
+    assert drain(waiting)[0] == ["a", "b"] and waiting.terminal_reason == "final_answer"
+
+
+def test_a_node_whose_worker_died_starts_again_and_a_done_node_never_does(world: World) -> None:
+    make_flow(world, {"nodes": [lookup("a"), lookup("b"), lookup("c", ["a", "b"])]})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    (_, token_a), (_, token_b) = in_flight(run)
+    execute_node(run_id, "a", token_a)  # a finishes; b's worker is killed before it commits
+    FlowNodeRun.objects.filter(run=run, node_id="b").update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    services.execute_run(run_id)  # the sweeper re-enqueues the run: its advance restarts b (a new token), not a
+    (node, new_token), = in_flight(run)
+    assert node == "b" and new_token != token_b
+    execute_node(run_id, "b", token_b)  # the dead worker's task, redelivered late: its token is gone, it does nothing
+    assert FlowNodeRun.objects.get(run=run, node_id="b").status == "running"
+    drain(run)
+    rows = {r.node_id: r for r in FlowNodeRun.objects.filter(run=run)}
+    assert run.terminal_reason == "final_answer"
+    assert (rows["a"].attempt, rows["b"].attempt, rows["c"].attempt) == (1, 2, 1)
+    finished = [e.payload["node"] for e in RunEvent.objects.filter(run=run, type="flow.node.finished")]
+    assert sorted(finished) == ["a", "b", "c"]  # each node's completion committed once
+    calls = list(ToolCallAudit.objects.filter(run=run, tool_name="query_order").values_list("call_id", flat=True))
+    assert sorted(calls) == sorted(call_id(run.pk, n) for n in "abc")  # the dead attempt never reached the gateway
+
+
+def test_a_failing_node_fails_the_run_with_its_reason_unless_it_continues(world: World) -> None:
+    bad = {"id": "bad", "kind": "tool", "tool": "query_order", "values": {"order_id": "O000000000000"}}
+    make_flow(world, {"nodes": [bad, lookup("after", ["bad"])]})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    drain(run)
+    assert run.terminal_reason == "error" and run.error.startswith("node bad failed:") and "O000000000000" in run.error
+    assert not FlowNodeRun.objects.filter(run=run, node_id="after").exists()  # never started
+    make_flow(world, {"nodes": [{**bad, "on_error": "continue"}, lookup("after", ["bad"])], "output": "nodes.bad.error"},
+              slug="lenient")
+    run_id = start(world, {"flow": "lenient", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    drain(run)
+    assert run.terminal_reason == "final_answer" and "O000000000000" in run.output
+    assert FlowNodeRun.objects.get(run=run, node_id="after").status == "done"
+
+
+def test_an_llm_node_makes_one_model_call_over_its_rendered_prompt(world: World) -> None:
+    make_flow(world, {"nodes": [lookup("order"), {"id": "summary", "kind": "llm", "after": ["order"],
+                                                   "prompt": "Order {input.order_id} costs {nodes.order.total}."}],
+                      "output": "nodes.summary"})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    drain(run)
+    assert run.terminal_reason == "final_answer", run.error
+    assert "Order O202411280001 costs 259.00." in run.output  # the rendered prompt reached the model
+    calls = RunEvent.objects.filter(run=run, type="model.call")
+    assert calls.count() == 1 and calls[0].payload["node"] == "summary"
+    assert run.usage["input_tokens"] == calls[0].payload["input_tokens"] > 0  # spend reads the run's usage
+    tool_calls = RunEvent.objects.filter(run=run, type="tool.call")
+    assert [(e.payload["tool"], e.payload["status"]) for e in tool_calls] == [("query_order", "ok")]
+
+
+GATED: dict[str, Any] = {
+    "nodes": [
+        lookup("order"),
+        {"id": "check", "kind": "approval", "after": ["order"], "inputs": {"total": "nodes.order.total"},
+         "preview": "Refund order {input.order_id} of {nodes.order.total}?"},
+        lookup("after", ["check"]),
+    ],
+    "output": "nodes.check",
+}
+
+
+def _approver(world: World) -> Any:
+    from accounts import services as tenant_services
+    from tenants.models import Role
+    from tenants.scoping import actor_for_user
+    from tests.factories import make_user
+
+    user = make_user(is_staff=True)
+    tenant_services.set_membership(tenant=world.tenant, user=user, role=Role.APPROVER, actor=None)
+    return actor_for_user(user)
+
+
+@pytest.mark.parametrize("approve", [True, False])
+def test_an_approval_node_pauses_the_flow_and_its_decision_continues_or_fails_it(world: World, approve: bool,
+                                                                                client: Any) -> None:
+    from approvals.decisions import ApprovalRefused, decide
+    from approvals.models import ApprovalRequest
+    from tenants.scoping import actor_for_user
+
+    make_flow(world, GATED)
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    drain(run)
+    assert run.status == RunStatus.WAITING and not run.lease_token  # the worker is free
+    request = ApprovalRequest.objects.get(run=run)
+    assert request.preview["description"] == f"Refund order {ORDER} of 259.00?" and request.arguments == {"total": "259.00"}
+    with pytest.raises(ApprovalRefused):  # the same rules as tool approvals: who started the run may not decide
+        decide(actor=actor_for_user(world.operator), request_id=request.pk, approve=True)
+    approver = _approver(world)
+    assert client.login(username=approver.user.username, password="correct-horse-battery")
+    page = client.get(f"/approvals/{request.pk}/")  # the approvers' page shows the node's preview
+    assert page.status_code == 200 and f"Refund order {ORDER} of 259.00?".encode() in page.content
+    decide(actor=approver, request_id=request.pk, approve=approve, note="looks fine" if approve else "too much")
+    assert services.resume_waiting_run(run_id)  # what the decision's on_commit does
+    services.execute_run(run_id)
+    drain(run)
+    check = FlowNodeRun.objects.get(run=run, node_id="check")
+    if approve:
+        assert run.terminal_reason == "final_answer" and json.loads(run.output)["approved"] is True
+        assert check.status == "done" and FlowNodeRun.objects.get(run=run, node_id="after").status == "done"
+    else:
+        assert run.terminal_reason == "error" and "rejected by an approver: too much" in run.error
+        assert check.status == "failed" and not FlowNodeRun.objects.filter(run=run, node_id="after").exists()
+    other = make_world()  # another tenant's approver cannot see or decide it
+    with pytest.raises(ApprovalRefused) as refused:
+        decide(actor=_approver(other), request_id=request.pk, approve=True)
+    assert refused.value.status == 404
+
+
+def test_an_agent_node_runs_a_child_run_linked_to_the_flow_and_passes_its_answer_on(world: World) -> None:
+    make_flow(world, {"nodes": [{"id": "ask", "kind": "agent", "agent": "order-assistant",
+                                 "inputs": {"input": "join('', ['where is order ', input.order_id, '?'])"}},
+                                lookup("order", ["ask"])],
+                      "output": "nodes.ask"})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    drain(run)
+    assert run.terminal_reason == "final_answer", run.error
+    out = json.loads(run.output)
+    child = Run.objects.get(pk=out["child_run"])
+    assert child.agent.slug == "order-assistant" and child.facts["parent_run"] == str(run.pk)
+    assert child.terminal_reason == "final_answer" and out["answer"] == child.output and "SF" in child.output
+    assert FlowNodeRun.objects.get(run=run, node_id="ask").child_run_id == child.pk
+
+
+def test_the_console_shows_a_flow_run_and_its_node_spans_to_its_tenant_only(world: World, client: Any) -> None:
+    make_flow(world, desk())
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    drain(Run.objects.get(pk=run_id))
+    assert client.login(username=world.operator.username, password="correct-horse-battery")
+    page = client.get(f"/console/runs/{run_id}/")
+    assert page.status_code == 200 and b"flow.node.finished" in page.content
+    assert str(run_id).encode() in client.get("/console/runs/").content
+    other = make_world()
+    client.logout()
+    assert client.login(username=other.operator.username, password="correct-horse-battery")
+    assert client.get(f"/console/runs/{run_id}/").status_code == 404
+
+
+def test_a_failing_node_routed_to_its_handler_runs_the_handler_and_the_flow_goes_on(world: World) -> None:
+    bad = {"id": "bad", "kind": "tool", "tool": "query_order", "values": {"order_id": "O000000000000"},
+           "on_error": "route", "handler": "fallback"}
+    make_flow(world, {"nodes": [bad, lookup("fallback"), lookup("unused", ["bad"])], "output": "nodes.fallback.total"})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    assert drain(run) == [["bad"], ["fallback"]]
+    states = dict(FlowNodeRun.objects.filter(run=run).values_list("node_id", "status"))
+    assert states == {"bad": "failed", "fallback": "done", "unused": "skipped"}
+    assert run.terminal_reason == "final_answer" and run.output == "259.00"
+
+
+def test_a_cancelled_flow_run_starts_no_further_node(world: World) -> None:
+    make_flow(world, {"nodes": [lookup("a"), lookup("b", ["a"])]})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    cancelled = client_for(world.raw_key).post(f"/api/v1/runs/{run_id}/cancel")
+    assert cancelled.status_code == 202 and cancelled.json()["cancel_requested"] is True
+    assert drain(run) == [["a"]]  # a finishes; b never starts
+    assert run.terminal_reason == "cancelled" and not FlowNodeRun.objects.filter(run=run, node_id="b").exists()

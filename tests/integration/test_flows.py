@@ -1,0 +1,194 @@
+"""Flows on the live stack (issue #15), both run modes: parallel branches as separate node tasks, and a worker killed
+mid-branch whose flow finishes with each node completed once.
+
+The nodes call the slow test tools (tests/support/slow_tools.py, 2 s a call), so two branches that overlap in time ran
+in parallel.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import tests.support.slow_tools as slow_tools
+from agents.models import Run, RunEvent
+from audit.models import ToolCallAudit
+from flows.models import FlowNodeRun
+from flows.runner import call_id
+from tests.factories import World, make_world
+from tests.support.live_stack import ROOT, LiveStack, make_live_stack, replace_executor
+from tools.services import install_python_tool
+
+pytestmark = pytest.mark.integration
+
+ORDER = "O202411280001"
+#: Sweep often; a dead node's lease expires 3 s after its timeout (5 s below).
+FAST = {"SWEEP_INTERVAL_SECONDS": "1", "FLOW_NODE_LEASE_GRACE_SECONDS": "3"}
+
+
+def fetch(node_id: str, after: list[str] | None = None) -> dict[str, Any]:
+    return {"id": node_id, "kind": "tool", "tool": "slow_fetch", "inputs": {"order_id": "input.order_id"},
+            "after": after or [], "timeout_seconds": 5}
+
+
+BRANCHES: dict[str, Any] = {
+    "nodes": [
+        fetch("ticket"),
+        {"id": "confirm", "kind": "tool", "tool": "slow_confirm", "after": ["ticket"], "timeout_seconds": 5,
+         "inputs": {"ticket": "nodes.ticket.ticket"}},
+        fetch("again", ["ticket"]),
+        {"id": "order", "kind": "tool", "tool": "query_order", "after": ["ticket"], "inputs": {"order_id": "input.order_id"}},
+        {"id": "summary", "kind": "llm", "after": ["confirm", "again", "order"],
+         "prompt": "Ticket {nodes.ticket.ticket} confirmed: {nodes.confirm.confirmed}; total {nodes.order.total}."},
+    ],
+    "output": "nodes.summary",
+}
+
+
+def _own(extra: list[LiveStack]) -> LiveStack:
+    stack = make_live_stack(FAST)
+    extra.append(stack)
+    if stack.mode == "production":  # the sweeper: a beat process next to the worker
+        log = open(stack.logdir / "beat.log", "ab")  # noqa: SIM115 - lives as long as the process
+        stack.processes["beat"] = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "config", "beat", "--loglevel=INFO", "-s",
+             str(stack.logdir / "celerybeat-schedule")],
+            cwd=ROOT, env=stack.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return stack
+
+
+@pytest.fixture(scope="module")
+def stacks(django_db_setup: Any) -> Iterator[list[LiveStack]]:
+    extra: list[LiveStack] = []
+    try:
+        yield extra
+    finally:
+        for stack in extra:
+            stack.stop()
+
+
+@pytest.fixture(scope="module")
+def world(stacks: list[LiveStack], django_db_blocker: Any) -> World:
+    with django_db_blocker.unblock():
+        world = make_world()
+        for key in slow_tools.SLOW_TOOL_KEYS:
+            install_python_tool(tenant=world.tenant, key=key, actor=None)
+    return world
+
+
+def _flow(stack: LiveStack, world: World, slug: str) -> None:
+    with stack.client(world.raw_key) as http:
+        assert http.post("/api/v1/flows", json={"slug": slug, "name": slug}).status_code == 201
+        saved = http.post(f"/api/v1/flows/{slug}/versions",
+                          json={"model": "demo/planner", "definition": BRANCHES, "make_current": True})
+        assert saved.status_code == 201, saved.text
+
+
+def _start(stack: LiveStack, world: World, slug: str) -> str:
+    with stack.client(world.raw_key) as http:
+        response = http.post("/api/v1/runs", json={"flow": slug, "input": {"order_id": ORDER}})
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
+def _finished_once(run_id: str) -> dict[str, FlowNodeRun]:
+    events = list(RunEvent.objects.filter(run_id=run_id).order_by("seq"))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1)), "no gap and no duplicate in seq"
+    finished = sorted(e.payload["node"] for e in events if e.type == "flow.node.finished")
+    assert finished == ["again", "confirm", "order", "summary", "ticket"], "each node's completion committed once"
+    assert [e.type for e in events].count("run.finished") == 1
+    audits = sorted(ToolCallAudit.objects.filter(run_id=run_id).values_list("call_id", flat=True))
+    assert audits == sorted(call_id(run_id, n) for n in ("again", "confirm", "order", "ticket"))
+    return {r.node_id: r for r in FlowNodeRun.objects.filter(run_id=run_id)}
+
+
+def test_a_flow_runs_its_branches_in_parallel_to_the_end(stacks: list[LiveStack], world: World, unblocked_db: None) -> None:
+    stack = _own(stacks)
+    _flow(stack, world, "branches")
+    began = time.monotonic()
+    run_id = _start(stack, world, "branches")
+    body = stack.wait_for_run(world.raw_key, run_id, timeout=60)
+    took = time.monotonic() - began
+    assert body["terminal_reason"] == "final_answer", body
+    assert "Ticket TKT-280001 confirmed: true; total 259.00." in body["output"]
+    nodes = _finished_once(run_id)
+    confirm, again = nodes["confirm"], nodes["again"]
+    assert confirm.started_at < again.finished_at and again.started_at < confirm.finished_at, "the branches overlapped"
+    assert took < 3 * slow_tools.SLOW_SECONDS + 4, f"three slow calls, two of them at once: {took:.1f}s"
+    assert {r.attempt for r in nodes.values()} == {1}
+
+
+def test_a_worker_killed_mid_branch_finishes_the_flow_with_each_node_once(
+    stacks: list[LiveStack], world: World, unblocked_db: None
+) -> None:
+    victim = _own(stacks)
+    _flow(victim, world, "killed")
+    run_id = _start(victim, world, "killed")
+    deadline = time.monotonic() + 30
+    while not FlowNodeRun.objects.filter(run_id=run_id, node_id="confirm", status="running").exists():
+        assert time.monotonic() < deadline, "the branches never started"
+        time.sleep(0.05)
+    victim.kill_executor()  # production: the worker process; embedded: the server and its worker thread
+    assert Run.objects.get(pk=run_id).status == "running"
+    successor = replace_executor(victim, stacks, FAST)
+    body = successor.wait_for_run(world.raw_key, run_id, timeout=90)
+    assert body["terminal_reason"] == "final_answer", body
+    nodes = _finished_once(run_id)
+    assert nodes["ticket"].attempt == 1, "the node committed before the kill did not run again"
+    assert nodes["confirm"].attempt == 2 and nodes["again"].attempt == 2, "the killed branches started again"
+
+
+GATED: dict[str, Any] = {
+    "nodes": [
+        fetch("ticket"),
+        {"id": "check", "kind": "approval", "after": ["ticket"], "inputs": {"ticket": "nodes.ticket.ticket"},
+         "preview": "Confirm ticket {nodes.ticket.ticket}?"},
+        {"id": "confirm", "kind": "tool", "tool": "slow_confirm", "after": ["check"], "timeout_seconds": 5,
+         "inputs": {"ticket": "nodes.ticket.ticket"}},
+    ],
+    "output": "nodes.confirm",
+}
+
+
+@pytest.mark.parametrize("verb", ["approve", "reject"])
+def test_an_approval_node_is_approved_or_rejected_through_the_api(
+    stacks: list[LiveStack], world: World, unblocked_db: None, verb: str
+) -> None:
+    from accounts import services as tenant_services
+    from approvals.models import ApprovalRequest
+    from tenants.models import Role
+    from tests.factories import make_user
+
+    stack = stacks[0] if stacks else _own(stacks)
+    slug = f"gated-{verb}"
+    with stack.client(world.raw_key) as http:
+        assert http.post("/api/v1/flows", json={"slug": slug, "name": slug}).status_code == 201
+        assert http.post(f"/api/v1/flows/{slug}/versions", json={"model": "demo/planner", "definition": GATED,
+                                                                  "make_current": True}).status_code == 201
+    run_id = _start(stack, world, slug)
+    body = stack.wait_for_run(world.raw_key, run_id, timeout=30, statuses=("waiting", "finished"))
+    assert body["status"] == "waiting", body
+    request = ApprovalRequest.objects.get(run_id=run_id)
+    assert request.preview["text"] == "Confirm ticket TKT-280001?"
+    approver = make_user()
+    tenant_services.set_membership(tenant=world.tenant, user=approver, role=Role.APPROVER, actor=None)
+    _key, raw = tenant_services.create_api_key(tenant=world.tenant, name="approver", owner=approver, role=Role.APPROVER,
+                                               actor=None)
+    with stack.client(world.raw_key) as http:  # the run's starter may not decide
+        assert http.post(f"/api/v1/approvals/{request.pk}/approve", json={"note": ""}).status_code == 403
+    with stack.client(raw) as http:
+        decided = http.post(f"/api/v1/approvals/{request.pk}/{verb}", json={"note": "checked"})
+    assert decided.status_code == 200, decided.text
+    body = stack.wait_for_run(world.raw_key, run_id, timeout=30)
+    nodes = {r.node_id: r for r in FlowNodeRun.objects.filter(run_id=run_id)}
+    if verb == "approve":
+        assert body["terminal_reason"] == "final_answer", body
+        assert nodes["check"].status == "done" and nodes["confirm"].status == "done" and '"confirmed": true' in body["output"]
+    else:
+        assert body["terminal_reason"] == "error" and "rejected by an approver: checked" in body["error"], body
+        assert nodes["check"].status == "failed" and "confirm" not in nodes
