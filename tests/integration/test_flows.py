@@ -192,3 +192,52 @@ def test_an_approval_node_is_approved_or_rejected_through_the_api(
     else:
         assert body["terminal_reason"] == "error" and "rejected by an approver: checked" in body["error"], body
         assert nodes["check"].status == "failed" and "confirm" not in nodes
+
+
+DENIED: dict[str, Any] = {
+    "nodes": [
+        {"id": "order", "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"},
+         "on_error": "continue"},
+        {"id": "typo", "kind": "tool", "tool": "query_logistics", "inputs": {"order_id": "input.bad_id"},
+         "on_error": "continue"},
+        {"id": "ticket", "kind": "tool", "tool": "slow_fetch", "after": ["order", "typo"],
+         "inputs": {"order_id": "input.order_id"}, "timeout_seconds": 5},
+    ],
+    "output": "nodes.ticket",
+}
+
+
+def test_gateway_denials_inside_a_flow_fail_their_node_and_leave_audit_rows(
+    stacks: list[LiveStack], world: World, unblocked_db: None
+) -> None:
+    from tools.models import Tool
+    from tools.services import set_tool_enabled
+
+    stack = stacks[0] if stacks else _own(stacks)
+    slug = "denied"
+    with stack.client(world.raw_key) as http:
+        assert http.post("/api/v1/flows", json={"slug": slug, "name": slug}).status_code == 201
+        saved = http.post(f"/api/v1/flows/{slug}/versions",
+                          json={"model": "demo/planner", "definition": DENIED, "make_current": True})
+        assert saved.status_code == 201, saved.text
+    # given the operator pulls query_order's kill switch after the flow was saved
+    order_tool = Tool.objects.get(tenant=world.tenant, name="query_order")
+    set_tool_enabled(tool=order_tool, enabled=False, actor=None)
+    try:
+        with stack.client(world.raw_key) as http:  # and the input holds an order number the tool's schema refuses
+            response = http.post("/api/v1/runs", json={"flow": slug, "input": {"order_id": ORDER, "bad_id": "12"}})
+        assert response.status_code == 202, response.text
+        run_id = str(response.json()["id"])
+        body = stack.wait_for_run(world.raw_key, run_id, timeout=60)
+    finally:
+        set_tool_enabled(tool=order_tool, enabled=True, actor=None)
+    # then both nodes failed at the gateway (continue: the flow went on), each with its audit row, and no tool ran
+    assert body["terminal_reason"] == "final_answer", body
+    nodes = {r.node_id: r for r in FlowNodeRun.objects.filter(run_id=run_id)}
+    assert nodes["order"].status == "failed" and nodes["typo"].status == "failed", {k: v.status for k, v in nodes.items()}
+    assert nodes["ticket"].status == "done"
+    audits = {a.call_id: a for a in ToolCallAudit.objects.filter(run_id=run_id)}
+    assert audits[call_id(run_id, "order")].status == "denied", audits[call_id(run_id, "order")].status
+    assert audits[call_id(run_id, "typo")].status in ("invalid", "denied", "error"), audits[call_id(run_id, "typo")].status
+    calls = {e.payload.get("node"): e.payload for e in RunEvent.objects.filter(run_id=run_id, type="flow.node.finished")}
+    assert "switched off by an operator" in str(calls["order"]), calls["order"]
