@@ -250,3 +250,24 @@ def test_list_and_approve_a_pending_call_then_the_run_finishes(stack: LiveStack,
         assert events[-1].type == "run.finished" and operator.get_run(run.id).done
     with django_db_blocker.unblock():
         assert ApprovalRequest.objects.get(run_id=run.id).status == "approved"
+
+
+def test_a_flow_run_is_created_and_streamed_to_its_output(stack: LiveStack, django_db_blocker: Any) -> None:
+    world = _world(django_db_blocker, model="demo/planner")
+    flow = {"nodes": [{"id": "order", "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}},
+                      {"id": "logistics", "kind": "tool", "tool": "query_logistics",
+                       "inputs": {"order_id": "input.order_id"}}],
+            "output": "nodes.order"}
+    with stack.client(world.raw_key) as http:
+        assert http.post("/api/v1/flows", json={"slug": "lookup", "name": "lookup"}).status_code == 201
+        saved = http.post("/api/v1/flows/lookup/versions", json={"model": "demo/planner", "definition": flow,
+                                                                  "make_current": True})
+        assert saved.status_code == 201, saved.text
+    with Client(stack.base_url, world.raw_key) as client:
+        run = client.create_flow_run("lookup", {"order_id": "O202411280001"})
+        events = [e for e in client.stream_run(run.id) if not e.is_delta]
+        finished = client.get_run(run.id)
+    types = [e.type for e in events]
+    assert types.count("flow.node.finished") == 2 and types[-1] == "run.finished", types
+    assert finished.status == "finished" and "O202411280001" in (finished.output or ""), finished
+    assert [e.seq for e in events] == _committed(django_db_blocker, run.id)

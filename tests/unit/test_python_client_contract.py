@@ -55,6 +55,8 @@ def _every_call(client: Client) -> Iterator[str]:
     """Each public method of the client, called with every optional argument it has; yields its name."""
     client.create_run("order-assistant", "hi", session=RUN["session"], facts={"order_id": "O1"}, idempotency_key="k-1")
     yield "create_run"
+    client.create_flow_run("refund-desk", {"order_id": "O1", "amount": "30.00"}, facts={"tier": "gold"}, idempotency_key="k-2")
+    yield "create_flow_run"
     client.get_run(RUN["id"])
     yield "get_run"
     list(client.stream_run(RUN["id"], after=3))
@@ -148,7 +150,7 @@ def test_every_request_the_client_sends_is_an_operation_of_the_schema_with_its_d
     assert violations(schema, sent) == []
     # (the calls above cover every field and parameter the client can send)
     bodies = {key for r in sent if r.content for key in json.loads(r.content)}
-    assert bodies == {"agent", "input", "session", "facts", "stream", "note"}
+    assert bodies == {"agent", "flow", "input", "session", "facts", "stream", "note"}
     assert {"idempotency-key", "last-event-id"} <= {name.lower() for r in sent for name in r.headers}
 
 

@@ -76,6 +76,16 @@ class Client:
         response = self._send("POST", f"{API}/runs", json=body, headers=headers, safe=True)
         return Run.from_json(response.json())
 
+    def create_flow_run(self, flow: str, input: dict[str, Any], *, facts: dict[str, Any] | None = None,
+                        idempotency_key: str | None = None) -> Run:
+        """Start a run of the flow ``flow`` (its slug) with its input object."""
+        body: dict[str, Any] = {"flow": flow, "input": input}
+        if facts is not None:
+            body["facts"] = facts
+        headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
+        response = self._send("POST", f"{API}/runs", json=body, headers=headers, safe=True)
+        return Run.from_json(response.json())
+
     def get_run(self, run_id: str) -> Run:
         return Run.from_json(self._send("GET", f"{API}/runs/{run_id}", safe=True).json())
 
