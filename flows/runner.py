@@ -221,11 +221,18 @@ def _decided(run: Run, flow: FlowDefinition, rows: dict[str, FlowNodeRun], now: 
     expired, cancelled: its on_error decides); a tool node's ids are returned to be run again with the decision."""
     from approvals.models import ApprovalRequest, ApprovalStatus
 
-    waiting = {call_id(run.pk, nid): nid for nid, r in rows.items() if r.status == NodeStatus.WAITING}
+    # an agent node whose child run paused for a person waits with no task held; once the child ended, it runs again
+    # (and finds the child's answer)
+    children = {r.child_run_id: nid for nid, r in rows.items()
+                if r.status == NodeStatus.WAITING and r.kind == "agent" and r.child_run_id is not None}
+    ended = set(Run.objects.filter(pk__in=list(children), status=RunStatus.FINISHED).values_list("pk", flat=True)) \
+        if children else set()
+    redo: set[str] = {children[pk] for pk in ended}
+    waiting = {call_id(run.pk, nid): nid for nid, r in rows.items()
+               if r.status == NodeStatus.WAITING and r.kind != "agent"}
     if not waiting:
-        return set()
+        return redo
     decided = ApprovalRequest.objects.filter(run_id=run.pk, call_id__in=list(waiting)).exclude(status=ApprovalStatus.PENDING)
-    redo: set[str] = set()
     events: list[Event] = []
     for request in decided.prefetch_related("decisions"):
         nid = waiting[request.call_id]
@@ -441,6 +448,9 @@ def _agent(run: Run, node: Node, inputs: dict[str, Any], trace: list[Event], spa
     execute_run(str(child_id))  # here if no worker took it yet; its lease decides, so a duplicate does nothing
     deadline = time.monotonic() + node.timeout_seconds
     while (done := Run.objects.get(pk=child_id)).status != RunStatus.FINISHED:
+        if done.status == RunStatus.WAITING:  # a person decides first: the node waits with its task (worker) freed;
+            # the child's end re-queues the flow run (agents.services.resume_parent) and this node runs again
+            raise NodeWaits(f"child run {child_id} of {node.agent!r} waits for an approval")
         if time.monotonic() > deadline:
             raise NodeFailed(f"timeout: child run {child_id} ({done.status}) did not end in {node.timeout_seconds:g}s")
         time.sleep(0.2)

@@ -360,3 +360,44 @@ def test_a_cancelled_flow_run_starts_no_further_node(world: World) -> None:
     assert cancelled.status_code == 202 and cancelled.json()["cancel_requested"] is True
     assert drain(run) == [["a"]]  # a finishes; b never starts
     assert run.terminal_reason == "cancelled" and not FlowNodeRun.objects.filter(run=run, node_id="b").exists()
+
+
+def test_an_agent_node_whose_child_waits_for_an_approval_frees_its_worker_and_resumes_when_the_child_ends(
+    world: World,
+) -> None:
+    from accounts import services as tenant_services
+    from approvals.decisions import decide, resume_run
+    from approvals.models import ApprovalRequest
+    from tenants.models import Role
+    from tenants.scoping import actor_for_user
+    from tests.factories import make_user
+    from tools.models import Tool
+
+    # given the order assistant's tool needs a human approval, and a flow asking the assistant
+    Tool.objects.filter(tenant=world.tenant, name="query_order").update(requires_approval=True)
+    make_flow(world, {"nodes": [{"id": "ask", "kind": "agent", "agent": "order-assistant",
+                                 "inputs": {"input": "join('', ['What is the status of order ', input.order_id, '?'])"}}],
+                      "output": "nodes.ask"})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    drain(run)
+    # then the node waits (no task holds it) and so does the flow run, while the child waits for the approver
+    row = FlowNodeRun.objects.get(run=run, node_id="ask")
+    child = Run.objects.get(pk=row.child_run_id)
+    assert (row.status, row.lease_token, child.status, run.status) == ("waiting", "", "waiting", "waiting")
+    assert RunEvent.objects.filter(run=run, type="flow.node.waiting", payload__node="ask").exists()
+    # when the approver confirms and the child runs to its answer
+    approver = make_user()
+    tenant_services.set_membership(tenant=world.tenant, user=approver, role=Role.APPROVER, actor=None)
+    decide(actor=actor_for_user(approver), request_id=ApprovalRequest.objects.get(run=child).pk, approve=True)
+    assert resume_run(child.pk)
+    services.execute_run(str(child.pk))
+    # then the flow run was re-queued, and finishes with the child's answer, the child run once
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+    services.execute_run(run_id)
+    drain(run)
+    assert run.terminal_reason == "final_answer", run.error
+    assert json.loads(run.output)["child_run"] == str(child.pk)
+    assert Run.objects.filter(facts__parent_run=str(run.pk)).count() == 1
