@@ -250,3 +250,31 @@ def test_an_unchanged_edit_is_a_plain_approval() -> None:
 
 def test_edit_invalid_is_a_400_domain_error() -> None:
     assert EditInvalid(["arguments.x: expected y, got z"]).status == 400
+
+
+def test_the_admin_approves_with_edits_through_the_same_service() -> None:
+    world, other = make_world(), make_world()
+    request = _request(world)
+    approver = _approver(world)
+    approver.is_staff = True
+    approver.save(update_fields=["is_staff"])
+    admin = Client(enforce_csrf_checks=True)
+    admin.force_login(approver)
+    url = f"/admin/approvals/approvalrequest/{request.pk}/approve-with-edits/"
+    page = admin.get(url)
+    assert page.status_code == 200 and "300.00" in page.content.decode() and REASON not in page.content.decode()
+    token = admin.cookies["csrftoken"].value
+    bad = admin.post(url, {"csrfmiddlewaretoken": token, "arguments": '{"amount": "thirty"}', "arguments_hash": request.arguments_hash})
+    assert bad.status_code == 400 and "arguments.amount: expected" in bad.content.decode()
+    outsider = make_user(is_staff=True)
+    tenant_services.set_membership(tenant=other.tenant, user=outsider, role=Role.APPROVER, actor=None)
+    foreign = Client()
+    foreign.force_login(outsider)
+    assert foreign.get(url).status_code == 404
+    assert foreign.post(url, {"arguments": '{"amount": "1.00"}'}).status_code == 404
+    ok = admin.post(url, {"csrfmiddlewaretoken": token, "arguments": '{"amount": "30.00"}', "note": "only the tea",
+                          "arguments_hash": request.arguments_hash})
+    assert ok.status_code == 302, ok.content.decode()[:2000]
+    request.refresh_from_db()
+    assert request.status == "approved" and request.edited_arguments == {**ARGS, "amount": "30.00"}
+    assert request.decisions.get().via == "admin"

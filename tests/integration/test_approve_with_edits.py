@@ -16,7 +16,7 @@ from tools.arguments import arguments_hash
 
 pytestmark = pytest.mark.integration
 
-DEMO_KEY = "aok_d3e40000_edits-demo-key-000"
+DEMO_KEY = "aok_ed180000_edits-demo-key-000"
 
 
 def test_the_demo_refund_edited_from_300_to_30_runs_once_with_the_edit_and_the_model_reads_it(
