@@ -209,4 +209,5 @@ def summarize(request: ApprovalRequest) -> dict[str, Any]:
         "requested_at": request.requested_at.isoformat() if request.requested_at else None,
         "expires_at": request.expires_at.isoformat(),
         "required_approvals": request.required_approvals,
+        "edited": bool(request.edited_hash),
     }

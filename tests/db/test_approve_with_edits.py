@@ -186,6 +186,8 @@ def test_four_eyes_the_second_approver_approves_the_edited_version() -> None:
     html = page.get(f"/approvals/{request.pk}/").content.decode()
     assert 'data-edited="amount" class="changed"' in html and "300.00" in html and "30.00" in html
     assert "Approve with edits" not in html  # only the first approver may edit
+    inbox = page.get("/approvals/").content.decode()
+    assert 'amount: 300.00 → 30.00 (edited)' in inbox and f'name="arguments_hash" value="{request.current_hash}"' in inbox
     done = decide(actor=actor_for_user(second), request_id=request.pk, approve=True, seen_hash=request.current_hash)
     assert done.status == "approved"
     assert set(done.decisions.values_list("arguments_hash", flat=True)) == {request.edited_hash}
