@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from urllib.parse import urlsplit
 
 from django import forms
 from django.contrib import admin, messages
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
 
-from approvals import channels, decisions
+from approvals import channels, decisions, edits
 from approvals.models import ApprovalRequest, Delivery, NotificationChannel, NotifyEvent
 from tenants.admin_mixins import TenantScopedAdmin
 from tenants.scoping import actor_for_user
@@ -35,7 +40,7 @@ class AgeFilter(admin.SimpleListFilter):
 class ApprovalRequestAdmin(TenantScopedAdmin):
     read_only = True
     view_action = "review"  # viewers do not see approval requests
-    list_display = ["requested_at", "tool_name", "status", "agent_slug", "run", "expires_at", "tenant"]
+    list_display = ["requested_at", "tool_name", "status", "agent_slug", "run", "expires_at", "tenant", "edit_link"]
     list_filter = ["status", "tool_name", "run__agent__slug", AgeFilter, "tenant"]
     list_select_related = ["run", "run__agent", "tenant"]
     search_fields = ["tool_name", "run__id"]
@@ -44,6 +49,41 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
     @admin.display(description="agent", ordering="run__agent__slug")
     def agent_slug(self, obj: ApprovalRequest) -> str:
         return obj.run.agent.slug
+
+    @admin.display(description="edit")
+    def edit_link(self, obj: ApprovalRequest) -> str:
+        if obj.status != "pending":
+            return ""
+        return format_html('<a href="{}">approve with edits</a>', reverse("admin:approvals_approvalrequest_edit", args=[obj.pk]))
+
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view(self.approve_with_edits)
+        return [path("<uuid:object_id>/approve-with-edits/", view, name="approvals_approvalrequest_edit"), *super().get_urls()]
+
+    def approve_with_edits(self, request: HttpRequest, object_id: Any) -> HttpResponse:
+        """Edit a pending call's arguments (a JSON object of the fields to change) and approve: the same service."""
+        item = self.get_queryset(request).select_related("tool", "run__version").filter(pk=object_id).first()
+        if item is None or not self.has_view_permission(request, item):
+            raise Http404("No such approval request.")
+        form = ApproveWithEditsForm(request.POST or None, initial={"arguments_hash": item.current_hash})
+        if request.method == "POST" and form.is_valid():
+            try:
+                decisions.decide(actor=actor_for_user(request.user), request_id=item.pk, approve=True, via="admin",
+                                 note=form.cleaned_data["note"], arguments=form.cleaned_data["arguments"],
+                                 seen_hash=form.cleaned_data["arguments_hash"])
+            except edits.EditInvalid as exc:
+                for problem in exc.problems:
+                    form.add_error("arguments", problem)
+            except decisions.ApprovalRefused as exc:
+                form.add_error(None, str(exc))
+            else:
+                self.message_user(request, "Approved with your edits.")
+                return redirect("admin:approvals_approvalrequest_changelist")
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta, "item": item, "form": form,
+                   "title": f"Approve {item.tool_name} with edits",
+                   "shown": json.dumps((item.preview or {}).get("arguments") or {}, indent=1, ensure_ascii=False)}
+        return TemplateResponse(request, "admin/approvals/approve_with_edits.html", context,
+                                status=400 if request.method == "POST" else 200)
 
     def _decide(self, request: HttpRequest, queryset: Any, approve: bool) -> None:
         actor = actor_for_user(request.user)
@@ -66,6 +106,12 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
     @admin.action(description="Reject selected requests")
     def reject_selected(self, request: HttpRequest, queryset: Any) -> None:
         self._decide(request, queryset, False)
+
+
+class ApproveWithEditsForm(forms.Form):
+    arguments = forms.JSONField(help_text='The fields to change, e.g. {"amount": "30.00"}; the others keep their values.')
+    note = forms.CharField(required=False, max_length=2000)
+    arguments_hash = forms.CharField(required=False, widget=forms.HiddenInput)
 
 
 class ChannelForm(forms.ModelForm):

@@ -36,6 +36,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "question",
             "preview",
             "arguments_hash",
+            "edited_hash",
             "required_approvals",
             "requested_at",
             "expires_at",
@@ -46,13 +47,21 @@ class ApprovalSerializer(serializers.ModelSerializer):
 
     def get_decisions(self, request: ApprovalRequest) -> list[dict[str, Any]]:
         return [
-            {"user": d.user.get_username() if d.user else None, "approved": d.approved, "note": d.note, "at": d.at}
+            {"user": d.user.get_username() if d.user else None, "approved": d.approved, "note": d.note, "at": d.at,
+             "edited": d.edited, "arguments_hash": d.arguments_hash}
             for d in request.decisions.all()
         ]
 
 
 class DecisionSerializer(serializers.Serializer):
     note = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+    arguments = serializers.JSONField(
+        required=False, default=None,
+        help_text='Approve only: the fields to change before approving, merged over the call\'s arguments, e.g. {"amount": "30.00"}. '
+                  "Validated against the tool's parameter schema; the call then runs with the edited arguments.")
+    arguments_hash = serializers.RegexField(
+        r"^[0-9a-f]{64}$", required=False, default="",
+        help_text="The hash of the arguments you reviewed (edited_hash, else arguments_hash); refused with 409 if they changed.")
 
 
 class OldestFirst(CursorPages):
@@ -75,10 +84,12 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
         body = DecisionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         self.get_object()  # 404 for a foreign or unknown request
-        decided = decisions.decide(actor=self.actor, request_id=pk, approve=approve, note=body.validated_data["note"], via="api")
+        data = body.validated_data
+        decided = decisions.decide(actor=self.actor, request_id=pk, approve=approve, note=data["note"], via="api",
+                                   arguments=data["arguments"], seen_hash=data["arguments_hash"])
         return Response(ApprovalSerializer(decided).data, status=status.HTTP_200_OK)
 
-    @extend_schema(request=DecisionSerializer, responses={200: ApprovalSerializer, 403: None, 409: None})
+    @extend_schema(request=DecisionSerializer, responses={200: ApprovalSerializer, 400: None, 403: None, 409: None})
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, pk: Any = None) -> Response:
         return self._decide(request, pk, True)

@@ -10,7 +10,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from approvals import metrics
+from approvals import edits, metrics
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 from audit.services import record_change
 from config import live
@@ -45,8 +45,13 @@ def may_decide(actor: Actor, request: ApprovalRequest) -> bool:
     )
 
 
-def decide(*, actor: Actor, request_id: Any, approve: bool, note: str = "", via: str = "page") -> ApprovalRequest:
-    """Approve or reject. Refuses self-approval, foreign tenants (404), and requests no longer pending."""
+def decide(*, actor: Actor, request_id: Any, approve: bool, note: str = "", via: str = "page",
+           arguments: dict[str, Any] | None = None, seen_hash: str = "") -> ApprovalRequest:
+    """Approve or reject. Refuses self-approval, foreign tenants (404), and requests no longer pending.
+
+    ``arguments``: the fields an approver changes before approving (see ``approvals.edits``); the request then runs
+    with the edited arguments, bound by their hash. ``seen_hash``: the hash of the arguments the approver saw; a
+    decision on arguments that changed meanwhile (another approver edited them) is refused."""
     with transaction.atomic():
         # An overdue request expires now (and stays expired: this commits before the refusal below).
         overdue = ApprovalRequest.objects.for_actor(actor, "review").select_for_update(of=("self",)).filter(
@@ -74,10 +79,15 @@ def decide(*, actor: Actor, request_id: Any, approve: bool, note: str = "", via:
             raise ApprovalRefused("You started this run, so someone else must decide its calls.", 403)
         if request.decisions.filter(user=user).exists():
             raise ApprovalRefused("You already approved this request; it needs a different second approver.", 409)
+        if seen_hash and seen_hash != request.current_hash:
+            raise ApprovalRefused("The arguments were edited by another approver since you looked; review the current "
+                                  "version and decide again.", 409)
+        edit = _edit(request, arguments, approve)
         ApprovalDecision.objects.create(
-            tenant_id=request.tenant_id, request=request, user=user, approved=approve, note=note[:2000], via=via
+            tenant_id=request.tenant_id, request=request, user=user, approved=approve, note=note[:2000], via=via,
+            arguments_hash=request.current_hash, edited=edit,
         )
-        approvals = request.decisions.filter(approved=True).count()
+        approvals = request.decisions.filter(approved=True, arguments_hash=request.current_hash).count()
         if not approve:
             request.status = ApprovalStatus.REJECTED
         elif approvals >= request.required_approvals:
@@ -91,7 +101,8 @@ def decide(*, actor: Actor, request_id: Any, approve: bool, note: str = "", via:
                 actor=user,
                 action=f"approval.{request.status}",
                 target=request,
-                details={"tool": request.tool_name, "run": str(request.run_id), "note": note[:500], "via": via},
+                details={"tool": request.tool_name, "run": str(request.run_id), "note": note[:500], "via": via,
+                         **edits.audit_details(request)},
             )
             transaction.on_commit(lambda: resume_run(request.run_id))
         else:
@@ -100,10 +111,37 @@ def decide(*, actor: Actor, request_id: Any, approve: bool, note: str = "", via:
                 actor=user,
                 action="approval.first_approval",
                 target=request,
-                details={"tool": request.tool_name, "run": str(request.run_id), "via": via},
+                details={"tool": request.tool_name, "run": str(request.run_id), "via": via, **edits.audit_details(request)},
             )
         publish(request)
         return request
+
+
+def _edit(request: ApprovalRequest, arguments: dict[str, Any] | None, approve: bool) -> bool:
+    """Apply an approver's edit to the locked request (validated, allowed by policy); whether anything changed."""
+    if arguments is None:
+        return False
+    if not approve:
+        raise edits.EditInvalid(["arguments: only an approval can edit the arguments; leave them out to reject"])
+    if not edits.edits_allowed(request):
+        raise ApprovalRefused(f"The policy of {request.tool_name} does not allow approvers to edit its arguments; "
+                              "approve or reject the call as it stands.", 403)
+    edit = edits.prepare(request, arguments)
+    if edit is None:
+        return False
+    if request.decisions.filter(approved=True).exists() or request.edited_arguments is not None:
+        raise ApprovalRefused("A first approver already approved these arguments; a second approver cannot change them. "
+                              "Approve them as they stand, or reject with a note saying what is wrong.", 409)
+    request.edited_arguments = edit.arguments
+    request.edited_hash = edit.hash
+    request.preview = {**(request.preview or {}), "edited_arguments": edits.audit_details(request)["edited_arguments"],
+                       "changes": edit.changes}
+    fields = ["edited_arguments", "edited_hash", "preview"]
+    if edit.four_eyes and request.required_approvals < 2:
+        request.required_approvals = 2  # the edited call needs two people by the tool's rule
+        fields.append("required_approvals")
+    request.save(update_fields=fields)
+    return True
 
 
 def expire(request: ApprovalRequest) -> bool:
@@ -171,4 +209,5 @@ def summarize(request: ApprovalRequest) -> dict[str, Any]:
         "requested_at": request.requested_at.isoformat() if request.requested_at else None,
         "expires_at": request.expires_at.isoformat(),
         "required_approvals": request.required_approvals,
+        "edited": bool(request.edited_hash),
     }

@@ -16,12 +16,14 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.decisions import expire, publish
+from approvals.edits import change_list, model_note
 from approvals.models import ApprovalRequest, ApprovalStatus, NotifyEvent
 from approvals.policy import ApprovalRule, declared_policy, recorded_overrides, render_preview, rule_for
 from approvals.tasks import enqueue_notice
 from audit.masking import mask_text
 from runtime.approval_policy import flagged
 from runtime.types import ToolCall, ToolContext, ToolStatus
+from tools.arguments import arguments_hash
 from tools.models import Tool
 
 
@@ -31,6 +33,9 @@ class GateDecision:
     status: ToolStatus = ToolStatus.OK
     message: str = ""
     trace: dict[str, Any] = field(default_factory=dict)
+    #: An approver's edit: the call runs with exactly these arguments (bound by ``args_hash``); ``message`` is the model's note.
+    arguments: dict[str, Any] | None = None
+    args_hash: str = ""
 
 
 def decision_trace(request: ApprovalRequest) -> dict[str, Any]:
@@ -112,7 +117,7 @@ class ApprovalGate:
                 return GateDecision(
                     False, ToolStatus.DENIED, "The arguments differ from the ones that were approved; the call was not made.", trace
                 )
-            return GateDecision(True, trace=trace)
+            return self._approved(tool, existing, args_hash, trace)
         if existing.status == ApprovalStatus.REJECTED:
             note = next((d.note for d in existing.decisions.all() if not d.approved), "") or "no reason given"
             return GateDecision(
@@ -129,6 +134,24 @@ class ApprovalGate:
                 trace,
             )
         return GateDecision(False, ToolStatus.DENIED, "The approval request was cancelled; the call was not made.", trace)
+
+    def _approved(self, tool: Tool, request: ApprovalRequest, args_hash: str, trace: dict[str, Any]) -> GateDecision:
+        """Let an approved call through with exactly the arguments every approval was given for (edited or not)."""
+        bound = [d.arguments_hash for d in request.decisions.all() if d.approved]
+        if request.edited_arguments is None:
+            if any(h and h != args_hash for h in bound):
+                return GateDecision(False, ToolStatus.DENIED, "The arguments differ from the ones that were approved; "
+                                    "the call was not made.", trace)
+            return GateDecision(True, trace=trace)
+        edited_hash = arguments_hash(request.edited_arguments)
+        if edited_hash != request.edited_hash or not bound or any(h != edited_hash for h in bound):
+            trace["edited"] = True
+            return GateDecision(False, ToolStatus.DENIED, "The edited arguments do not match the ones that were approved; "
+                                "the call was not made. Tell the user an operator has to look at it.", trace)
+        changes = change_list(tool.sensitive_fields, request.arguments, request.edited_arguments)
+        trace.update(edited=True, changes=changes, edited_hash=edited_hash)
+        return GateDecision(True, message=model_note(tool.name, changes), trace=trace,
+                            arguments=dict(request.edited_arguments), args_hash=edited_hash)
 
     def _create(
         self, tool: Tool, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any], args_hash: str, rule: ApprovalRule

@@ -33,6 +33,9 @@ class ApprovalRequest(TenantOwned):
     tool_name = models.CharField(max_length=64)
     arguments = models.JSONField(help_text="Canonical arguments; they cannot change after the request is made.")
     arguments_hash = models.CharField(max_length=64)
+    edited_arguments = models.JSONField(null=True, blank=True, editable=False,
+                                        help_text="The arguments as an approver edited them (canonical); the call runs with these.")
+    edited_hash = models.CharField(max_length=64, blank=True, editable=False, help_text="The hash of the edited arguments.")
     preview = models.JSONField(default=dict, blank=True, help_text="What will happen, rendered for the approver (masked).")
     required_approvals = models.PositiveSmallIntegerField(default=1)
     approver_roles = models.JSONField(default=list, blank=True)
@@ -54,6 +57,15 @@ class ApprovalRequest(TenantOwned):
     def __str__(self) -> str:
         return f"{self.tool_name} for run {self.run_id} ({self.status})"
 
+    @property
+    def current_arguments(self) -> dict:
+        """What would run if approved now: the edited arguments, else the call's."""
+        return self.edited_arguments if self.edited_arguments is not None else self.arguments
+
+    @property
+    def current_hash(self) -> str:
+        return self.edited_hash or self.arguments_hash
+
 
 class ApprovalDecision(TenantOwned):
     request = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="decisions")
@@ -61,6 +73,8 @@ class ApprovalDecision(TenantOwned):
     approved = models.BooleanField()
     note = models.TextField(blank=True)
     via = models.CharField(max_length=16, default="page", help_text="page, api or admin")
+    arguments_hash = models.CharField(max_length=64, blank=True, help_text="The hash of the arguments this decision approved.")
+    edited = models.BooleanField(default=False, help_text="This approver edited the arguments.")
     at = models.DateTimeField(auto_now_add=True)
 
     objects = TenantScopedQuerySet.as_manager()

@@ -6,7 +6,8 @@ A policy says when a tool call needs a person and how that person decides::
      "conditions": [{"field": "amount", "op": ">", "value": 100}],   # or one "condition"; any met -> approval
      "expires_in_seconds": 3600,                                     # how long a request may wait for a decision
      "approver_roles": ["owner", "approver"],                        # who may decide
-     "four_eyes": false}                                             # two different approvers
+     "four_eyes": false,                                             # two different approvers
+     "allow_edits": true}                                            # an approver may edit the arguments
 
 A tool's own policy (what its plugin declares, or the tenant tool's row) is a floor: an agent
 version may only make it stricter. "Looser", field by field:
@@ -16,10 +17,12 @@ version may only make it stricter. "Looser", field by field:
   least as low for ``>``/``>=``, at least as high for ``<``/``<=``, a superset for ``in``...);
 - ``expires_in_seconds``: longer is looser (a stale request stays approvable longer);
 - ``approver_roles``: a role the floor does not list is looser (more people may approve);
-- ``four_eyes``: false when the floor says true is looser.
+- ``four_eyes``: false when the floor says true is looser;
+- ``allow_edits``: true when the floor says false is looser (an approver could change what runs).
 
-Approved arguments can never be edited (the call runs with exactly the approved arguments), so
-there is no argument-edit field to loosen. Pure Python (no Django), in the tools layer, so the tool
+An approver may edit a pending call's arguments before approving unless ``allow_edits`` is false
+(the default is true: the approver may already let the call run as it stands, and an edit is
+validated against the tool's schema and bound by a new hash). Pure Python (no Django), in the tools layer, so the tool
 gateway, the tool service and the runtime's version checks all import it downward.
 """
 
@@ -73,6 +76,7 @@ class ApprovalPolicy(Document):
     approver_roles: Annotated[list[str], Leaf(_roles, {"type": "array", "minItems": 1, "items": {"enum": list(APPROVER_ROLES)}})] = list(
         DEFAULT_APPROVER_ROLES)
     four_eyes: Flag = False
+    allow_edits: Flag = True
 
     @model_validator(mode="after")
     def _conditions_for_condition_mode(self) -> ApprovalPolicy:
@@ -120,15 +124,17 @@ def normalise(policy: Mapping[str, Any] | None, *, requires_approval: bool = Fal
         "expires_in_seconds": expires,
         "approver_roles": list(dict.fromkeys(roles)),
         "four_eyes": policy.get("four_eyes") is True,
+        "allow_edits": policy.get("allow_edits") is not False,
     }
 
 
 def stricter(floor: Mapping[str, Any], policy: Mapping[str, Any]) -> dict[str, Any]:
     """The policy that needs approval whenever either does, with the stricter of each field (both normalised)."""
+    edits = bool(floor.get("allow_edits", True) and policy.get("allow_edits", True))
     if floor["mode"] == "never":
-        return dict(policy)
+        return {**policy, "allow_edits": edits}
     if policy["mode"] == "never":
-        return dict(floor)
+        return {**floor, "allow_edits": edits}
     rank = max(MODES.index(floor["mode"]), MODES.index(policy["mode"]))
     conditions = [c for c in floor["conditions"]] + [c for c in policy["conditions"] if c not in floor["conditions"]]
     roles = [r for r in floor["approver_roles"] if r in policy["approver_roles"]] or list(floor["approver_roles"])
@@ -138,6 +144,7 @@ def stricter(floor: Mapping[str, Any], policy: Mapping[str, Any]) -> dict[str, A
         "expires_in_seconds": min(floor["expires_in_seconds"], policy["expires_in_seconds"]),
         "approver_roles": roles,
         "four_eyes": bool(floor["four_eyes"] or policy["four_eyes"]),
+        "allow_edits": edits,
     }
 
 
@@ -164,6 +171,8 @@ def looser_fields(floor: Mapping[str, Any], policy: Mapping[str, Any], *, path: 
                         f"floor {floor['approver_roles']!r} does not")
     if floor["four_eyes"] and not policy["four_eyes"]:
         problems.append(f"{path}.four_eyes: false is looser than the tool's floor true (two different approvers)")
+    if not floor.get("allow_edits", True) and policy.get("allow_edits", True):
+        problems.append(f"{path}.allow_edits: true is looser than the tool's floor false (approvers may not edit its arguments)")
     return problems
 
 

@@ -90,6 +90,7 @@ class _Call:
     args_hash: str = ""
     started_row: ToolCallAudit | None = None
     idempotency_key: str = ""
+    edit_note: str = ""  # an approver edited the arguments: told to the model with the result
 
     def stage(self, name: str, ok: bool, **details: Any) -> None:
         self.trace.append({"type": "tool.stage", "stage": name, "ok": ok, **details})
@@ -128,7 +129,10 @@ class ToolGateway:
             outcome = stage(s)
             if outcome is not None:
                 return self._audit(s, outcome)
-        return self._audit(s, self._execute(s))
+        outcome = self._execute(s)
+        if s.edit_note:
+            outcome.content = f"{s.edit_note}\n\n{outcome.content}"
+        return self._audit(s, outcome)
 
     def _resolve(self, s: _Call) -> ToolOutcome | None:
         tool = self.tools.get(s.call.name)
@@ -275,6 +279,8 @@ class ToolGateway:
             return None
         s.stage("approval", decision.proceed, **decision.trace)
         if decision.proceed:
+            if decision.arguments is not None:  # an approver's edit: run exactly the approved arguments
+                s.arguments, s.args_hash, s.edit_note = decision.arguments, decision.args_hash, decision.message
             return None
         return self._fail(s, decision.status, decision.message)
 

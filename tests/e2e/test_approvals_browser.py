@@ -119,3 +119,47 @@ def test_the_approver_reads_time_left_reveals_a_masked_field_and_the_trace_says_
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "approval-trace.png"), full_page=True)
     assert not page.js_errors
+
+
+def test_the_approver_edits_the_arguments_in_the_page_and_the_edited_call_runs(
+    live_stack: Any, desk: Desk, page: Any, unblocked_db: None,
+) -> None:
+    from agents.models import RunMessage
+
+    approver = f"{desk.world.tenant.slug}-approver0"
+    page.goto(f"{live_stack.base_url}/accounts/login/?next=/approvals/")
+    page.fill("#id_username", approver)
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/approvals/")
+    before = [r["path"] for r in RefundTarget.requests]
+    with live_stack.client(desk.world.raw_key) as http:
+        run_id = http.post("/api/v1/runs", json={"agent": "order-assistant", "input": "refund order O202411280001"}).json()["id"]
+    live_stack.wait_for_run(desk.world.raw_key, run_id, statuses=("waiting", "finished"))
+    approval = ApprovalRequest.objects.get(run_id=run_id)
+    page.goto(f"{live_stack.base_url}/approvals/{approval.pk}/")
+    assert page.input_value("form.edit input[name='arg:order_id']") == "O202411280001"
+
+    # a value the tool's schema refuses: the page comes back with the error, nothing decided
+    page.fill("form.edit input[name='arg:order_id']", "O123")
+    page.click("form.edit button.approve-edited")
+    page.wait_for_selector("ul.edit-errors")
+    assert "arguments.order_id: expected" in page.inner_text("ul.edit-errors")
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+
+    # the right order: approved with the edit, shown next to the original, and that call is the one made
+    page.fill("form.edit input[name='arg:order_id']", "O202411280002")
+    page.fill("form.edit input[name=note]", "the customer meant the other order")
+    page.click("form.edit button.approve-edited")
+    page.wait_for_selector("text=Approved with your edits.")
+    row = page.inner_text("tr[data-edited='order_id']")
+    assert "O202411280001" in row and "O202411280002" in row
+    assert page.query_selector("tr[data-edited='order_id'] del.old") and page.query_selector("tr[data-edited='order_id'] ins.new")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "approval-edited.png"), full_page=True)
+    assert live_stack.wait_for_run(desk.world.raw_key, run_id)["terminal_reason"] == "final_answer"
+    made = [r["path"] for r in RefundTarget.requests][len(before):]
+    assert made == ["/refunds/O202411280002"], made
+    tool_messages = [m.message["content"] for m in RunMessage.objects.filter(run_id=run_id) if m.message.get("role") == "tool"]
+    assert any('order_id: "O202411280001" → "O202411280002"' in c for c in tool_messages), tool_messages
+    assert not page.js_errors

@@ -69,7 +69,7 @@ def _every_call(client: Client) -> Iterator[str]:
     yield "list_approvals"
     client.get_approval(APPROVAL["id"])
     yield "get_approval"
-    client.approve(APPROVAL["id"], note="ok")
+    client.approve(APPROVAL["id"], note="ok", arguments={"amount": "30.00"}, arguments_hash="0" * 64)
     yield "approve"
     client.reject(APPROVAL["id"], note="no")
     yield "reject"

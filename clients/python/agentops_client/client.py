@@ -116,15 +116,23 @@ class Client:
     def get_approval(self, approval_id: str) -> Approval:
         return Approval.from_json(self._send("GET", f"{API}/approvals/{approval_id}", safe=True).json())
 
-    def approve(self, approval_id: str, *, note: str = "") -> Approval:
-        return self._decide(approval_id, "approve", note)
+    def approve(self, approval_id: str, *, note: str = "", arguments: dict[str, Any] | None = None,
+                arguments_hash: str = "") -> Approval:
+        """Approve; ``arguments``: the fields to change first (approve with edits), ``arguments_hash``: the hash of
+        the arguments you reviewed (the API answers 409 if they changed meanwhile)."""
+        body: dict[str, Any] = {"note": note}
+        if arguments is not None:
+            body["arguments"] = arguments
+        if arguments_hash:
+            body["arguments_hash"] = arguments_hash
+        return self._decide(approval_id, "approve", body)
 
     def reject(self, approval_id: str, *, note: str = "") -> Approval:
-        return self._decide(approval_id, "reject", note)
+        return self._decide(approval_id, "reject", {"note": note})
 
-    def _decide(self, approval_id: str, verb: str, note: str) -> Approval:
+    def _decide(self, approval_id: str, verb: str, body: dict[str, Any]) -> Approval:
         # Not retried on a connection error: the decision may have been taken (a repeat is a 409 Conflict).
-        response = self._send("POST", f"{API}/approvals/{approval_id}/{verb}", json={"note": note}, safe=False)
+        response = self._send("POST", f"{API}/approvals/{approval_id}/{verb}", json=body, safe=False)
         return Approval.from_json(response.json())
 
     # transport

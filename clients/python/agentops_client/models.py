@@ -89,6 +89,8 @@ class Approval:
     decided_at: str | None
     decisions: list[Decision]
     raw: dict[str, Any] = field(repr=False, compare=False)
+    #: The hash of the arguments an approver edited (empty when nobody did); what runs if approved.
+    edited_hash: str = ""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Approval:
@@ -100,7 +102,7 @@ class Approval:
             expires_at=data.get("expires_at"), decided_at=data.get("decided_at"),
             decisions=[Decision(d.get("user"), bool(d.get("approved")), str(d.get("note", "")), str(d.get("at", "")))
                        for d in data.get("decisions") or []],
-            raw=data,
+            raw=data, edited_hash=str(data.get("edited_hash") or ""),
         )
 
 

@@ -84,8 +84,8 @@ def test_an_unreadable_policy_is_read_strictly() -> None:
 
 def test_version_entries_are_checked_and_only_they_take_the_override_flag() -> None:
     assert policy_errors({"mode": "never", "override_floor": True}) == [
-        "approval_policy.override_floor: unknown field; expected one of ['approver_roles', 'condition', 'conditions', "
-        "'expires_in_seconds', 'four_eyes', 'mode']"]
+        "approval_policy.override_floor: unknown field; expected one of ['allow_edits', 'approver_roles', 'condition', "
+        "'conditions', 'expires_in_seconds', 'four_eyes', 'mode']"]
     assert policy_errors({"mode": "never", "override_floor": True}, allow_override=True) == []
     errors = check_policy({"approvals": {"tools": {"refund_order": {"mode": "sometimes", "override_floor": "yes"}}}})
     assert any(e.startswith("approvals.tools.refund_order.mode: must be always, never or condition") for e in errors)
@@ -106,3 +106,13 @@ def test_every_problem_of_a_policy_is_named_by_its_path() -> None:
     assert policy_errors({"mode": "condition"}) == [
         'approval_policy.condition: required when mode is condition, e.g. {"field": "amount", "op": ">", "value": 100}']
     assert policy_errors(["always"]) == ['approval_policy: must be an object, e.g. {"mode": "always"}']
+
+
+def test_allow_edits_defaults_to_true_and_only_the_floor_can_forbid_what_a_version_cannot_allow_again() -> None:
+    assert normalise({})["allow_edits"] is True and normalise({"allow_edits": False})["allow_edits"] is False
+    assert policy_errors({"mode": "always", "allow_edits": "no"}) == ["approval_policy.allow_edits: must be true or false, got 'no'"]
+    floor = normalise({"mode": "always", "allow_edits": False})
+    assert _loose(floor, normalise({"mode": "always"})) == ["p.allow_edits"]
+    assert _loose(normalise({"mode": "always"}), normalise({"mode": "always", "allow_edits": False})) == []
+    assert stricter(floor, normalise({"mode": "always"}))["allow_edits"] is False
+    assert stricter(normalise({}), normalise({"mode": "always", "allow_edits": False}))["allow_edits"] is False
