@@ -150,7 +150,7 @@ def test_every_request_the_client_sends_is_an_operation_of_the_schema_with_its_d
     assert violations(schema, sent) == []
     # (the calls above cover every field and parameter the client can send)
     bodies = {key for r in sent if r.content for key in json.loads(r.content)}
-    assert bodies == {"agent", "flow", "input", "session", "facts", "stream", "note"}
+    assert bodies == {"agent", "flow", "input", "session", "facts", "stream", "note", "arguments", "arguments_hash"}
     assert {"idempotency-key", "last-event-id"} <= {name.lower() for r in sent for name in r.headers}
 
 
