@@ -96,7 +96,9 @@
         setStatus("waiting", "waiting for an approval");
       }
     } else if (type === "tool.stage" && p.stage === "approval") {
-      var stage = step("approval", "approval " + (p.approval_status || ""), p.decided_by ? "by " + p.decided_by : "");
+      var waiting = p.ok === false && (!p.approval_status || p.approval_status === "pending");
+      var stage = step("approval", waiting ? "approval waiting" : "approval " + (p.approval_status || ""),
+                       waiting ? (p.reason || "") : (p.decided_by ? "by " + p.decided_by : ""));
       approvalLink(stage, p);
     } else if (type === "run.finished") {
       step("run", "run finished: " + (p.terminal_reason || "?"), p.reason || "");

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from agents.models import AgentVersion, Run, RunEvent
+from approvals.models import ApprovalRequest
 from tests.e2e.conftest import SCREENSHOTS
 from tests.factories import World, make_world
+from tests.integration.test_approvals import Desk, target  # noqa: F401 - the refund target fixture
 from tests.support.fake_openai import FakeOpenAI, text
 from tests.support.live_stack import LiveStack, make_live_stack
 
@@ -131,3 +133,25 @@ def test_a_viewer_has_no_playground(page: Any, live_stack: LiveStack, world: tup
     page.wait_for_url(f"{live_stack.base_url}/console/runs/")
     assert page.locator("nav.nav >> text=Playground").count() == 0
     assert page.goto(f"{live_stack.base_url}/console/playground/").status == 403
+
+
+def test_an_approval_waiting_shows_with_a_link_to_its_approval_page(
+    page: Any, live_stack: LiveStack, django_db_blocker: Any, target: str, unblocked_db: None  # noqa: F811
+) -> None:
+    # given an agent whose refund tool needs a person's approval
+    desk = Desk(make_world(), target)
+    w = desk.world
+    open_playground(page, live_stack, w.operator.username)
+    page.select_option("#pg-agent", str(w.agent.pk))
+    page.fill("#pg-input", "please refund order O202411280001")
+    page.click("#pg-send")
+    # then the step waiting for approval appears, linking to the request's approval page
+    link = page.wait_for_selector("#pg-steps li[data-kind='approval'] a.approval-link", timeout=30_000)
+    run = Run.objects.get(pk=page.get_attribute("#pg-run", "data-run"))
+    approval = ApprovalRequest.objects.get(run_id=run.pk)
+    assert link.get_attribute("href") == f"/approvals/{approval.pk}/"
+    page.wait_for_selector("#pg-status[data-state='waiting']")
+    assert run.playground
+    link.click()
+    page.wait_for_url(f"{live_stack.base_url}/approvals/{approval.pk}/")
+    assert not page.js_errors, page.js_errors
