@@ -471,7 +471,26 @@
         : FLOW_STATES[p.status] || p.status || "succeeded";
       node.state = state;
       if (type === "flow.node.finished") node.end = at;
-      if (type === "flow.node.waiting" && node.start === null) { node.start = at; node.span = frame.parent_span_id || node.span; }
+      if (type === "flow.node.waiting" && node.start === null) {
+        node.start = at;
+        node.span = frame.span_id || frame.parent_span_id || node.span;
+      }
+      if (type === "flow.node.waiting" && frame.span_id && !frame.parent_span_id) {
+        // An approval node: its wait opens the node's span (its finish comes under it once decided).
+        var opened = fillSpan(frame, "approval", "node " + nodeId);
+        opened.start = at;
+        opened.end = null;
+        track(at);
+        opened.meta.textContent = "";
+        kv(opened.meta, "kind", p.kind);
+        kv(opened.meta, "status", "waiting");
+        approvalLink(opened.meta, p);
+        if (p.preview) textBlock(opened.details, "preview", p.preview);
+        flowNodes.set(nodeId, node);
+        setNodeState(nodeId, node.state);
+        drawLanes();
+        return;
+      }
       var owner = frame.parent_span_id && spans.get(frame.parent_span_id);
       if (owner && type === "flow.node.finished") { owner.end = at; track(at); }
       row = markRow(frame, state === "failed" ? "approval" : "state", type.slice("flow.node.".length) + " " + nodeId, frame.parent_span_id);

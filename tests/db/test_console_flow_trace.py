@@ -106,3 +106,16 @@ def test_node_ids_kinds_and_outputs_are_escaped(client: Any) -> None:
     assert "<script>alert" not in page and "<img src=x" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # the lanes show it, as text
     assert "\\u003Cscript\\u003Ealert(1)" in page  # the backlog and the lanes' data, as JSON that is no markup
+
+
+def test_waiting_failed_and_skipped_rows_colour_their_nodes(client: Any) -> None:
+    world = make_world()
+    run = _diamond_run(world)
+    FlowNodeRun.objects.filter(run=run, node_id="right").update(status="waiting")
+    FlowNodeRun.objects.filter(run=run, node_id="left").update(status="failed")
+    FlowNodeRun.objects.create(tenant_id=run.tenant_id, run=run, node_id="bottom", kind="tool", status="skipped")
+    _login(client, world)
+    page = client.get(f"/console/runs/{run.pk}/").content.decode()
+    graph = dict(re.findall(r'<g class="flow-node" data-node="(\w+)" data-state="(\w+)"', page))
+    assert graph == {"top": "succeeded", "left": "failed", "right": "waiting", "bottom": "skipped"}
+    assert set(_spans(page)) == {"top", "left", "right"}, "a skipped node never started: no span"

@@ -76,3 +76,47 @@ def test_a_running_nodes_colour_turns_to_succeeded_live(page: Any, live_stack: A
     href = page.locator("#flow-lanes .flow-span", has_text="confirm · tool").get_attribute("href")
     assert page.locator(href).count() == 1, "a span links to the node's events in the trace"
     assert page.js_errors == []
+
+
+def test_an_approval_node_waits_then_succeeds_live_and_a_hostile_note_stays_text(
+    page: Any, live_stack: Any, world: World, django_db_blocker: Any
+) -> None:
+    from accounts import services as tenant_services
+    from approvals.models import ApprovalRequest
+    from tenants.models import Role
+    from tests.factories import make_user
+
+    gated = {"nodes": [
+        {"id": "check", "kind": "approval", "preview": "Go on with {input.order_id}?"},
+        {"id": "order", "kind": "tool", "tool": "query_order", "after": ["check"], "inputs": {"order_id": "input.order_id"}},
+    ]}
+    with live_stack.client(world.raw_key) as http:
+        assert http.post("/api/v1/flows", json={"slug": "gated", "name": "Gated"}).status_code == 201
+        assert http.post("/api/v1/flows/gated/versions", json={"model": "demo/planner", "definition": gated,
+                                                                "make_current": True}).status_code == 201
+        run_id = http.post("/api/v1/runs", json={"flow": "gated", "input": {"order_id": ORDER}}).json()["id"]
+    live_stack.wait_for_run(world.raw_key, run_id, timeout=30, statuses=("waiting", "finished"))
+    log_in(page, live_stack, world.operator.username)
+    page.goto(f"{live_stack.base_url}/console/runs/{run_id}/")
+    page.wait_for_selector("#flow-graph .flow-node[data-node='check'][data-state='waiting']", state="attached")
+    assert page.locator("#flow-graph .flow-node[data-node='order']").get_attribute("data-state") == "pending"
+    page.evaluate("window.__samePage = true")
+    with django_db_blocker.unblock():
+        request = ApprovalRequest.objects.get(run_id=run_id)
+        approver = make_user()
+        tenant_services.set_membership(tenant=world.tenant, user=approver, role=Role.APPROVER, actor=None)
+        _key, raw = tenant_services.create_api_key(tenant=world.tenant, name="approver", owner=approver,
+                                                   role=Role.APPROVER, actor=None)
+    with live_stack.client(raw) as http:
+        decided = http.post(f"/api/v1/approvals/{request.pk}/approve", json={"note": "<script>window.__xss=1</script>"})
+    assert decided.status_code == 200, decided.text
+    page.wait_for_selector("#flow-graph .flow-node[data-node='check'][data-state='succeeded']", state="attached",
+                           timeout=20_000)
+    page.wait_for_selector("#flow-graph .flow-node[data-node='order'][data-state='succeeded']", state="attached",
+                           timeout=20_000)
+    wait_finished(page)
+    assert page.evaluate("window.__samePage") is True, "no reload"
+    assert page.evaluate("window.__xss === undefined"), "the approver's note never ran as script"
+    assert page.locator("#flow script, #trace script").count() == 0
+    assert "<script>window.__xss=1</script>" in (page.locator("#spans").text_content() or ""), "shown as text"
+    assert page.js_errors == []
