@@ -78,29 +78,27 @@ def test_a_running_nodes_colour_turns_to_succeeded_live(page: Any, live_stack: A
     assert page.js_errors == []
 
 
-def test_an_approval_node_waits_then_succeeds_live_and_a_hostile_note_stays_text(
-    page: Any, live_stack: Any, world: World, django_db_blocker: Any
-) -> None:
-    from accounts import services as tenant_services
-    from approvals.models import ApprovalRequest
-    from tenants.models import Role
-    from tests.factories import make_user
-
+def _waiting_run(live_stack: Any, world: World, slug: str) -> str:
+    """A run of a flow whose first node is an approval, waiting for it."""
     gated = {"nodes": [
         {"id": "check", "kind": "approval", "preview": "Go on with {input.order_id}?"},
         {"id": "order", "kind": "tool", "tool": "query_order", "after": ["check"], "inputs": {"order_id": "input.order_id"}},
     ]}
     with live_stack.client(world.raw_key) as http:
-        assert http.post("/api/v1/flows", json={"slug": "gated", "name": "Gated"}).status_code == 201
-        assert http.post("/api/v1/flows/gated/versions", json={"model": "demo/planner", "definition": gated,
-                                                                "make_current": True}).status_code == 201
-        run_id = http.post("/api/v1/runs", json={"flow": "gated", "input": {"order_id": ORDER}}).json()["id"]
-    live_stack.wait_for_run(world.raw_key, run_id, timeout=30, statuses=("waiting", "finished"))
-    log_in(page, live_stack, world.operator.username)
-    page.goto(f"{live_stack.base_url}/console/runs/{run_id}/")
-    page.wait_for_selector("#flow-graph .flow-node[data-node='check'][data-state='waiting']", state="attached")
-    assert page.locator("#flow-graph .flow-node[data-node='order']").get_attribute("data-state") == "pending"
-    page.evaluate("window.__samePage = true")
+        assert http.post("/api/v1/flows", json={"slug": slug, "name": slug}).status_code == 201
+        assert http.post(f"/api/v1/flows/{slug}/versions", json={"model": "demo/planner", "definition": gated,
+                                                                  "make_current": True}).status_code == 201
+        run_id = str(http.post("/api/v1/runs", json={"flow": slug, "input": {"order_id": ORDER}}).json()["id"])
+    assert live_stack.wait_for_run(world.raw_key, run_id, timeout=30, statuses=("waiting", "finished"))["status"] == "waiting"
+    return run_id
+
+
+def _approve(live_stack: Any, world: World, run_id: str, django_db_blocker: Any, note: str) -> None:
+    from accounts import services as tenant_services
+    from approvals.models import ApprovalRequest
+    from tenants.models import Role
+    from tests.factories import make_user
+
     with django_db_blocker.unblock():
         request = ApprovalRequest.objects.get(run_id=run_id)
         approver = make_user()
@@ -108,8 +106,20 @@ def test_an_approval_node_waits_then_succeeds_live_and_a_hostile_note_stays_text
         _key, raw = tenant_services.create_api_key(tenant=world.tenant, name="approver", owner=approver,
                                                    role=Role.APPROVER, actor=None)
     with live_stack.client(raw) as http:
-        decided = http.post(f"/api/v1/approvals/{request.pk}/approve", json={"note": "<script>window.__xss=1</script>"})
+        decided = http.post(f"/api/v1/approvals/{request.pk}/approve", json={"note": note})
     assert decided.status_code == 200, decided.text
+
+
+def test_an_approval_node_waits_then_succeeds_live_and_a_hostile_note_stays_text(
+    page: Any, live_stack: Any, world: World, django_db_blocker: Any
+) -> None:
+    run_id = _waiting_run(live_stack, world, "gated")
+    log_in(page, live_stack, world.operator.username)
+    page.goto(f"{live_stack.base_url}/console/runs/{run_id}/")
+    page.wait_for_selector("#flow-graph .flow-node[data-node='check'][data-state='waiting']", state="attached")
+    assert page.locator("#flow-graph .flow-node[data-node='order']").get_attribute("data-state") == "pending"
+    page.evaluate("window.__samePage = true")
+    _approve(live_stack, world, run_id, django_db_blocker, note="<script>window.__xss=1</script>")
     page.wait_for_selector("#flow-graph .flow-node[data-node='check'][data-state='succeeded']", state="attached",
                            timeout=20_000)
     page.wait_for_selector("#flow-graph .flow-node[data-node='order'][data-state='succeeded']", state="attached",
@@ -119,4 +129,29 @@ def test_an_approval_node_waits_then_succeeds_live_and_a_hostile_note_stays_text
     assert page.evaluate("window.__xss === undefined"), "the approver's note never ran as script"
     assert page.locator("#flow script, #trace script").count() == 0
     assert "<script>window.__xss=1</script>" in (page.locator("#spans").text_content() or ""), "shown as text"
+    assert page.js_errors == []
+
+
+def test_after_a_dropped_socket_the_graph_catches_up_from_after(
+    page: Any, live_stack: Any, world: World, django_db_blocker: Any
+) -> None:
+    from tests.e2e.test_runs_resync import CUTTABLE_SOCKETS, _closed_port
+
+    run_id = _waiting_run(live_stack, world, "gated-resync")
+    page.add_init_script(CUTTABLE_SOCKETS.replace("CLOSED_PORT", str(_closed_port())))
+    log_in(page, live_stack, world.operator.username)
+    page.goto(f"{live_stack.base_url}/console/runs/{run_id}/")
+    page.wait_for_selector("#live-status[data-state=live]")
+    page.evaluate("window.__samePage = true; window.__blockSockets = true; window.__sockets.forEach(s => s.close())")
+    page.wait_for_selector("#live-status[data-state=reconnecting]", timeout=15_000)
+    # the flow goes on and ends while the page is cut off: it still shows the wait
+    _approve(live_stack, world, run_id, django_db_blocker, note="fine")
+    live_stack.wait_for_run(world.raw_key, run_id, timeout=30)
+    assert page.locator("#flow-graph .flow-node[data-node='check']").get_attribute("data-state") == "waiting"
+    page.evaluate("window.__blockSockets = false")
+    page.wait_for_selector("#flow-graph .flow-node[data-node='order'][data-state='succeeded']", state="attached",
+                           timeout=20_000)
+    assert page.locator("#flow-graph .flow-node[data-node='check']").get_attribute("data-state") == "succeeded"
+    assert page.locator("#flow-lanes .flow-span[data-state='succeeded']").count() == 2
+    assert page.evaluate("window.__samePage") is True, "caught up without a reload"
     assert page.js_errors == []
