@@ -125,9 +125,11 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
             return []
         flow = FlowDefinition.model_validate(run.version.definition)
         now = timezone.now()
-        redo = _decided(run, flow, _rows(run.pk), now)  # waiting nodes whose approval was decided meanwhile
+        rows = _rows(run.pk)
+        redo = _decided(run, flow, rows, now)  # waiting nodes whose approval was decided meanwhile
+        if redo or any(r.status == NodeStatus.WAITING for r in rows.values()):
+            rows = _rows(run.pk)  # _decided may have finished some: read them again
         while True:
-            rows = _rows(run.pk)
             states = {nid: r.status for nid, r in rows.items()}
             for nid in redo:
                 if states.get(nid) == NodeStatus.WAITING:
@@ -143,6 +145,7 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
             if not step.skip:
                 break
             _skip(run, step.skip, now)
+            rows = _rows(run.pk)
         if step.outcome is not None:
             _finish(run, flow, step.outcome, step.failed_node, rows)
             return []
@@ -158,6 +161,7 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
             ready.remove(nid)
             events.append(_ask(run, flow.node(nid), rows.get(nid), scope, now))
             states[nid] = NodeStatus.WAITING
+        fresh: list[FlowNodeRun] = []  # first starts: one INSERT for all of them (a fan-out starts ten at once)
         for nid in ready:
             node, row = flow.node(nid), rows.get(nid)
             token = uuid.uuid4().hex
@@ -167,13 +171,18 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
                 inputs = node_arguments(node, scope)
             except Exception as exc:  # a mapping that cannot be evaluated (a JMESPath type error): the node fails
                 inputs = {"_mapping_error": str(exc)}
-            FlowNodeRun.objects.update_or_create(run=run, node_id=nid, defaults={
-                "tenant_id": run.tenant_id, "kind": node.kind, "status": NodeStatus.RUNNING, "attempt": attempt,
-                "inputs": inputs, "span_id": span, "started_at": now, "lease_token": token,
-                "lease_expires_at": now + dt.timedelta(seconds=node.timeout_seconds + _grace())})
+            fields = {"tenant_id": run.tenant_id, "kind": node.kind, "status": NodeStatus.RUNNING, "attempt": attempt,
+                      "inputs": inputs, "span_id": span, "started_at": now, "lease_token": token,
+                      "lease_expires_at": now + dt.timedelta(seconds=node.timeout_seconds + _grace())}
+            if row is None:
+                fresh.append(FlowNodeRun(run=run, node_id=nid, **fields))
+            else:  # a restart (its worker died) or a waiting tool node run again with its approval's decision
+                FlowNodeRun.objects.filter(pk=row.pk).update(**fields)
             payload = {"node": nid, "kind": node.kind, "attempt": attempt, "inputs": _summary(inputs)}
             events.append(Event("flow.node.started", payload, span_id=span))
             started.append((nid, token))
+        if fresh:
+            FlowNodeRun.objects.bulk_create(fresh)  # the run's row lock orders this against any other advance()
         if held and not started and not any(s == NodeStatus.RUNNING for s in states.values()):
             events.append(Event("flow.throttled", {"waiting": held, "tenant_running_nodes": busy,
                                                    "limit": _tenant_bound()}))
@@ -288,14 +297,15 @@ def _renew(run_id: Any, node_id: str, token: str, seconds: float) -> bool:
 
 def execute_node(run_id: Any, node_id: str, token: str) -> None:
     """Run one started node and commit its completion; a duplicate or stale task (its token gone) does nothing."""
-    row = FlowNodeRun.objects.filter(run_id=run_id, node_id=node_id, lease_token=token, status=NodeStatus.RUNNING).first()
-    if row is None:
+    rows = _rows(run_id)  # one read: this node's row and the outputs its inputs and conditions see
+    row = rows.get(node_id)
+    if row is None or row.lease_token != token or row.status != NodeStatus.RUNNING:
         log.info("flow run %s: node %s is not this task's to run (finished, or restarted by another)", run_id, node_id)
         return
     run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
     flow = FlowDefinition.model_validate(run.version.definition)
     node = flow.node(node_id)
-    scope = _scope(run, _rows(run.pk))
+    scope = _scope(run, rows)
     audit = StepAudit()
     trace: list[Event] = []  # the node's model and tool call events, committed with its completion
     status, output, error = NodeStatus.DONE, None, ""
