@@ -172,3 +172,95 @@ def preview_tool_change(*, tool: Tool, actor: Actor | None, fields: dict[str, An
         "note": f"truncated at {cap} calls: later calls were not replayed" if truncated else "",
         **impact,
     }
+
+
+#: The fields of an agent version a preview may propose: its tool list (the allow-list) and its policy document.
+VERSION_FIELDS = ("tools", "policy")
+
+
+def preview_version_change(*, version: Any, actor: Actor, fields: dict[str, Any], days: Any = None,
+                           cap: int = DEFAULT_CAP, examples: int = EXAMPLES) -> dict[str, Any]:
+    """The impact of changing ``version``'s tool list or policy (approval overrides...) on the calls its runs made.
+
+    Validated like saving (the model's checks, the approval floors). The rate limit is per tenant and tool, not per
+    version, and is left out of this replay (a version change does not move it)."""
+    from django.core.exceptions import ValidationError
+
+    from agents.services import approval_floor_errors
+    from runtime.config import PolicyError
+
+    actor.require("operate", version.tenant_id)
+    span = _days(days)
+    unknown = sorted(set(fields) - set(VERSION_FIELDS))
+    if unknown:
+        raise ToolRefused(f"{unknown[0]} is not a field a preview takes; it takes {', '.join(VERSION_FIELDS)}.", field=unknown[0])
+    candidate = copy.copy(version)
+    changed = sorted(k for k, v in fields.items() if getattr(version, k) != v)
+    for name in changed:
+        setattr(candidate, name, fields[name])
+    candidate.full_clean()
+    floor = approval_floor_errors(actor=actor, version=candidate, before=version.policy)
+    if floor:
+        raise ValidationError({"policy": floor})
+    since = timezone.now() - timedelta(days=span)
+    impact = {kind: _empty() for kind in KINDS.values()}
+    plugin_scopes = set(hooks.granted_scopes(version.tenant_id))
+    clock = [0.0]
+    gates: dict[str, ApprovalGate] = {}
+    evaluated = not_evaluated = 0
+    truncated = False
+    rows = (ToolCallAudit.objects.filter(tenant_id=version.tenant_id, version_id=version.pk, created_at__gte=since)
+            .exclude(status__in=_SKIPPED).order_by("created_at", "id")
+            .values("id", "created_at", "run_id", "tool_name", "agent__slug", "step", "status", "arguments_summary"))
+    tools = {t.name: t for t in Tool.objects.filter(tenant_id=version.tenant_id).select_related("plugin_install__plugin")}
+    sides: dict[str, tuple[_Side, _Side]] = {}
+    last: tuple[Any, Any] | None = None
+    while not truncated:
+        page = rows if last is None else rows.filter(Q(created_at__gt=last[0]) | Q(created_at=last[0], id__gt=last[1]))
+        chunk = list(page[:CHUNK])
+        if not chunk:
+            break
+        last = (chunk[-1]["created_at"], chunk[-1]["id"])
+        runs = Run.objects.select_related("tenant", "session", "version").in_bulk({r["run_id"] for r in chunk if r["run_id"]})
+        for row in chunk:
+            if evaluated + not_evaluated >= cap:
+                truncated = True
+                break
+            run, tool = runs.get(row["run_id"]), tools.get(row["tool_name"])
+            if run is None or tool is None:
+                not_evaluated += 1  # the run or the tool is gone
+                continue
+            evaluated += 1
+            if not gates:
+                shadow_run = copy.copy(run)
+                shadow_run.version, shadow_run._runtime_policy = candidate, None
+                try:
+                    proposed_overrides = approval_overrides(shadow_run)
+                except PolicyError as exc:
+                    raise ValidationError({"policy": [str(exc)]}) from None
+                gates = {"before": ApprovalGate(run, overrides=approval_overrides(run)),
+                         "after": ApprovalGate(shadow_run, overrides=proposed_overrides)}
+            before, after = sides.setdefault(tool.name, (_Side(tool, clock), _Side(tool, clock)))
+            common = dict(grants=session_grants(run, plugin_scopes), arguments=_arguments(row["arguments_summary"]),
+                          counted=True)
+            was, _ = before.verdict(whitelist=[n for n in version.tools if isinstance(n, str)], gate=gates["before"], **common)
+            now, why = after.verdict(whitelist=[n for n in candidate.tools if isinstance(n, str)], gate=gates["after"], **common)
+            if was == now:
+                continue
+            bucket = impact[KINDS[now]]
+            bucket["count"] += 1
+            for group, name in (("by_tenant", version.agent.tenant.slug), ("by_agent", row["agent__slug"] or "(deleted agent)"),
+                                ("by_tool", tool.name)):
+                bucket[group][name] = bucket[group].get(name, 0) + 1
+            if len(bucket["examples"]) < examples:
+                bucket["examples"].append({
+                    "at": row["created_at"].isoformat(), "run": str(row["run_id"]), "agent": row["agent__slug"],
+                    "step": row["step"], "recorded_status": row["status"], "before": was, "after": now,
+                    "reason": why, "arguments": mask_text(row["arguments_summary"]),
+                })
+    return {
+        "tool": "", "tenant": version.agent.tenant.slug, "days": span, "since": since.isoformat(), "changed": changed,
+        "calls_evaluated": evaluated, "calls_not_evaluated": not_evaluated, "truncated": truncated,
+        "truncated_at": cap if truncated else None,
+        "note": f"truncated at {cap} calls: later calls were not replayed" if truncated else "", **impact,
+    }

@@ -269,3 +269,45 @@ def test_the_admin_form_previews_its_unsaved_values_with_csrf(world: World) -> N
     refused = client.post(url, data)
     assert refused.status_code == 400 and b"rate_limit_per_minute" in refused.content
     assert actor_for_user(world.operator) is not None
+
+
+# -- an agent version's proposed tool list and approval overrides ------------------------------------------------
+
+
+def _version_url(world: World) -> str:
+    return f"/api/v1/agents/{world.agent.slug}/versions/{world.version.number}/preview-impact"
+
+
+def test_a_version_preview_counts_the_allow_list_and_new_approval_overrides(world: World) -> None:
+    run = _run(world)
+    for i in range(3):
+        _seed(world, run, at=_ago(10 - i))
+    _seed(world, run, at=_ago(5), tool="query_logistics")
+    tools = [t for t in world.version.tools if t != TOOL]
+    response = _api(world).post(_version_url(world), {"tools": tools}, format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["changed"] == ["tools"] and body["calls_evaluated"] == 4
+    assert body["newly_denied"]["count"] == 3 and body["newly_denied"]["by_tool"] == {TOOL: 3}
+    policy = {**world.version.policy, "approvals": {"tools": {"query_logistics": {"mode": "always"}}}}
+    response = _api(world).post(_version_url(world), {"policy": policy}, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["newly_needs_approval"]["by_tool"] == {"query_logistics": 1}
+    world.version.refresh_from_db()
+    assert TOOL in world.version.tools and "approvals" not in world.version.policy  # nothing saved
+
+
+def test_a_version_preview_is_tenant_scoped_and_refuses_bad_input(world: World) -> None:
+    other = make_world()
+    _seed(world, _run(world), at=_ago(3))
+    # the same slug and number in B: B previews its own version, and A's rows are never counted
+    same = _api(other).post(_version_url(world), {"tools": []}, format="json")
+    assert same.status_code == 200 and same.json()["calls_evaluated"] == 0 and same.json()["tenant"] == other.tenant.slug
+    assert _api(world).post(_version_url(world), {"tools": []}, format="json").json()["newly_denied"]["count"] == 1
+    world.agent.slug = "only-in-a"
+    world.agent.save(update_fields=["slug"])
+    assert _api(other).post(_version_url(world), {"tools": []}, format="json").status_code == 404
+    bad = _api(world).post(_version_url(world), {"days": 0}, format="json")
+    assert bad.status_code == 400 and "days" in bad.content.decode()
+    bad = _api(world).post(_version_url(world), {"policy": {"limits": {"max_recursion": "lots"}}}, format="json")
+    assert bad.status_code == 400 and "max_recursion" in bad.content.decode()
