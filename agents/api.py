@@ -20,7 +20,7 @@ from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from agents import acceptance, attention, services, sse
+from agents import acceptance, attention, services, shadow, sse
 from agents.filters import RunFilter
 from agents.models import Agent, AgentKind, AgentVersion, Run, RunEvent, Session
 from agents.serializers import (
@@ -34,10 +34,12 @@ from agents.serializers import (
     RunCreateSerializer,
     RunEventSerializer,
     RunSerializer,
+    VersionPreviewSerializer,
 )
 from config.api import CursorPages
 from config.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
+from tools.serializers import PreviewImpactResultSerializer
 
 EVENTS_PAGE_MAX = 500
 
@@ -301,6 +303,7 @@ class AgentVersionViewSet(TenantScopedViewSet):
     """``/agents/<slug>/versions[/<number>]`` (and ``/flows/...``). A version a run used is read-only (409 on change)."""
 
     kind = AgentKind.AGENT
+    scope_actions = {**TenantScopedViewSet.scope_actions, "preview_impact": "operate"}
 
     queryset = AgentVersion.objects.select_related("agent", "created_by")
     serializer_class = AgentVersionSerializer
@@ -347,6 +350,20 @@ class AgentVersionViewSet(TenantScopedViewSet):
     @extend_schema(request=AgentVersionWriteSerializer, responses={200: AgentVersionSerializer, 409: None})
     def partial_update(self, request: Request, slug: str, number: int) -> Response:
         return self.update(request, slug, number, partial=True)
+
+    @extend_schema(request=VersionPreviewSerializer, responses={200: PreviewImpactResultSerializer})
+    def preview_impact(self, request: Request, slug: str, number: int) -> Response:
+        """What a proposed, unsaved tool list or policy for this version would have done to the tool calls its runs
+        made in the last ``days`` (1 to 30). Validated like saving; saves nothing."""
+        version = self.get_object()
+        body = VersionPreviewSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = dict(body.validated_data)
+        days = data.pop("days", None)
+        checked = AgentVersionWriteSerializer(data=data, partial=True)  # the same checks as saving the version
+        checked.is_valid(raise_exception=True)
+        data = {k: v for k, v in checked.validated_data.items() if k in data}
+        return Response(shadow.preview_version_change(version=version, actor=self.actor, fields=data, days=days))
 
     @extend_schema(responses={204: None, 409: None})
     def destroy(self, request: Request, slug: str, number: int) -> Response:

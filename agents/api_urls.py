@@ -25,5 +25,7 @@ urlpatterns = [
     path("flows/<slug:slug>/versions/<int:number>", flow_version, name="flow-version-detail"),
     path("agents/<slug:slug>/versions", versions, name="agent-version-list"),
     path("agents/<slug:slug>/versions/<int:number>", version, name="agent-version-detail"),
+    path("agents/<slug:slug>/versions/<int:number>/preview-impact", AgentVersionViewSet.as_view({"post": "preview_impact"}),
+         name="agent-version-preview-impact"),
     *router.urls,
 ]

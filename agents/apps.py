@@ -16,9 +16,9 @@ class AgentsConfig(AppConfig):
         setting_changed.connect(extensions.on_setting_changed, dispatch_uid="agents.extensions.setting_changed")
 
         # The tool layer asks the agents layer through handlers it cannot import (tools/handlers.py).
-        from agents import child_runs, services
+        from agents import child_runs, services, shadow
         from tools.handlers import register_agents
 
         register_agents(run_child=child_runs.run_child, agent_slugs=child_runs.agent_slugs,
                         agent_exists=child_runs.agent_exists, agents_using=child_runs.agents_using,
-                        resume_waiting_run=services.resume_waiting_run)
+                        resume_waiting_run=services.resume_waiting_run, preview_tool_impact=shadow.preview_tool_change)

@@ -66,11 +66,12 @@ def approval_overrides(run: Run) -> dict[str, dict[str, Any]]:
     return {name: dict(entry) for name, entry in policy_for(run).policy.approvals.tools.items()}
 
 
-def session_grants(run: Run) -> set[str]:
-    """Scopes this conversation holds: those an owner consented to for the tenant's live plugin installs,
-    the tenant's default scopes, and what the client granted the session or run (``grants`` in facts)."""
+def session_grants(run: Run, plugin_scopes: set[str] | None = None) -> set[str]:
+    """Scopes this conversation holds: those an owner consented to for the tenant's live plugin installs
+    (``plugin_scopes`` when the caller already has them), the tenant's default scopes, and what the client granted
+    the session or run (``grants`` in facts)."""
     granted = set((run.tenant.settings or {}).get("default_scopes", []))
-    granted.update(hooks.granted_scopes(run.tenant_id))
+    granted.update(hooks.granted_scopes(run.tenant_id) if plugin_scopes is None else plugin_scopes)
     for source in (run.session.facts or {}, run.facts or {}):
         grants = source.get("grants", [])
         if isinstance(grants, list):

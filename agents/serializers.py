@@ -263,3 +263,11 @@ class AgentVersionWriteSerializer(serializers.Serializer):
                   "scopes. Only for flows (/flows/<slug>/versions).")
     note = serializers.CharField(required=False, allow_blank=True, max_length=300)
     make_current = serializers.BooleanField(required=False, default=False, help_text="New runs of the agent use this version.")
+
+
+class VersionPreviewSerializer(serializers.Serializer):
+    """A proposed, unsaved tool list and/or policy document for a version; fields left out keep their value."""
+
+    days = serializers.IntegerField(required=False, min_value=1, max_value=30)
+    tools = serializers.ListField(child=serializers.CharField(max_length=64), required=False)
+    policy = serializers.JSONField(required=False)

@@ -78,12 +78,18 @@ class ApprovalGate:
             Q(call_id=call_id) | Q(tool_name=tool_name, arguments_hash=args_hash, step=step)
         ).exists()
 
-    def gate(self, *, tool: Tool, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any], args_hash: str) -> GateDecision | None:
+    def rule(self, tool: Tool, arguments: dict[str, Any]) -> ApprovalRule:
+        """The approval rule for one call of ``tool`` in this run (the gate's decision, and the impact preview's)."""
         override = self.overrides.get(tool.name)
         if tool.pk not in self._declared:
             self._declared[tool.pk] = declared_policy(tool)
+        return rule_for(tool, arguments, override, declared=self._declared[tool.pk],
+                        owner_override=self._owner_override(tool, override))
+
+    def gate(self, *, tool: Tool, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any], args_hash: str) -> GateDecision | None:
+        override = self.overrides.get(tool.name)
+        rule = self.rule(tool, arguments)
         declared = self._declared[tool.pk]
-        rule = rule_for(tool, arguments, override, declared=declared, owner_override=self._owner_override(tool, override))
         declares = declared is not None and declared["mode"] != "never"
         if not rule.needed and not (tool.requires_approval or tool.approval_policy or override or declares):
             return None  # a tool that can never need approval: no lookup on the hot path

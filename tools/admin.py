@@ -3,12 +3,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 
 from config.documents import DocumentWidget
 from runtime import approval_policy
 from tenants.admin_mixins import TenantScopedAdmin
-from tools import kinds, services
+from tools import decisions, handlers, kinds, services
 from tools.models import Tool
 from tools.serializers import WRITABLE_FIELDS, ToolSerializer
 
@@ -21,6 +22,40 @@ class ToolAdmin(TenantScopedAdmin):
     list_select_related = ["tenant", "plugin_install"]
     search_fields = ["name", "description"]
     actions = ["switch_off", "switch_on"]
+    change_form_template = "admin/tools/tool/change_form.html"
+
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+                        extra_context: Any = None) -> Any:
+        if request.method == "POST" and object_id and "_preview_impact" in request.POST:
+            return self._preview_impact(request, object_id)
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def _preview_impact(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The impact of the form's current, unsaved values on recorded calls (agents/shadow.py); saves nothing."""
+        tool = self.get_object(request, object_id)
+        if tool is None or not self.has_change_permission(request, tool):
+            raise Http404("No such tool.")
+        form = self.get_form(request, tool, change=True)(request.POST, request.FILES, instance=tool)
+        errors: dict[str, list[str]] = {}
+        impact: dict[str, Any] = {}
+        if not form.is_valid():
+            errors = {name: [str(p) for p in problems] for name, problems in form.errors.items()}
+        elif handlers.agents.preview_tool_impact is None:
+            errors = {"__all__": ["The impact preview is not available."]}
+        else:
+            fields = {f: form.cleaned_data[f] for f in decisions.PREVIEW_FIELDS if f in form.changed_data}
+            raw_days = request.POST.get("_preview_days") or "7"
+            try:
+                impact = handlers.agents.preview_tool_impact(tool=Tool.objects.get(pk=tool.pk), actor=self._actor(request),
+                                                             fields=fields, days=int(raw_days) if raw_days.isdigit() else raw_days)
+            except services.ToolRefused as exc:
+                errors = {getattr(exc, "field", None) or "__all__": [exc.message]}
+        rows = [(label, impact[key]) for label, key in (
+            ("Newly denied", "newly_denied"), ("Newly needs approval", "newly_needs_approval"),
+            ("Newly rate limited", "newly_rate_limited"), ("Newly allowed", "newly_allowed"))] if impact else []
+        context = {**self.admin_site.each_context(request), "title": f"Impact of a change to {tool.name}", "tool": tool,
+                   "impact": impact, "rows": rows, "errors": errors, "opts": self.model._meta, "back": request.path}
+        return TemplateResponse(request, "admin/tools/tool/preview_impact.html", context, status=400 if errors else 200)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         # The kill switch is flipped with the list actions (audited), and a plugin's link is the install's business.

@@ -14,14 +14,20 @@ from rest_framework.response import Response
 from config.api import CursorPages
 from config.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
-from tools import kinds, services
+from tools import handlers, kinds, services
 from tools.arguments import parse_arguments
 from tools.executors import ToolFailure
 from tools.filters import ToolFilter
 from tools.http_exec import HttpToolError
 from tools.kinds.base import Kind
 from tools.models import Tool
-from tools.serializers import DryRunSerializer, McpImportSerializer, ToolSerializer
+from tools.serializers import (
+    DryRunSerializer,
+    McpImportSerializer,
+    PreviewImpactResultSerializer,
+    PreviewImpactSerializer,
+    ToolSerializer,
+)
 
 
 class ToolsByName(CursorPages):
@@ -38,7 +44,8 @@ class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     filterset_class = ToolFilter
     pagination_class = ToolsByName
     lookup_value_regex = "[^/]+"
-    scope_actions = {**TenantScopedViewSet.scope_actions, "dry_run": "view", "import_mcp": "operate"}
+    scope_actions = {**TenantScopedViewSet.scope_actions, "dry_run": "view", "import_mcp": "operate",
+                     "preview_impact": "operate"}
 
     def get_object(self) -> Tool:
         ref = str(self.kwargs["pk"])
@@ -111,6 +118,22 @@ class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
         if parsed.ok and kind is not None and kind.request_preview is not None:
             result["request"] = _request_preview(kind, tool, parsed.arguments)
         return Response(result)
+
+    @extend_schema(request=PreviewImpactSerializer, responses={200: PreviewImpactResultSerializer})
+    @action(detail=True, methods=["post"], url_path="preview-impact")
+    def preview_impact(self, request: Request, pk: str) -> Response:
+        """What a proposed, unsaved policy change (kill switch, scopes, approval, rate limit) would have done to the
+        tool's recorded calls of the last ``days`` (1 to 30): calls newly denied, needing approval, rate limited or
+        allowed, by tenant, agent and tool, with masked examples. Refused exactly as saving it would be; saves nothing."""
+        tool = self.get_object()
+        body = PreviewImpactSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        preview = handlers.agents.preview_tool_impact
+        if preview is None:
+            raise exceptions.APIException("The impact preview is not available.")
+        data = dict(body.validated_data)
+        days = data.pop("days", None)
+        return Response(preview(tool=tool, actor=self.actor, fields=data, days=days))
 
     @extend_schema(request=McpImportSerializer, responses={201: inline_serializer("McpImportReport", {
         "created": serializers.ListField(child=serializers.CharField()),

@@ -30,7 +30,7 @@ from audit.unit_of_work import StepAudit
 from config.buckets import bucket_store
 from runtime.documents import problems as document_problems
 from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
-from tools import bulkhead, rate_limits
+from tools import bulkhead, decisions, rate_limits
 from tools.arguments import arguments_hash, parse_arguments
 from tools.executors import ExecContext, ToolFailure
 from tools.kinds import executor_for, kind_for
@@ -141,13 +141,10 @@ class ToolGateway:
             names = ", ".join(sorted(t.name for t in self.tools.values() if t.enabled)) or "none"
             return self._fail(s, ToolStatus.DENIED, f"There is no tool named {s.call.name!r}. The tools you can call are: {names}.")
         s.tool = tool
-        if not tool.enabled:
-            s.stage("resolve", False, reason="switched off by an operator")
-            return self._fail(
-                s,
-                ToolStatus.DENIED,
-                f"The tool {tool.name} is switched off by an operator. Do not retry it; tell the user it is unavailable.",
-            )
+        off = decisions.switched_off(tool)
+        if off is not None:
+            s.stage(off.stage, False, reason=off.reason)
+            return self._fail(s, ToolStatus.DENIED, off.message)
         if self.tool_policy is not None:
             allowed, why = self.tool_policy(tool, self.run.tenant_id, str(self.run.session_id))
             if not allowed:
@@ -159,18 +156,10 @@ class ToolGateway:
     def _authorize(self, s: _Call) -> ToolOutcome | None:
         tool = s.tool
         assert tool is not None
-        if tool.name not in self.whitelist:
-            s.stage("authorize", False, reason="not in this agent version's tool list")
-            return self._fail(s, ToolStatus.DENIED, f"This agent may not use the tool {tool.name}. Do not retry it.")
-        missing = sorted(set(tool.required_scopes or []) - self.grants)
-        if missing:
-            s.stage("authorize", False, reason="missing scopes", missing_scopes=missing)
-            return self._fail(
-                s,
-                ToolStatus.DENIED,
-                f"The tool {tool.name} needs permission this conversation was not granted ({', '.join(missing)}). "
-                "Tell the user you cannot do this here.",
-            )
+        refusal = decisions.not_authorized(tool, self.whitelist, self.grants)
+        if refusal is not None:
+            s.stage(refusal.stage, False, reason=refusal.reason, **refusal.details)
+            return self._fail(s, ToolStatus.DENIED, refusal.message)
         s.stage("authorize", True)
         return None
 
@@ -245,7 +234,7 @@ class ToolGateway:
         if self.bucket_store is None:
             self.bucket_store = bucket_store()
         try:
-            wait, _short = self.bucket_store.take(rate_limits.buckets(self.run.tenant_id, tool.name, limit))
+            wait = decisions.rate_limit_wait(self.bucket_store, self.run.tenant_id, tool)
         except Exception as exc:  # the shared store is unreachable: no call goes past a limit nobody could check
             s.stage("rate_limit", False, limit_per_minute=limit, reason=f"the rate limit could not be checked ({type(exc).__name__})")
             return self._fail(s, ToolStatus.ERROR, f"The tool {tool.name} was not called: its rate limit could not be checked "

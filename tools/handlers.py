@@ -26,6 +26,9 @@ class AgentHandlers:
     resume_waiting_run: Callable[[Any], bool] | None = None
     #: (tool, current_only) -> the slugs of the agents whose (current) versions list the tool.
     agents_using: Callable[[Any, bool], list[str]] | None = None
+    #: (tool=, actor=, fields=, days=) -> the impact of a proposed, unsaved policy change on recorded calls
+    #: (agents/shadow.py); raises ToolRefused like saving would.
+    preview_tool_impact: Callable[..., dict[str, Any]] | None = None
 
 
 agents = AgentHandlers()

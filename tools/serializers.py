@@ -204,3 +204,57 @@ class McpImportSerializer(serializers.Serializer):
         if problems:
             raise serializers.ValidationError(problems)
         return value
+
+class PreviewImpactSerializer(serializers.Serializer):
+    """A proposed, unsaved policy for a tool; fields left out keep their current value."""
+
+    days = serializers.IntegerField(required=False, min_value=1, max_value=30,
+                                    help_text="The days of recorded calls to replay (1 to 30, default 7).")
+    enabled = serializers.BooleanField(required=False)
+    required_scopes = serializers.ListField(child=serializers.CharField(max_length=200), required=False)
+    requires_approval = serializers.BooleanField(required=False)
+    approval_policy = serializers.JSONField(required=False)
+    rate_limit_per_minute = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+                                                     max_value=rate_limits.MAX_PER_MINUTE)
+
+    def validate_approval_policy(self, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("Send an object (empty follows requires_approval).")
+        return value
+
+
+class ImpactExampleSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    run = serializers.CharField()
+    agent = serializers.CharField(allow_null=True)
+    step = serializers.IntegerField()
+    recorded_status = serializers.CharField()
+    before = serializers.CharField()
+    after = serializers.CharField()
+    reason = serializers.CharField()
+    arguments = serializers.CharField(help_text="Masked, as in the audit row.")
+
+
+class ImpactSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    by_tenant = serializers.DictField(child=serializers.IntegerField())
+    by_agent = serializers.DictField(child=serializers.IntegerField())
+    by_tool = serializers.DictField(child=serializers.IntegerField())
+    examples = ImpactExampleSerializer(many=True)
+
+
+class PreviewImpactResultSerializer(serializers.Serializer):
+    tool = serializers.CharField()
+    tenant = serializers.CharField()
+    days = serializers.IntegerField()
+    since = serializers.DateTimeField()
+    changed = serializers.ListField(child=serializers.CharField())
+    calls_evaluated = serializers.IntegerField()
+    calls_not_evaluated = serializers.IntegerField()
+    truncated = serializers.BooleanField()
+    truncated_at = serializers.IntegerField(allow_null=True)
+    note = serializers.CharField()
+    newly_denied = ImpactSerializer()
+    newly_needs_approval = ImpactSerializer()
+    newly_rate_limited = ImpactSerializer()
+    newly_allowed = ImpactSerializer()

@@ -150,12 +150,9 @@ def _check_rate_limit(fields: dict[str, Any]) -> None:
         raise ToolRefused(problem, field=rate_limits.FIELD)
 
 
-@transaction.atomic
-def update_tool(*, tool: Tool, actor: Actor | None, **fields: Any) -> Tool:
-    """Change a tool; a plugin's tool can only be switched on or off and its rate limit lowered, a name in use by agents
-    cannot change."""
-    acting(actor).require("operate", tool.tenant_id)
-    current = Tool.objects.select_for_update(of=("self",)).select_related("tenant", "plugin_install__plugin").get(pk=tool.pk)
+def check_change(*, current: Tool, actor: Actor | None, fields: dict[str, Any]) -> list[str]:
+    """The fields a change would alter, after every check saving it makes (raises :class:`ToolRefused`). Writes nothing:
+    ``update_tool`` and the impact preview (agents/shadow.py) both call it, so a preview is refused exactly as saving."""
     changed = sorted(k for k, v in fields.items() if k in TOOL_FIELDS and getattr(current, k) != v)
     if current.plugin_install_id is not None and set(changed) - PLUGIN_TOOL_FIELDS:
         raise ToolRefused(f"The tool {current.name} comes from the plugin {current.plugin_install.plugin_key!r}: it changes with "
@@ -176,6 +173,16 @@ def update_tool(*, tool: Tool, actor: Actor | None, **fields: Any) -> Tool:
     refusal = approval_loosening_refusal(tool=current, actor=actor, fields=fields, changed=changed)
     if refusal:
         raise ToolRefused(refusal[0][1], field=refusal[0][0])
+    return changed
+
+
+@transaction.atomic
+def update_tool(*, tool: Tool, actor: Actor | None, **fields: Any) -> Tool:
+    """Change a tool; a plugin's tool can only be switched on or off and its rate limit lowered, a name in use by agents
+    cannot change."""
+    acting(actor).require("operate", tool.tenant_id)
+    current = Tool.objects.select_for_update(of=("self",)).select_related("tenant", "plugin_install__plugin").get(pk=tool.pk)
+    changed = check_change(current=current, actor=actor, fields=fields)
     loosened = _approval_loosened(current, fields, changed)
     before = {"requires_approval": current.requires_approval, "approval_policy": current.approval_policy}
     for key in changed:
