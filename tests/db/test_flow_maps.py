@@ -140,3 +140,34 @@ def test_an_empty_list_maps_to_an_empty_output(world: World) -> None:
     run = run_map(world, [])
     finish(run)
     assert run.terminal_reason == "final_answer" and json.loads(run.output) == []
+
+
+def test_the_published_schema_documents_map_nodes_and_the_api_refuses_a_bad_map_by_its_path(world: World) -> None:
+    from django.test import Client
+
+    from tests.db.test_flow_runs import client_for
+
+    schema = Client().get("/api/schema/", headers={"Accept": "application/json",
+                                                   "Authorization": f"Bearer {world.raw_key}"}).json()
+    found = [c["properties"]["definition"] for c in schema["components"]["schemas"].values()
+             if "definition" in c.get("properties", {}) and "nodes" in str(c["properties"]["definition"])]
+    assert found
+    for definition in found:
+        node = definition["properties"]["nodes"]["items"]["properties"] if "properties" in definition else \
+            next(a for a in definition["anyOf"] if "properties" in a)["properties"]["nodes"]["items"]["properties"]
+        assert "map" in node["kind"]["enum"] and node["max_concurrency"]["minimum"] == 1
+        assert node["on_item_error"]["enum"] == ["fail", "continue"]
+        body = next(a for a in node["body"].get("anyOf", [node["body"]]) if "properties" in a)
+        assert body["properties"]["nodes"]["items"]["properties"]["kind"]["enum"] == ["tool", "llm", "switch"]
+        assert "$ref" not in str(node)
+    api = client_for(world.raw_key)
+    assert api.post("/api/v1/flows", {"slug": "bad", "name": "bad"}, format="json").status_code == 201
+    bad = mapped(max_concurrency=0)
+    bad["nodes"][0]["body"]["nodes"][1]["tool"] = "no_such_tool"
+    answer = api.post("/api/v1/flows/bad/versions", {"model": "demo/planner", "definition": bad}, format="json")
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["definition"] == ["nodes[0].max_concurrency: must be an integer from 1 to 32, got 0"]
+    del bad["nodes"][0]["max_concurrency"]
+    answer = api.post("/api/v1/flows/bad/versions", {"model": "demo/planner", "definition": bad}, format="json")
+    assert answer.status_code == 400 and answer.json()["definition"][0].startswith(
+        "nodes[0].body.nodes[1].tool: no tool 'no_such_tool'"), answer.content
