@@ -288,6 +288,9 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
                 continue
             break
         if step.outcome is not None:
+            if step.failed_node:  # a map cut short by another node's failure: it started no more items
+                FlowNodeRun.objects.filter(run=run, kind="map", status=NodeStatus.RUNNING).update(
+                    status=NodeStatus.FAILED, error=f"stopped: node {step.failed_node} failed", finished_at=now)
             _finish(run, flow, step.outcome, step.failed_node, rows)
             return []
         ready = [n for n in step.ready if flow.node(n).kind != "map"]
@@ -302,7 +305,7 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
         running_now = items_busy + sum(1 for n in flow.nodes if states.get(n.id) == NodeStatus.RUNNING and n.kind != "map")
         item_room = min(flow.max_parallel - running_now - len(ready), room - len(ready))
         item_steps = _map_steps(run, flow, rows, states, room=flow.max_parallel)
-        wanted = [(m, i, c) for m, ms in item_steps.items() for i, c in ms.ready]
+        wanted = [(m, i, c) for m, ms in item_steps.items() for i, c in ms.ready] if not step.failed_node else []
         held += [item_node_id(m, i, c) for m, i, c in wanted[max(item_room, 0):]]
         items = [(item_node_id(m, i, c), flow.node(m), i, c) for m, i, c in wanted[:max(item_room, 0)]]
         for nid in [n for n in ready if flow.node(n).kind == "approval"]:  # a person, not a task: wait for them

@@ -495,7 +495,10 @@ def plan(flow: FlowDefinition, states: Mapping[str, str], chosen: Mapping[str, I
     running = busy + sum(1 for n in flow.nodes if state[n.id] == NodeState.RUNNING and n.kind != "map")
     failed = [n for n in flow.nodes if state[n.id] == NodeState.FAILED and n.on_error == "fail"]
     if failed:
-        outcome = "failed" if not any(s in (NodeState.RUNNING, NodeState.WAITING) for s in state.values()) else None
+        # a running map is over once its items' nodes are (``busy``): it starts no more items now
+        in_flight = busy > 0 or any(state[n.id] in (NodeState.RUNNING, NodeState.WAITING) and n.kind != "map"
+                                    for n in flow.nodes)
+        outcome = "failed" if not in_flight else None
         return Plan(outcome=outcome, failed_node=failed[0].id)
 
     nodes = {n.id: n for n in flow.nodes}

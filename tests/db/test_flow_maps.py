@@ -171,3 +171,18 @@ def test_the_published_schema_documents_map_nodes_and_the_api_refuses_a_bad_map_
     answer = api.post("/api/v1/flows/bad/versions", {"model": "demo/planner", "definition": bad}, format="json")
     assert answer.status_code == 400 and answer.json()["definition"][0].startswith(
         "nodes[0].body.nodes[1].tool: no tool 'no_such_tool'"), answer.content
+
+
+def test_a_failing_node_beside_a_map_stops_the_map_from_starting_items_and_the_run_ends(world: World) -> None:
+    definition = mapped(max_concurrency=1)
+    definition["nodes"].append({"id": "bad", "kind": "tool", "tool": "query_order", "values": {"order_id": "O000000000000"}})
+    make_flow(world, definition)
+    run_id = start(world, {"flow": "desk", "input": {"orders": [ORDER] * 3}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    bad = dict(in_flight(run))["bad"]
+    execute_node(run_id, "bad", bad)  # the flow is failing: item 0's node still runs to its end, nothing more starts
+    finish(run)
+    assert run.terminal_reason == "error" and run.error.startswith("node bad failed:"), run.error
+    assert not FlowNodeRun.objects.filter(run=run, node_id__startswith="each[1].").exists()
+    assert FlowNodeRun.objects.get(run=run, node_id="each").status == "failed"

@@ -13,6 +13,7 @@ from runtime.flows import (
     FlowDefinition,
     MapStep,
     NodeState,
+    Plan,
     choose,
     node_arguments,
     plan,
@@ -256,3 +257,11 @@ def test_plan_runs_a_map_after_its_upstream_and_plan_map_bounds_its_items() -> N
     done = {0: {"a": "failed"}, 1: {"a": "done", "b": "done"}}
     assert plan_map(lenient, 2, done, room=8).outcome == "succeeded"
     assert plan_map(node, 0, {}, room=8).outcome == "succeeded"
+
+
+def test_a_failed_node_ends_the_flow_once_a_running_maps_items_are_over() -> None:
+    flow = parse(FlowDefinition, _map([{"id": "a", "kind": "tool", "tool": "t"}]))
+    states = {"order": "done", "other": "failed", "each": "running"}
+    assert plan(flow, states, busy=1) == Plan(failed_node="other")  # an item node still runs
+    assert plan(flow, states, busy=0).outcome == "failed"
+    assert plan(flow, {"order": "done", "other": "running", "each": "running"}, busy=0).ready == ()
