@@ -186,3 +186,11 @@ def test_a_failing_node_beside_a_map_stops_the_map_from_starting_items_and_the_r
     assert run.terminal_reason == "error" and run.error.startswith("node bad failed:"), run.error
     assert not FlowNodeRun.objects.filter(run=run, node_id__startswith="each[1].").exists()
     assert FlowNodeRun.objects.get(run=run, node_id="each").status == "failed"
+
+
+def test_the_tenants_node_bound_also_bounds_a_map(world: World, settings: Any) -> None:
+    settings.FLOW_TENANT_MAX_NODES = 2
+    run = run_map(world, [ORDER] * 6, max_concurrency=4)
+    seen = [item_nodes_running(run)]
+    finish(run, each=lambda: seen.append(item_nodes_running(run)))
+    assert max(seen) == 2 and run.terminal_reason == "final_answer", run.error
