@@ -76,6 +76,12 @@ bench: $(VENV)/.bench-installed
 bench-step: $(VENV)/.dev-installed
 	$(PY) bench/step_overhead.py $(BENCH_ARGS)
 
+# Flow scheduling per node: a 20-node, 10-wide flow in-process and on a Celery worker, beside LangGraph + PostgresSaver
+# (sync), interleaved rounds, on PostgreSQL + Redis (bench/README.md). Own databases. BENCH_ARGS e.g. "--rounds 5 --runs 10".
+.PHONY: bench-flow
+bench-flow: $(VENV)/.bench-installed
+	$(PY) bench/flow_overhead.py $(BENCH_ARGS)
+
 # The tool gateway's own overhead per call and the audit write's cost, on PostgreSQL (bench/README.md). Own database too.
 .PHONY: bench-gateway
 bench-gateway: $(VENV)/.dev-installed

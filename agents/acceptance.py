@@ -29,7 +29,7 @@ from django.utils.crypto import salted_hmac
 from prometheus_client import Counter
 
 from agents import services
-from agents.models import Agent, Run, Session
+from agents.models import Agent, AgentVersion, Run, Session
 from config.errors import DomainError
 from config.outages import dependency_down
 from tenants.scoping import Actor
@@ -106,21 +106,24 @@ def _earlier(tenant_id: int, key: str, canonical: str) -> Run | None:
 
 
 def accept_run(*, actor: Actor, agent: Agent, text: str, session: Session | None = None,
-               facts: dict[str, Any] | None = None, idempotency_key: str = "") -> Accepted:
+               facts: dict[str, Any] | None = None, idempotency_key: str = "", version: AgentVersion | None = None,
+               playground: bool = False) -> Accepted:
     """Start a run, or return the one an earlier request with the same key started (see the module's docstring).
 
     Raises ``services.RunRefused`` (the run cannot start) and :class:`KeyReused`. Call outside a transaction, or
     inside one that may roll back to a savepoint (``start_run`` is atomic: a lost race rolls back only its own work).
     """
     if not idempotency_key:
-        return Accepted(services.start_run(actor=actor, agent=agent, text=text, session=session, facts=facts), False)
+        return Accepted(services.start_run(actor=actor, agent=agent, text=text, session=session, facts=facts,
+                                           version=version, playground=playground), False)
     canonical = canonical_body(agent=agent.slug, text=text, session=session.pk if session else None, facts=facts)
     earlier = _earlier(agent.tenant_id, idempotency_key, canonical)
     if earlier is not None:
         return Accepted(earlier, True)
     try:
         run = services.start_run(actor=actor, agent=agent, text=text, session=session, facts=facts,
-                                 idempotency_key=idempotency_key, request_digest=request_digest(canonical))
+                                 idempotency_key=idempotency_key, request_digest=request_digest(canonical),
+                                 version=version, playground=playground)
     except (IntegrityError, services.RunRefused):
         # A concurrent request with this key committed first: the unique constraint refused our row, or (one session)
         # we waited for its session lock and then found its run in progress. Either way its run is the answer.

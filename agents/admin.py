@@ -216,9 +216,9 @@ class SessionAdmin(ReadOnlyAdmin):
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
-    list_display = ["id", "agent", "version__number", "status", "terminal_reason", "attention", "step", "cost", "tenant",
-                    "created_at", "finished_at", "trace"]
-    list_filter = ["needs_attention", "status", "terminal_reason", "tenant"]
+    list_display = ["id", "agent", "version__number", "status", "terminal_reason", "attention", "playground", "step", "cost",
+                    "tenant", "created_at", "finished_at", "trace"]
+    list_filter = ["needs_attention", "playground", "status", "terminal_reason", "tenant"]
     list_select_related = ["agent", "version", "tenant"]
     search_fields = ["id", "input"]
     date_hierarchy = "created_at"

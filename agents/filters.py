@@ -12,12 +12,13 @@ from config.filters import TrueFalse
 
 class RunFilter(django_filters.FilterSet):
     needs_attention = TrueFalse(help_text="true: only runs an operator must check (needs_attention); false: only the others.")
+    playground = TrueFalse(help_text="true: only runs started from the console's playground; false: only the others.")
     parent_run = django_filters.UUIDFilter(field_name="facts__parent_run", method="_parent",
                                            help_text="Only the child runs this run started (agent-kind tools, supervisors).")
 
     class Meta:
         model = Run
-        fields = ["needs_attention", "parent_run"]
+        fields = ["needs_attention", "playground", "parent_run"]
 
     def _parent(self, queryset: Any, name: str, value: Any) -> Any:
         return queryset.filter(facts__parent_run=str(value))

@@ -1,6 +1,6 @@
 """A flow drawn as SVG on the server (no CDN, no script): nodes in columns by depth, edges left to right.
 
-``states`` colours nodes by their state in a run (pending, running, waiting, done, failed, skipped); without it,
+``states`` colours nodes by their state in a run (pending, running, waiting, done/succeeded, failed, skipped); without it,
 nodes are coloured by kind. Everything a tenant wrote (ids, tool names) is escaped.
 """
 
@@ -13,7 +13,7 @@ from runtime.flows import FlowDefinition
 
 NODE_W, NODE_H, GAP_X, GAP_Y, PAD = 150, 44, 60, 18, 12
 KIND_COLOURS = {"tool": "#dbeafe", "agent": "#ede9fe", "llm": "#dcfce7", "approval": "#fef3c7", "switch": "#f3f4f6"}
-STATE_COLOURS = {"pending": "#f3f4f6", "running": "#bfdbfe", "waiting": "#fde68a", "done": "#bbf7d0",
+STATE_COLOURS = {"pending": "#f3f4f6", "running": "#bfdbfe", "waiting": "#fde68a", "done": "#bbf7d0", "succeeded": "#bbf7d0",
                  "failed": "#fecaca", "skipped": "#e5e7eb"}
 
 

@@ -172,6 +172,23 @@ def _apply(observations: list[tuple[Any, dict[str, str], str, float]]) -> None:
             target.observe(value)
 
 
+PLAYGROUND_RUNS = Counter(
+    "agentops_playground_runs", "Finished playground runs (console), by outcome; kept out of the run, token and cost series.",
+    ["status"])
+#: A playground run's tokens, cost and outcome stay out of the business series (counted in PLAYGROUND_RUNS instead);
+#: its model latency, errors, attempts and tool calls are still observed (they say how the providers and tools behave).
+_BUSINESS = (RUNS, RUN_STEPS, RUN_LIMITS, LLM_TOKENS, LLM_COST)
+
+
+def without_playground(run: Any, observations: list[tuple[Any, dict[str, str], str, float]]) -> list[Any]:
+    """A playground run's observations: the business series swapped for ``agentops_playground_runs_total``."""
+    if not getattr(run, "playground", False):
+        return observations
+    kept = [obs for obs in observations if obs[0] not in _BUSINESS]
+    kept += [(PLAYGROUND_RUNS, {"status": obs[1]["status"]}, "inc", 1.0) for obs in observations if obs[0] is RUNS]
+    return kept
+
+
 _OBSERVED = frozenset({"model.call", "model.error", "model.attempt", "tool.call", "tool.audit", "run.finished"})
 
 
@@ -182,7 +199,7 @@ def observe_committed(run: Any, rows: list[Any]) -> None:
         if not relevant:
             return
         agent = _agent_label(run) if any(r.type == "run.finished" for r in relevant) else ""
-        observations = samples(agent, int(getattr(run, "step", 0) or 0), relevant)
+        observations = without_playground(run, samples(agent, int(getattr(run, "step", 0) or 0), relevant))
     except Exception:
         log.warning("could not derive metrics from run %s's events", getattr(run, "pk", "?"), exc_info=True)
         return

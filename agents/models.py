@@ -246,6 +246,9 @@ class Run(TenantOwned):
     output = models.TextField(blank=True)
     error = models.TextField(blank=True)
     facts = models.JSONField(default=dict, blank=True, help_text="Business keys given with this run.")
+    playground = models.BooleanField(
+        default=False, db_index=True,
+        help_text="Started from the console's playground (an operator trying a version): counted apart in spend.")
 
     # The checkpoint: small, rewritten each step. Messages and events are appended elsewhere.
     step = models.PositiveIntegerField(default=0)

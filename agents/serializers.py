@@ -101,6 +101,9 @@ class RunSerializer(serializers.ModelSerializer):
     attention_resolved_at = serializers.DateTimeField(read_only=True, allow_null=True)
     attention_resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     attention_resolution = serializers.CharField(read_only=True, help_text="What the operator who resolved it checked.")
+    playground = serializers.BooleanField(
+        read_only=True, help_text="Started from the console's playground (an operator trying a version); counted apart "
+                                  "in spend. Filter with ?playground=true|false.")
     parent_run = serializers.SerializerMethodField(
         help_text="The run that started this one as a child (an agent-kind tool or a supervisor routing to this agent); "
                   "null for a top-level run.")
@@ -111,7 +114,7 @@ class RunSerializer(serializers.ModelSerializer):
             "id", "status", "terminal_reason", "agent", "version", "session", "input", "output", "error",
             "usage", "step", "last_seq", "cancel_requested", "created_at", "started_at", "finished_at",
             "injection_flags", "needs_attention", "attention_reasons", "attention_resolved_at", "attention_resolved_by",
-            "attention_resolution", "parent_run", "links",
+            "attention_resolution", "parent_run", "playground", "links",
         ]
         read_only_fields = fields
 
@@ -138,7 +141,7 @@ class RunSerializer(serializers.ModelSerializer):
             "attention_resolved_at": iso_datetime(run.attention_resolved_at),
             "attention_resolved_by": resolved_by.username if resolved_by is not None else None,
             "attention_resolution": run.attention_resolution, "parent_run": self.get_parent_run(run),
-            "links": self.get_links(run),
+            "playground": run.playground, "links": self.get_links(run),
         }
 
     def generic_representation(self, run: Run) -> dict[str, Any]:
@@ -184,7 +187,7 @@ RUN_READ_FIELDS = (
     "id", "tenant", "status", "terminal_reason", "agent__slug", "version__number", "session", "input", "output",
     "error", "usage", "step", "last_seq", "cancel_requested", "created_at", "started_at", "finished_at", "facts",
     "needs_attention", "attention_reasons", "attention_resolved_at", "attention_resolved_by__username",
-    "attention_resolution",
+    "attention_resolution", "playground",
 )
 
 

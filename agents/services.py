@@ -55,12 +55,18 @@ def version_for_new_run(agent: Agent, session_id: Any = None) -> AgentVersion:
 
 @transaction.atomic
 def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None = None,
-              facts: dict[str, Any] | None = None, idempotency_key: str = "", request_digest: str = "") -> Run:
+              facts: dict[str, Any] | None = None, idempotency_key: str = "", request_digest: str = "",
+              version: AgentVersion | None = None, playground: bool = False) -> Run:
     """Create the run and its session (if new) in this transaction; enqueue its task on commit (best effort).
 
     ``idempotency_key`` and ``request_digest`` are stored on the run (unique per tenant: a second run with the key
     raises ``IntegrityError``); ``agents.acceptance.accept_run`` sets them and answers retries.
+    ``version`` runs that version instead of the release's pick (the console's playground; it must be one of
+    ``agent``'s versions); ``playground`` labels the run as a playground run (counted apart in spend and metrics).
     """
+    if version is not None and (version.agent_id != agent.pk or version.tenant_id != agent.tenant_id):
+        raise RunRefused(f"Version {version.pk} is not a version of the agent {agent.slug!r}; pick one of its versions.",
+                         field="version")
     try:  # the prompt-injection filter: block, or flag in facts
         facts = screen_facts(text, facts, settings=agent.tenant.settings, agent_slug=agent.slug)
     except InjectionRefused as exc:
@@ -76,7 +82,7 @@ def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None 
     if session is not None and Run.objects.filter(session=session, status__in=ACTIVE_STATUSES).exists():
         raise RunRefused("This session already has a run in progress; wait for it to finish or cancel it.", field="session")
     session_id = session.pk if session is not None else uuid.uuid4()
-    version = version_for_new_run(agent, session_id=session_id)
+    version = version if version is not None else version_for_new_run(agent, session_id=session_id)
     # Personal data and secrets are masked before anything is stored or reaches the model (the events' rules);
     # a version may keep named patterns raw (an audited opt-in); cards and secrets are always masked.
     raw = raw_input_patterns(version.policy)
@@ -87,7 +93,7 @@ def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None 
     run = Run.objects.create(
         tenant_id=agent.tenant_id, agent=agent, version=version, session=session,
         created_by=actor.user, api_key=actor.api_key, input=text, facts=facts or {},
-        idempotency_key=idempotency_key, request_digest=request_digest,
+        idempotency_key=idempotency_key, request_digest=request_digest, playground=playground,
     )
     enqueue_run(run.pk)
     return run

@@ -96,6 +96,7 @@ def run_row(run: Run, *, now: dt.datetime | None = None) -> dict[str, Any]:
         "created_text": timezone.localtime(run.created_at).strftime("%Y-%m-%d %H:%M:%S"),
         "input_preview": run.input[:120],
         "needs_attention": bool(run.needs_attention),
+        "playground": bool(run.playground),
     }
 
 
@@ -217,6 +218,9 @@ class Spend:
     top_runs: list[dict[str, Any]]
     truncated: bool
     chart: dict[str, Any]
+    #: Playground runs (the console's playground): kept out of every figure above, summed here, by version.
+    playground: Totals = field(default_factory=Totals)
+    playground_by_version: list[dict[str, Any]] = field(default_factory=list)
     demo_priced: bool = False  # some cost in this window comes from the demo price table (not a real price)
     demo_price_text: str = field(default_factory=demo_price_text)
 
@@ -232,7 +236,7 @@ def spend_for(actor: Actor, *, days: int, now: dt.datetime | None = None) -> Spe
         .filter(created_at__gte=start)
         .order_by("-created_at")
         .values_list("id", "tenant__slug", "agent_id", "agent__slug", "version_id", "version__number",
-                     "created_at", "usage", "status", "terminal_reason", "version__model")[: SPEND_MAX_RUNS + 1]
+                     "created_at", "usage", "status", "terminal_reason", "version__model", "playground")[: SPEND_MAX_RUNS + 1]
     )
     truncated = len(rows) > SPEND_MAX_RUNS
     rows = rows[:SPEND_MAX_RUNS]
@@ -243,12 +247,18 @@ def spend_for(actor: Actor, *, days: int, now: dt.datetime | None = None) -> Spe
     demo_versions: set[int] = set()
     per_day: dict[dt.date, Totals] = {since + dt.timedelta(days=i): Totals() for i in range(days)}
     top: list[tuple[float, int, str, dict[str, Any]]] = []
-    for run_id, tenant, agent_id, agent, version_id, number, created, usage, status, reason, model in rows:
+    playground = Totals()
+    playground_versions: dict[int, tuple[str, int, Totals]] = {}
+    for run_id, tenant, agent_id, agent, version_id, number, created, usage, status, reason, model, is_play in rows:
         i, o, c = usage_of(usage)
         if is_demo_price(model or ""):
             demo_versions.add(version_id)
-        total.add(i, o, c)
         label = f"{tenant}/{agent}"
+        if is_play:  # counted apart: an operator trying a version is not the tenant's production spend
+            playground.add(i, o, c)
+            playground_versions.setdefault(version_id, (label, number, Totals()))[2].add(i, o, c)
+            continue
+        total.add(i, o, c)
         agents.setdefault(agent_id, (label, Totals()))[1].add(i, o, c)
         versions.setdefault(version_id, (label, number, Totals()))[2].add(i, o, c)
         day = created.astimezone(dt.UTC).date()
@@ -273,8 +283,12 @@ def spend_for(actor: Actor, *, days: int, now: dt.datetime | None = None) -> Spe
     )
     by_day = [{"day": day, "totals": t} for day, t in per_day.items()]
     top_runs = [entry[3] for entry in sorted(top, key=lambda e: e[:3], reverse=True)]
+    playground_by_version = sorted(
+        ({"id": vid, "label": f"{label} v{number}", "totals": t} for vid, (label, number, t) in playground_versions.items()),
+        key=lambda r: (-r["totals"].cost, -r["totals"].tokens, r["label"]),
+    )
     return Spend(since, until, days, total, by_agent, by_version, by_day, top_runs, truncated, _chart(by_day, total),
-                 demo_priced=bool(demo_versions))
+                 playground=playground, playground_by_version=playground_by_version, demo_priced=bool(demo_versions))
 
 
 CHART_WIDTH = 720

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from console import views
+from console import playground, views
 
 app_name = "console"
 
@@ -12,5 +12,7 @@ urlpatterns = [
     path("runs/<uuid:run_id>/", views.run_trace, name="run"),
     path("runs/<uuid:run_id>/tool-calls.json", views.run_tool_calls, name="run-tool-calls"),
     path("runs/<uuid:run_id>/resolve-attention/", views.resolve_attention, name="run-resolve-attention"),
+    path("playground/", playground.page, name="playground"),
+    path("playground/runs/", playground.start, name="playground-start"),
     path("spend/", views.spend, name="spend"),
 ]

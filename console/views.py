@@ -22,6 +22,7 @@ from agents import attention
 from agents.models import RunEvent, Session
 from audit.models import ToolCallAudit
 from console import queries
+from console.flow_view import flow_context
 from tenants.scoping import Actor, actor_for_user
 
 TRACE_BACKLOG = 1000
@@ -100,6 +101,7 @@ def run_trace(request: HttpRequest, run_id: Any) -> HttpResponse:
         "tool_calls": _tool_calls(actor, run),
         "last_seq": events[-1]["seq"] if events else 0,
         "ws_path": f"/ws/runs/{run.pk}/",
+        "flow": flow_context(run),
     })
 
 

@@ -261,9 +261,11 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
             return []
         flow = FlowDefinition.model_validate(run.version.definition)
         now = timezone.now()
-        redo = _decided(run, flow, _rows(run.pk), now)  # waiting nodes whose approval was decided meanwhile
+        rows = _rows(run.pk)
+        redo = _decided(run, flow, rows, now)  # waiting nodes whose approval was decided meanwhile
+        if redo or any(r.status == NodeStatus.WAITING for r in rows.values()):
+            rows = _rows(run.pk)  # _decided may have finished some: read them again
         while True:
-            rows = _rows(run.pk)
             states = {nid: r.status for nid, r in rows.items()}
             for nid in redo:
                 if states.get(nid) == NodeStatus.WAITING:
@@ -280,11 +282,14 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
             step = plan(flow, states, chosen, routed=routed, busy=items_busy)
             if step.skip:
                 _skip(run, step.skip, now)
+                rows = _rows(run.pk)
                 continue
             if _open_maps(run, flow, [n for n in step.ready if flow.node(n).kind == "map"], _scope(run, rows), now):
+                rows = _rows(run.pk)
                 continue
             map_steps = _map_steps(run, flow, rows, states, room=flow.max_parallel)
             if _settle_maps(run, flow, rows, map_steps, _scope(run, rows), now):
+                rows = _rows(run.pk)
                 continue
             break
         if step.outcome is not None:
@@ -312,6 +317,7 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
             ready.remove(nid)
             events.append(_ask(run, flow.node(nid), rows.get(nid), scope, now))
             states[nid] = NodeStatus.WAITING
+        fresh: list[FlowNodeRun] = []  # first starts: one INSERT for all of them (a fan-out starts ten at once)
         for nid in ready:
             node, row = flow.node(nid), rows.get(nid)
             token = uuid.uuid4().hex
@@ -321,13 +327,19 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
                 inputs = node_arguments(node, scope)
             except Exception as exc:  # a mapping that cannot be evaluated (a JMESPath type error): the node fails
                 inputs = {"_mapping_error": str(exc)}
-            FlowNodeRun.objects.update_or_create(run=run, node_id=nid, defaults={
-                "tenant_id": run.tenant_id, "kind": node.kind, "status": NodeStatus.RUNNING, "attempt": attempt,
-                "inputs": inputs, "span_id": span, "started_at": now, "lease_token": token,
-                "lease_expires_at": now + dt.timedelta(seconds=node.timeout_seconds + _grace())})
+            fields = {"tenant_id": run.tenant_id, "kind": node.kind, "status": NodeStatus.RUNNING, "attempt": attempt,
+                      "inputs": inputs, "span_id": span, "started_at": now, "lease_token": token,
+                      "lease_expires_at": now + dt.timedelta(seconds=node.timeout_seconds + _grace())}
+            if row is None:
+                fresh.append(FlowNodeRun(run=run, node_id=nid, **fields))
+            else:  # a restart (its worker died) or a waiting tool node run again with its approval's decision
+                FlowNodeRun.objects.filter(pk=row.pk).update(**fields)
             payload = {"node": nid, "kind": node.kind, "attempt": attempt, "inputs": _summary(inputs)}
             events.append(Event("flow.node.started", payload, span_id=span))
             started.append((nid, token))
+        if fresh:
+            FlowNodeRun.objects.bulk_create(fresh)  # the run's row lock orders this against any other advance()
+        fresh_items: list[FlowNodeRun] = []
         for nid, mapnode, index, child in items:
             body = _body_node(mapnode, child)
             row = rows.get(nid)
@@ -337,14 +349,19 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
                 inputs = node_arguments(body, _item_scope(run, rows, mapnode, index))
             except Exception as exc:
                 inputs = {"_mapping_error": str(exc)}
-            FlowNodeRun.objects.update_or_create(run=run, node_id=nid, defaults={
-                "tenant_id": run.tenant_id, "kind": body.kind, "status": NodeStatus.RUNNING, "attempt": attempt,
-                "inputs": inputs, "span_id": span, "started_at": now, "lease_token": token,
-                "lease_expires_at": now + dt.timedelta(seconds=body.timeout_seconds + _grace())})
+            fields = {"tenant_id": run.tenant_id, "kind": body.kind, "status": NodeStatus.RUNNING, "attempt": attempt,
+                      "inputs": inputs, "span_id": span, "started_at": now, "lease_token": token,
+                      "lease_expires_at": now + dt.timedelta(seconds=body.timeout_seconds + _grace())}
+            if row is None:
+                fresh_items.append(FlowNodeRun(run=run, node_id=nid, **fields))
+            else:
+                FlowNodeRun.objects.filter(pk=row.pk).update(**fields)
             events.append(Event("flow.node.started", {"node": nid, "kind": body.kind, "attempt": attempt, "map": mapnode.id,
                                                       "index": index, "inputs": _summary(inputs)},
                                 span_id=span, parent_span_id=rows[mapnode.id].span_id))
             started.append((nid, token))
+        if fresh_items:
+            FlowNodeRun.objects.bulk_create(fresh_items)
         if held and not started and not any(s == NodeStatus.RUNNING for s in states.values()):
             events.append(Event("flow.throttled", {"waiting": held, "tenant_running_nodes": busy,
                                                    "limit": _tenant_bound()}))
@@ -459,21 +476,20 @@ def _renew(run_id: Any, node_id: str, token: str, seconds: float) -> bool:
 
 def execute_node(run_id: Any, node_id: str, token: str) -> None:
     """Run one started node and commit its completion; a duplicate or stale task (its token gone) does nothing."""
-    row = FlowNodeRun.objects.filter(run_id=run_id, node_id=node_id, lease_token=token, status=NodeStatus.RUNNING) \
-        .exclude(lease_token="").first()  # a running map holds no token: its items' nodes run, not the map
-    if row is None:
+    rows = _rows(run_id)  # one read: this node's row and the outputs its inputs and conditions see
+    row = rows.get(node_id)
+    if row is None or not row.lease_token or row.lease_token != token or row.status != NodeStatus.RUNNING:
         log.info("flow run %s: node %s is not this task's to run (finished, or restarted by another)", run_id, node_id)
         return
     run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
     flow = FlowDefinition.model_validate(run.version.definition)
-    all_rows = _rows(run.pk)
     parts = split_item_node_id(node_id)
     node: BodyNode
     if parts is None:
-        node, scope = flow.node(node_id), _scope(run, all_rows)
-    else:
+        node, scope = flow.node(node_id), _scope(run, rows)
+    else:  # a map's item node (a running map itself holds no token: its items' nodes run, not the map)
         mapnode = flow.node(parts[0])
-        node, scope = _body_node(mapnode, parts[2]), _item_scope(run, all_rows, mapnode, parts[1])
+        node, scope = _body_node(mapnode, parts[2]), _item_scope(run, rows, mapnode, parts[1])
     audit = StepAudit()
     trace: list[Event] = []  # the node's model and tool call events, committed with its completion
     status, output, error = NodeStatus.DONE, None, ""

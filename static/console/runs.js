@@ -50,6 +50,12 @@
     var status = cell("status");
     status.textContent = "";
     status.appendChild(badge("status", row.status));
+    if (row.playground) {
+      var play = el("span", "badge playground", "playground");
+      play.title = "Started from the playground";
+      status.appendChild(document.createTextNode(" "));
+      status.appendChild(play);
+    }
     if (row.needs_attention) {
       var flag = el("span", "badge attention", "needs attention");
       flag.title = "An operator must check this run";

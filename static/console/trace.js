@@ -77,6 +77,7 @@
     if (span) return span;
     var li = el("li", "span placeholder");
     li.dataset.span = spanId;
+    li.id = "span-" + spanId; // a flow node's lane links here
     var row = el("div", "row");
     var label = el("div", "label");
     var title = el("span", "title", "…");
@@ -319,6 +320,10 @@
       showAttention(needs);
       return;
     }
+    if (type.indexOf("flow.node.") === 0 && p && typeof p.node === "string") {
+      renderFlowNode(frame, p);
+      return;
+    }
     if (type === "supervisor.route" || type === "supervisor.child_finished") {
       var routed = type === "supervisor.route";
       row = markRow(frame, "run", (routed ? "route → " : "sub-agent finished: ") + (p.agent || "none"), parent);
@@ -416,6 +421,148 @@
     if (socket) socket.close(1000);
   }
 
+  // --- a flow run: the graph's node states and the nodes' lanes ----------------------------
+  // Seeded from the server's render (the FlowNodeRun rows), then moved by the flow.node.* events. Node ids are tenant
+  // input: they are compared as strings (never put in a selector) and written with textContent / setAttribute.
+
+  var flowSection = document.getElementById("flow");
+  var flowGraph = document.getElementById("flow-graph");
+  var flowLanes = document.getElementById("flow-lanes");
+  var flowKinds = readJson("flow-kinds") || {};
+  var flowNodes = new Map(); // node id -> {kind, state, span, start, end}
+  var SVG_NS = "http://www.w3.org/2000/svg";
+  var LANE_PX = 26;
+  var FLOW_STATES = { done: "succeeded" };
+  (readJson("flow-spans") || []).forEach(function (s) {
+    flowNodes.set(s.node, { kind: s.kind, state: s.state, span: s.span_id, start: ms(s.start), end: s.end ? ms(s.end) : null });
+  });
+
+  function setNodeState(nodeId, state) {
+    if (!flowGraph) return;
+    flowGraph.querySelectorAll(".flow-node").forEach(function (g) {
+      if (g.getAttribute("data-node") !== nodeId) return;
+      g.setAttribute("data-state", state);
+      var title = g.querySelector("title");
+      if (title) title.textContent = nodeId + " (" + (flowKinds[nodeId] || "?") + ", " + state + ")";
+    });
+  }
+
+  function renderFlowNode(frame, p) {
+    var nodeId = p.node;
+    var type = frame.type;
+    var node = flowNodes.get(nodeId) || { kind: p.kind || flowKinds[nodeId] || "", state: "pending", span: "", start: null, end: null };
+    var at = ms(frame.at);
+    var row;
+    if (type === "flow.node.started") {
+      node.state = "running";
+      node.span = frame.span_id || node.span;
+      node.start = at;
+      node.end = null;
+      var span = fillSpan(frame, "flow", "node " + nodeId);
+      span.start = at;
+      span.end = null;
+      track(at);
+      span.meta.textContent = "";
+      kv(span.meta, "kind", p.kind);
+      kv(span.meta, "attempt", p.attempt);
+      if (p.inputs !== undefined) textBlock(span.details, "inputs", p.inputs);
+    } else {
+      var state = type === "flow.node.skipped" ? "skipped" : type === "flow.node.waiting" ? "waiting"
+        : FLOW_STATES[p.status] || p.status || "succeeded";
+      node.state = state;
+      if (type === "flow.node.finished") node.end = at;
+      if (type === "flow.node.waiting" && node.start === null) {
+        node.start = at;
+        node.span = frame.span_id || frame.parent_span_id || node.span;
+      }
+      if (type === "flow.node.waiting" && frame.span_id && !frame.parent_span_id) {
+        // An approval node: its wait opens the node's span (its finish comes under it once decided).
+        var opened = fillSpan(frame, "approval", "node " + nodeId);
+        opened.start = at;
+        opened.end = null;
+        track(at);
+        opened.meta.textContent = "";
+        kv(opened.meta, "kind", p.kind);
+        kv(opened.meta, "status", "waiting");
+        approvalLink(opened.meta, p);
+        if (p.preview) textBlock(opened.details, "preview", p.preview);
+        flowNodes.set(nodeId, node);
+        setNodeState(nodeId, node.state);
+        drawLanes();
+        return;
+      }
+      var owner = frame.parent_span_id && spans.get(frame.parent_span_id);
+      if (owner && type === "flow.node.finished") { owner.end = at; track(at); }
+      row = markRow(frame, state === "failed" ? "approval" : "state", type.slice("flow.node.".length) + " " + nodeId, frame.parent_span_id);
+      if (state === "failed") row.li.classList.add("failed");
+      kv(row.meta, "status", state);
+      if (p.approval_id) approvalLink(row.meta, p);
+      if (p.chosen) kv(row.meta, "chosen", short(p.chosen, 120));
+      if (p.error) textBlock(row.details, "error", p.error);
+      if (p.output !== undefined && p.output !== null) textBlock(row.details, "output", p.output);
+    }
+    flowNodes.set(nodeId, node);
+    setNodeState(nodeId, node.state);
+    drawLanes();
+  }
+
+  function fmtDuration(node) {
+    return node.end === null ? "running" : fmtMs(Math.max(node.end - node.start, 0));
+  }
+
+  // The same rule as console/flow_view.py lanes(): by start, each node in the first lane whose last node had ended.
+  function drawLanes() {
+    if (!flowLanes) return;
+    var list = [];
+    flowNodes.forEach(function (node, id) { if (node.start !== null) list.push({ id: id, node: node }); });
+    list.sort(function (a, b) { return a.node.start - b.node.start || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0); });
+    var ends = [];
+    var first = null;
+    var last = null;
+    list.forEach(function (item) {
+      var lane = -1;
+      for (var i = 0; i < ends.length; i++) { if (ends[i] !== null && ends[i] <= item.node.start) { lane = i; break; } }
+      if (lane < 0) { lane = ends.length; ends.push(item.node.end); } else { ends[lane] = item.node.end; }
+      item.lane = lane;
+      if (first === null || item.node.start < first) first = item.node.start;
+      var stop = item.node.end === null ? Date.now() : item.node.end;
+      if (last === null || stop > last) last = stop;
+    });
+    var total = Math.max((last || 0) - (first || 0), 1);
+    while (flowLanes.firstChild) flowLanes.removeChild(flowLanes.firstChild);
+    flowLanes.setAttribute("height", String(Math.max(ends.length, 1) * LANE_PX));
+    list.forEach(function (item) {
+      var node = item.node;
+      var stop = node.end === null ? (last || node.start) : node.end;
+      var left = ((node.start - first) / total) * 100;
+      var width = Math.max(((stop - node.start) / total) * 100, 0.5);
+      var a = document.createElementNS(SVG_NS, "a");
+      a.setAttribute("class", "flow-span");
+      a.setAttribute("href", "#span-" + encodeURIComponent(node.span || ""));
+      a.setAttribute("data-node", item.id);
+      a.setAttribute("data-state", node.state);
+      a.setAttribute("data-lane", String(item.lane));
+      var label = item.id + " · " + (node.kind || "?") + " · " + fmtDuration(node) + " · " + node.state;
+      var title = document.createElementNS(SVG_NS, "title");
+      title.textContent = label;
+      var rect = document.createElementNS(SVG_NS, "rect");
+      rect.setAttribute("x", left.toFixed(3) + "%");
+      rect.setAttribute("y", String(item.lane * LANE_PX));
+      rect.setAttribute("width", width.toFixed(3) + "%");
+      rect.setAttribute("height", "22");
+      rect.setAttribute("rx", "3");
+      var text = document.createElementNS(SVG_NS, "text");
+      text.setAttribute("x", left.toFixed(3) + "%");
+      text.setAttribute("dx", "4");
+      text.setAttribute("y", String(item.lane * LANE_PX + 15));
+      text.textContent = label;
+      a.appendChild(title);
+      a.appendChild(rect);
+      a.appendChild(text);
+      flowLanes.appendChild(a);
+    });
+  }
+
   // --- ordering: apply each seq once, in order -------------------------------------------
 
   function accept(frame) {
@@ -483,7 +630,7 @@
   layout();
   if (!finished) {
     connect();
-    setInterval(function () { if (!finished) queueLayout(); }, 1000); // the open spans grow with time
+    setInterval(function () { if (!finished) { queueLayout(); if (flowSection) drawLanes(); } }, 1000); // the open spans grow with time
   } else {
     setStatus("finished", "finished");
   }

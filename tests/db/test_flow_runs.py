@@ -401,3 +401,31 @@ def test_an_agent_node_whose_child_waits_for_an_approval_frees_its_worker_and_re
     assert run.terminal_reason == "final_answer", run.error
     assert json.loads(run.output)["child_run"] == str(child.pk)
     assert Run.objects.filter(facts__parent_run=str(run.pk)).count() == 1
+
+
+def _first_node_queries(world: World, width: int, settings: Any) -> tuple[int, list[str]]:
+    """Statements of the first node's task: its completion, then the advance() that starts ``width`` nodes at once."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    settings.FLOW_TENANT_MAX_NODES = 20  # the runs share the tenant: room for both waves
+    wide = [lookup(f"n{i}", ["start"]) for i in range(width)]
+    make_flow(world, {"nodes": [lookup("start"), *wide, lookup("join", [n["id"] for n in wide])], "max_parallel": 10},
+              slug=f"wide{width}")
+    run_id = start(world, {"flow": f"wide{width}", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    [(node_id, token)] = in_flight(Run.objects.get(pk=run_id))
+    with CaptureQueriesContext(connection) as queries:
+        execute_node(run_id, node_id, token)
+    started = [n for n, _ in in_flight(Run.objects.get(pk=run_id))]
+    return len(queries), started
+
+
+def test_a_node_task_costs_the_same_statements_whether_it_starts_two_nodes_or_ten(world: World, settings: Any) -> None:
+    """The hot path (bench/flow_overhead.py): no statement per started node, no repeated read of the node rows."""
+    _first_node_queries(world, 1, settings)  # the tenant's first audited call creates its audit chain head: not measured
+    two, started_two = _first_node_queries(world, 2, settings)
+    ten, started_ten = _first_node_queries(world, 10, settings)
+    assert len(started_two) == 2 and len(started_ten) == 10
+    assert ten == two, f"starting 10 nodes took {ten} statements, starting 2 took {two}: a statement per node"
+    assert ten <= 24, f"{ten} statements for one node's completion and the next wave's start (24 measured on SQLite)"
