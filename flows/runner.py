@@ -43,7 +43,22 @@ from approvals.gate import ApprovalGate
 from audit.masking import mask_text, mask_value
 from audit.unit_of_work import StepAudit
 from flows.models import FlowNodeRun, NodeStatus
-from runtime.flows import FlowDefinition, Node, choose, evaluate, node_arguments, plan, render
+from runtime.flows import (
+    MAP_MAX_ITEMS,
+    BodyNode,
+    FlowDefinition,
+    Node,
+    choose,
+    evaluate,
+    item_node_id,
+    item_output,
+    item_scope,
+    node_arguments,
+    plan,
+    plan_map,
+    render,
+    split_item_node_id,
+)
 from runtime.types import Event, ModelRequest, TerminalReason, ToolCall, ToolContext, ToolStatus, Usage, new_span_id
 from tools.gateway import ToolGateway
 
@@ -73,8 +88,129 @@ def flow_input(run: Run) -> Any:
 
 
 def _scope(run: Run, rows: dict[str, FlowNodeRun]) -> dict[str, Any]:
-    nodes = {nid: r.output for nid, r in rows.items() if r.status in (NodeStatus.DONE, NodeStatus.FAILED)}
+    nodes = {nid: r.output for nid, r in rows.items()
+             if r.status in (NodeStatus.DONE, NodeStatus.FAILED) and "[" not in nid}  # not a map's item nodes
     return {"input": flow_input(run), "nodes": nodes}
+
+
+def _body_node(mapnode: Node, child: str) -> BodyNode:
+    assert mapnode.body is not None
+    return next(n for n in mapnode.body.nodes if n.id == child)
+
+
+def _item_outputs(rows: dict[str, FlowNodeRun], map_id: str, index: int) -> dict[str, Any]:
+    prefix = f"{map_id}[{index}]."
+    return {nid[len(prefix):]: r.output for nid, r in rows.items()
+            if nid.startswith(prefix) and r.status in (NodeStatus.DONE, NodeStatus.FAILED)}
+
+
+def _item_scope(run: Run, rows: dict[str, FlowNodeRun], mapnode: Node, index: int) -> dict[str, Any]:
+    items = rows[mapnode.id].inputs.get("items") or []
+    return item_scope(_scope(run, rows), items[index], index, _item_outputs(rows, mapnode.id, index))
+
+
+def _open_maps(run: Run, flow: FlowDefinition, ready: list[str], scope: dict[str, Any], now: Any) -> bool:
+    """Ready map nodes: their list is evaluated once and kept on the row (a resumed map sees the same items); a list
+    that is not one, or is too long, fails the node."""
+    events: list[Event] = []
+    for nid in ready:
+        node, span = flow.node(nid), new_span_id()
+        error = ""
+        try:
+            items = evaluate(node.over or "", scope)
+        except Exception as exc:
+            items, error = None, f"the map's list could not be evaluated: {exc}"
+        if not error and not isinstance(items, list):
+            error = f"the map's list {node.over!r} is not a list (it is {type(items).__name__}); a map runs over a list"
+        elif not error and len(items) > MAP_MAX_ITEMS:
+            error = f"the map's list has {len(items)} items; a map takes at most {MAP_MAX_ITEMS}"
+        status = NodeStatus.FAILED if error else NodeStatus.RUNNING
+        FlowNodeRun.objects.update_or_create(run=run, node_id=nid, defaults={
+            "tenant_id": run.tenant_id, "kind": "map", "status": status, "attempt": 1,
+            "inputs": {"items": items if not error else None}, "span_id": span, "started_at": now, "error": error,
+            "output": {"error": error} if error and node.on_error == "continue" else None,
+            "lease_token": "", "lease_expires_at": None, "finished_at": now if error else None})
+        events.append(Event("flow.node.started", {"node": nid, "kind": "map", "attempt": 1,
+                                                  "items": len(items) if isinstance(items, list) else None}, span_id=span))
+        if error:
+            events.append(Event("flow.node.finished", {"node": nid, "kind": "map", "status": "failed", "error": error},
+                                parent_span_id=span))
+    if events:
+        publish_after_commit(run, _append(run, events), run_summary(run))
+    return bool(ready)
+
+
+def _map_steps(run: Run, flow: FlowDefinition, rows: dict[str, FlowNodeRun], states: dict[str, str], *,
+               room: int) -> dict[str, Any]:
+    """Each running map's next step (``runtime.flows.plan_map``) from its item rows."""
+    out: dict[str, Any] = {}
+    maps = [n for n in flow.nodes if n.kind == "map" and states.get(n.id) == NodeStatus.RUNNING]
+    for node in maps:
+        item_states: dict[int, dict[str, str]] = {}
+        chosen: dict[int, dict[str, list[str]]] = {}
+        for nid, status in states.items():
+            parts = split_item_node_id(nid)
+            if parts is None or parts[0] != node.id:
+                continue
+            item_states.setdefault(parts[1], {})[parts[2]] = status
+            if rows[nid].kind == "switch" and status == NodeStatus.DONE:
+                chosen.setdefault(parts[1], {})[parts[2]] = rows[nid].chosen
+        count = len(rows[node.id].inputs.get("items") or [])
+        out[node.id] = plan_map(node, count, item_states, chosen, room=room)
+    return out
+
+
+def _settle_maps(run: Run, flow: FlowDefinition, rows: dict[str, FlowNodeRun], steps: dict[str, Any],
+                 scope: dict[str, Any], now: Any) -> bool:
+    """Write item nodes' skips, and finish the maps that are over: their output is the items' results in order."""
+    for map_id, step in steps.items():
+        if step.skip:
+            _skip(run, tuple(item_node_id(map_id, i, c) for i, c in step.skip), now)
+            return True
+    events: list[Event] = []
+    for map_id, step in steps.items():
+        if step.outcome is None:
+            continue
+        node, row = flow.node(map_id), rows[map_id]
+        items = row.inputs.get("items") or []
+        errors = {i: _item_error(rows, map_id, i) for i in step.failed}
+        error = ""
+        output_value: Any = None
+        if step.outcome == "failed":
+            first = min(errors)
+            error = f"item {first} failed: {errors[first]}"
+            output_value = {"error": error} if node.on_error == "continue" else None
+        else:
+            output_value = []
+            for index in range(len(items)):
+                if index in errors:
+                    output_value.append({"error": errors[index]})
+                    continue
+                outs = _item_outputs(rows, map_id, index)
+                try:
+                    output_value.append(item_output(node, item_scope(scope, items[index], index, outs), outs))
+                except Exception as exc:
+                    output_value.append({"error": f"the item's output could not be evaluated: {exc}"})
+        status = NodeStatus.FAILED if error else NodeStatus.DONE
+        FlowNodeRun.objects.filter(pk=row.pk).update(status=status, output=output_value, error=error, finished_at=now)
+        payload: dict[str, Any] = {"node": map_id, "kind": "map", "status": str(status), "output": _summary(output_value),
+                                   "failed_items": list(step.failed)}
+        if error:
+            payload["error"] = error
+        events.append(Event("flow.node.finished", payload, parent_span_id=row.span_id))
+    if events:
+        publish_after_commit(run, _append(run, events), run_summary(run))
+    return bool(events)
+
+
+def _item_error(rows: dict[str, FlowNodeRun], map_id: str, index: int) -> str:
+    prefix = f"{map_id}[{index}]."
+    failed = sorted((r.finished_at or timezone.now(), nid) for nid, r in rows.items()
+                    if nid.startswith(prefix) and r.status == NodeStatus.FAILED)
+    if not failed:
+        return "failed"
+    nid = failed[0][1]
+    return f"node {nid[len(prefix):]}: {rows[nid].error}"
 
 
 def _rows(run_id: Any) -> dict[str, FlowNodeRun]:
@@ -139,17 +275,30 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
             for nid in stale:
                 states[nid] = NodeStatus.PENDING  # its worker died: start it again
             chosen = {nid: r.chosen for nid, r in rows.items() if r.kind == "switch" and r.status == NodeStatus.DONE}
-            routed = [h for nid, r in rows.items() if r.status == NodeStatus.FAILED
+            top = {n.id for n in flow.nodes}
+            routed = [h for nid, r in rows.items() if r.status == NodeStatus.FAILED and nid in top
                       for h in [flow.node(nid).handler] if h and flow.node(nid).on_error == "route"]
-            step = plan(flow, states, chosen, routed=routed)
-            if not step.skip:
-                break
-            _skip(run, step.skip, now)
-            rows = _rows(run.pk)
+            items_busy = sum(1 for nid, s in states.items() if s == NodeStatus.RUNNING and nid not in top)
+            step = plan(flow, states, chosen, routed=routed, busy=items_busy)
+            if step.skip:
+                _skip(run, step.skip, now)
+                rows = _rows(run.pk)
+                continue
+            if _open_maps(run, flow, [n for n in step.ready if flow.node(n).kind == "map"], _scope(run, rows), now):
+                rows = _rows(run.pk)
+                continue
+            map_steps = _map_steps(run, flow, rows, states, room=flow.max_parallel)
+            if _settle_maps(run, flow, rows, map_steps, _scope(run, rows), now):
+                rows = _rows(run.pk)
+                continue
+            break
         if step.outcome is not None:
+            if step.failed_node:  # a map cut short by another node's failure: it started no more items
+                FlowNodeRun.objects.filter(run=run, kind="map", status=NodeStatus.RUNNING).update(
+                    status=NodeStatus.FAILED, error=f"stopped: node {step.failed_node} failed", finished_at=now)
             _finish(run, flow, step.outcome, step.failed_node, rows)
             return []
-        ready = list(step.ready)
+        ready = [n for n in step.ready if flow.node(n).kind != "map"]
         events: list[Event] = []
         scope = _scope(run, rows)
         busy = FlowNodeRun.objects.filter(tenant_id=run.tenant_id, status=NodeStatus.RUNNING,
@@ -157,6 +306,13 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
         room = max(_tenant_bound() - busy, 0)
         held = [n for n in ready if flow.node(n).kind != "approval"][room:]
         ready = [n for n in ready if n not in held]
+        # item nodes of running maps: in what the run's max_parallel and the tenant's bound leave
+        running_now = items_busy + sum(1 for n in flow.nodes if states.get(n.id) == NodeStatus.RUNNING and n.kind != "map")
+        item_room = min(flow.max_parallel - running_now - len(ready), room - len(ready))
+        item_steps = _map_steps(run, flow, rows, states, room=flow.max_parallel)
+        wanted = [(m, i, c) for m, ms in item_steps.items() for i, c in ms.ready] if not step.failed_node else []
+        held += [item_node_id(m, i, c) for m, i, c in wanted[max(item_room, 0):]]
+        items = [(item_node_id(m, i, c), flow.node(m), i, c) for m, i, c in wanted[:max(item_room, 0)]]
         for nid in [n for n in ready if flow.node(n).kind == "approval"]:  # a person, not a task: wait for them
             ready.remove(nid)
             events.append(_ask(run, flow.node(nid), rows.get(nid), scope, now))
@@ -183,6 +339,29 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
             started.append((nid, token))
         if fresh:
             FlowNodeRun.objects.bulk_create(fresh)  # the run's row lock orders this against any other advance()
+        fresh_items: list[FlowNodeRun] = []
+        for nid, mapnode, index, child in items:
+            body = _body_node(mapnode, child)
+            row = rows.get(nid)
+            token, span, attempt = uuid.uuid4().hex, (row.span_id if row and row.span_id else new_span_id()), \
+                (row.attempt if row is not None else 0) + 1
+            try:
+                inputs = node_arguments(body, _item_scope(run, rows, mapnode, index))
+            except Exception as exc:
+                inputs = {"_mapping_error": str(exc)}
+            fields = {"tenant_id": run.tenant_id, "kind": body.kind, "status": NodeStatus.RUNNING, "attempt": attempt,
+                      "inputs": inputs, "span_id": span, "started_at": now, "lease_token": token,
+                      "lease_expires_at": now + dt.timedelta(seconds=body.timeout_seconds + _grace())}
+            if row is None:
+                fresh_items.append(FlowNodeRun(run=run, node_id=nid, **fields))
+            else:
+                FlowNodeRun.objects.filter(pk=row.pk).update(**fields)
+            events.append(Event("flow.node.started", {"node": nid, "kind": body.kind, "attempt": attempt, "map": mapnode.id,
+                                                      "index": index, "inputs": _summary(inputs)},
+                                span_id=span, parent_span_id=rows[mapnode.id].span_id))
+            started.append((nid, token))
+        if fresh_items:
+            FlowNodeRun.objects.bulk_create(fresh_items)
         if held and not started and not any(s == NodeStatus.RUNNING for s in states.values()):
             events.append(Event("flow.throttled", {"waiting": held, "tenant_running_nodes": busy,
                                                    "limit": _tenant_bound()}))
@@ -299,13 +478,18 @@ def execute_node(run_id: Any, node_id: str, token: str) -> None:
     """Run one started node and commit its completion; a duplicate or stale task (its token gone) does nothing."""
     rows = _rows(run_id)  # one read: this node's row and the outputs its inputs and conditions see
     row = rows.get(node_id)
-    if row is None or row.lease_token != token or row.status != NodeStatus.RUNNING:
+    if row is None or not row.lease_token or row.lease_token != token or row.status != NodeStatus.RUNNING:
         log.info("flow run %s: node %s is not this task's to run (finished, or restarted by another)", run_id, node_id)
         return
     run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
     flow = FlowDefinition.model_validate(run.version.definition)
-    node = flow.node(node_id)
-    scope = _scope(run, rows)
+    parts = split_item_node_id(node_id)
+    node: BodyNode
+    if parts is None:
+        node, scope = flow.node(node_id), _scope(run, rows)
+    else:  # a map's item node (a running map itself holds no token: its items' nodes run, not the map)
+        mapnode = flow.node(parts[0])
+        node, scope = _body_node(mapnode, parts[2]), _item_scope(run, rows, mapnode, parts[1])
     audit = StepAudit()
     trace: list[Event] = []  # the node's model and tool call events, committed with its completion
     status, output, error = NodeStatus.DONE, None, ""
@@ -318,10 +502,12 @@ def execute_node(run_id: Any, node_id: str, token: str) -> None:
             try:
                 if "_mapping_error" in row.inputs:
                     raise NodeFailed(f"an input mapping could not be evaluated: {row.inputs['_mapping_error']}")
-                output, chosen = _execute(run, flow, node, row.inputs, scope, audit, row.span_id, trace)
+                output, chosen = _execute(run, flow, node, row.inputs, scope, audit, row.span_id, trace, node_id)
                 status, error = NodeStatus.DONE, ""
             except NodeWaits as exc:
                 status, error = NodeStatus.WAITING, str(exc)
+                if parts is not None:  # nothing resumes a map's item for a person: it fails (its on_error applies)
+                    status, error = NodeStatus.FAILED, f"a map's item cannot wait for an approval: {exc}"
             except NodeFailed as exc:
                 status, error = NodeStatus.FAILED, str(exc)
             except Exception as exc:
@@ -366,7 +552,7 @@ def _add_usage(run: Run, calls: list[Event]) -> None:
     run.usage = usage.to_dict()
 
 
-def _retryable(node: Node, run: Run) -> bool:
+def _retryable(node: BodyNode, run: Run) -> bool:
     """Only llm nodes and tool nodes whose tool is idempotent are tried again."""
     if node.kind == "llm":
         return True
@@ -374,12 +560,12 @@ def _retryable(node: Node, run: Run) -> bool:
     return bool(tool is not None and getattr(tool, "idempotent", False))
 
 
-def _execute(run: Run, flow: FlowDefinition, node: Node, inputs: dict[str, Any], scope: dict[str, Any],
-             audit: StepAudit, span: str, trace: list[Event]) -> tuple[Any, list[str]]:
+def _execute(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any], scope: dict[str, Any],
+             audit: StepAudit, span: str, trace: list[Event], row_id: str) -> tuple[Any, list[str]]:
     if node.kind == "switch":
         return {"chosen": choose(node, scope)}, choose(node, scope)
     if node.kind == "tool":
-        return _tool(run, flow, node, inputs, audit, span, trace), []
+        return _tool(run, flow, node, inputs, audit, span, trace, row_id), []
     if node.kind == "llm":
         return _llm(run, node, scope, span, trace), []
     if node.kind == "agent":
@@ -387,14 +573,15 @@ def _execute(run: Run, flow: FlowDefinition, node: Node, inputs: dict[str, Any],
     raise NodeFailed(f"{node.kind} nodes do not run yet in this version of the console")
 
 
-def _tool(run: Run, flow: FlowDefinition, node: Node, inputs: dict[str, Any], audit: StepAudit, span: str,
-          trace: list[Event]) -> Any:
-    names = {n.tool for n in flow.nodes if n.kind == "tool" and n.tool}
+def _tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any], audit: StepAudit, span: str,
+          trace: list[Event], row_id: str) -> Any:
+    every: list[BodyNode] = [*flow.nodes, *(c for n in flow.nodes if n.body for c in n.body.nodes)]
+    names = {n.tool for n in every if n.kind == "tool" and n.tool}
     tools = list(resolvable_tools(run.tenant_id).filter(name__in=names))
     gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=session_grants(run),
                           approvals=ApprovalGate(run), tool_policy=tool_allowed_for)
     gateway.whitelist = names  # the flow's tool nodes are its tool list
-    call = ToolCall(id=call_id(run.pk, node.id), name=node.tool or "", arguments=json.dumps(inputs, default=str))
+    call = ToolCall(id=call_id(run.pk, row_id), name=node.tool or "", arguments=json.dumps(inputs, default=str))
     began = time.monotonic()
     outcome = gateway.execute(call, ToolContext(run_id=str(run.pk), step=run.step, span_id=span))
     trace.append(Event("tool.call", {"tool": node.tool, "call_id": call.id, "status": str(outcome.status),
@@ -410,7 +597,7 @@ def _tool(run: Run, flow: FlowDefinition, node: Node, inputs: dict[str, Any], au
         return outcome.content
 
 
-def _llm(run: Run, node: Node, scope: dict[str, Any], span: str, trace: list[Event]) -> Any:
+def _llm(run: Run, node: BodyNode, scope: dict[str, Any], span: str, trace: list[Event]) -> Any:
     """One model call through the tenant's model gateway (the deterministic planner serves ``demo/planner``)."""
     from agents.model_clients import model_client_for
 
@@ -429,7 +616,7 @@ def _llm(run: Run, node: Node, scope: dict[str, Any], span: str, trace: list[Eve
     return response.content or ""
 
 
-def _agent(run: Run, node: Node, inputs: dict[str, Any], trace: list[Event], span: str) -> Any:
+def _agent(run: Run, node: BodyNode, inputs: dict[str, Any], trace: list[Event], span: str) -> Any:
     """A child run of the tenant's agent, linked to the flow run (``facts.parent_run``, the row's ``child_run``); the
     node waits for it to end (at most its ``timeout_seconds``). A restarted node waits for the child it started."""
     from agents.models import Agent, AgentKind

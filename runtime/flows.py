@@ -57,7 +57,12 @@ from runtime.documents import (
     text,
 )
 
-NODE_KINDS = ("tool", "agent", "llm", "approval", "switch")
+NODE_KINDS = ("tool", "agent", "llm", "approval", "switch", "map")
+#: What a map's body may hold (a person's gate, a child agent or another map cannot run per item).
+BODY_KINDS = ("tool", "llm", "switch")
+ITEM_ERRORS = ("fail", "continue")
+#: The longest list a map node takes; a longer one fails the node.
+MAP_MAX_ITEMS = 100
 ON_ERROR = ("fail", "continue", "route")
 _ID = r"^[a-z][a-z0-9_]{0,62}$"
 NodeId = Annotated[str, pattern(_ID, "must be a node id: lower-case letters, digits and _ (e.g. lookup_order)")]
@@ -119,13 +124,28 @@ KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "llm": ("prompt", "output_schema", "model"),
     "approval": ("preview", "expires_in_seconds", "approver_roles"),
     "switch": ("cases", "default"),
+    "map": ("over", "body", "max_concurrency", "on_item_error"),
 }
-_REQUIRED = {"tool": "tool", "agent": "agent", "llm": "prompt", "switch": "cases"}
+_REQUIRED = {"tool": "tool", "agent": "agent", "llm": "prompt", "switch": "cases", "map": "over"}
+_ITEM_ID = re.compile(r"^([a-z][a-z0-9_]*)\[(\d+)\]\.([a-z][a-z0-9_]*)$")
 
 
-class Node(Document):
+def item_node_id(map_id: str, index: int, node_id: str) -> str:
+    """The row id of a body node's run for one item: ``map_id[3].child_id``."""
+    return f"{map_id}[{index}].{node_id}"
+
+
+def split_item_node_id(value: str) -> tuple[str, int, str] | None:
+    """``(map id, index, body node id)`` of an item node's row id, else None."""
+    m = _ITEM_ID.match(value)
+    return (m.group(1), int(m.group(2)), m.group(3)) if m else None
+
+
+class BodyNode(Document):
+    """A node of a map's body (and the common fields of every node)."""
+
     id: NodeId
-    kind: Annotated[str, choice(*NODE_KINDS)]
+    kind: Annotated[str, choice(*BODY_KINDS)]
     description: Annotated[str | None, text()] = None
     after: list[NodeId] = []
     inputs: dict[str, Expression] = {}
@@ -151,12 +171,13 @@ class Node(Document):
     default: list[NodeId] = []
 
     @model_validator(mode="after")
-    def _kind_fields(self) -> Node:
+    def _kind_fields(self) -> BodyNode:
         found = []
         required = _REQUIRED.get(self.kind)
         if required and not getattr(self, required):
             found.append(f"$.{required}: required for a {self.kind} node")
         others = {f for kind, fields in KIND_FIELDS.items() if kind != self.kind for f in fields} - set(KIND_FIELDS[self.kind])
+        others &= set(type(self).model_fields)
         given = {name for name in others & self.model_fields_set if getattr(self, name) != type(self).model_fields[name].default}
         for name in sorted(given):
             found.append(f"$.{name}: not a field of a {self.kind} node; it takes {list(KIND_FIELDS[self.kind]) or 'no own fields'}")
@@ -174,6 +195,8 @@ class Node(Document):
         """``(relative path, expression)`` of every expression the node evaluates."""
         out = [(f".inputs.{name}", expr) for name, expr in self.inputs.items()]
         out += [(f".cases[{i}].when", case.when) for i, case in enumerate(self.cases)]
+        over = getattr(self, "over", None)
+        out += [(".over", over)] if over else []
         for name in ("prompt", "preview"):
             template = getattr(self, name)
             out += [(f".{name}", expr) for expr in template_expressions(template or "")]
@@ -192,18 +215,50 @@ class FlowCatalog:
     agents: Iterable[str] = ()
 
 
-def _nodes(value: Any) -> list[Node]:
+def _parse_nodes(model: type[BodyNode], value: Any, what: str) -> list[Any]:
     if not isinstance(value, list) or not value:
-        raise problem("must be a non-empty list of nodes", value)
+        raise problem(f"must be a non-empty list of {what}", value)
     parsed, found = [], []
     for index, item in enumerate(value):
-        node, errors = problems(Node, item, path=f"$[{index}]")
+        node, errors = problems(model, item, path=f"$[{index}]")
         found += errors
         if node is not None:
             parsed.append(node)
     if found:
         raise problems_of(found)
     return parsed
+
+
+def _nodes(value: Any) -> list[Node]:
+    return _parse_nodes(Node, value, "nodes")
+
+
+def _body_nodes(value: Any) -> list[BodyNode]:
+    return _parse_nodes(BodyNode, value, f"nodes (of kind {', '.join(BODY_KINDS)})")
+
+
+class MapBody(Document):
+    """The sub-graph a map runs per item. Its expressions also read ``item`` and ``index``; ``output`` (over the
+    item's scope) is the item's result, by default the object of the body's node outputs."""
+
+    nodes: Annotated[list[BodyNode], Leaf(_body_nodes, {"type": "array", "minItems": 1, "items": json_schema(BodyNode)})]
+    output: Annotated[str | None, Leaf(_expression, {"type": "string"}, nullable=True)] = None
+
+
+class Node(BodyNode):
+    kind: Annotated[str, choice(*NODE_KINDS)]
+    # map
+    over: Annotated[str | None, Leaf(_expression, {"type": "string", "description": "A JMESPath expression: the list"},
+                                     nullable=True)] = None
+    body: MapBody | None = None
+    max_concurrency: Annotated[int, integer(1, maximum=32)] = 4
+    on_item_error: Annotated[str, choice(*ITEM_ERRORS)] = "fail"
+
+    @model_validator(mode="after")
+    def _map_fields(self) -> Node:
+        if self.kind == "map" and self.body is None:
+            raise problems_of(["$.body: required for a map node: {\"nodes\": [...]}, the sub-graph run per item"])
+        return self
 
 
 class FlowDefinition(Document):
@@ -299,10 +354,77 @@ def graph_problems(flow: FlowDefinition) -> list[str]:
                 elif ref not in ancestors[node.id]:
                     found.append(f"{where[node.id]}{path}: reads node {ref!r}, which does not run before {node.id!r}; "
                                  f"add it to {node.id}.after")
+    for index, node in enumerate(flow.nodes):
+        if node.kind == "map" and node.body is not None:
+            found += _body_problems(node, f"$.nodes[{index}]", ancestors[node.id], set(where))
     if flow.output:
         for ref in sorted(referenced_nodes(flow.output)):
             if ref not in where:
                 found.append(f"$.output: reads node {ref!r}, which does not exist; the nodes are {ids}")
+    return found
+
+
+def body_graph(node: Node) -> FlowDefinition:
+    """A map's body as a graph :func:`plan` schedules (built, not validated again: its node was)."""
+    assert node.body is not None
+    return FlowDefinition.model_construct(nodes=list(node.body.nodes), max_parallel=MAP_MAX_ITEMS, output=None)
+
+
+def _body_problems(node: Node, at: str, upstream: set[str], outer: set[str]) -> list[str]:
+    """A map's body: unique ids (not the flow's either), known references, no cycle, reads of body nodes before it or
+    of flow nodes upstream of the map only, row ids that fit."""
+    assert node.body is not None
+    found: list[str] = []
+    where: dict[str, str] = {}
+    for index, child in enumerate(node.body.nodes):
+        path = f"{at}.body.nodes[{index}]"
+        if child.id in where:
+            found.append(f"{path}.id: {child.id!r} is already the id of {where[child.id][2:]}")
+        elif child.id in outer:
+            found.append(f"{path}.id: {child.id!r} is already the id of a node of the flow; a body node needs its own")
+        else:
+            where[child.id] = path
+        longest = item_node_id(node.id, MAP_MAX_ITEMS - 1, child.id)
+        if len(longest) > 63:
+            found.append(f"{path}.id: {longest!r} (the map's id, an item's index and this id) is over 63 characters; "
+                         "shorten the map's or this node's id")
+    if found:
+        return found
+    body = body_graph(node)
+    ids = sorted(where)
+    for child in body.nodes:
+        for i, dep in enumerate(child.after):
+            if dep not in where:
+                hint = " (a body node runs after body nodes only; the map itself runs after flow nodes)" \
+                    if dep in outer else ""
+                found.append(f"{where[child.id]}.after[{i}]: no body node {dep!r}; the body's nodes are {ids}{hint}")
+            elif dep == child.id:
+                found.append(f"{where[child.id]}.after[{i}]: a node cannot come after itself")
+        for path, target in [*((f".cases[{i}].goto", t) for i, c in enumerate(child.cases) for t in c.goto),
+                             *((".default", t) for t in child.default), *(((".handler", child.handler),) if child.handler else ())]:
+            if target not in where:
+                found.append(f"{where[child.id]}{path}: no body node {target!r}; the body's nodes are {ids}")
+    if found:
+        return found
+    try:
+        order = body.order()
+    except CycleError as exc:
+        return [f"{at}.body.nodes: a cycle {' -> '.join(exc.args[1])}; a map's body is a graph without cycles (remove "
+                "one of these dependencies)"]
+    deps = body.dependencies()
+    ancestors: dict[str, set[str]] = {}
+    for node_id in order:
+        ancestors[node_id] = set().union(*(ancestors[d] | {d} for d in deps[node_id])) if deps[node_id] else set()
+    reads = [(where[c.id] + path, expr, ancestors[c.id], c.id) for c in body.nodes for path, expr in c.expressions()]
+    if node.body.output:
+        reads.append((f"{at}.body.output", node.body.output, set(where), "the item's output"))
+    for path, expression, before, who in reads:
+        for ref in sorted(referenced_nodes(expression)):
+            if ref in where and ref not in before:
+                found.append(f"{path}: reads body node {ref!r}, which does not run before {who!r}; add it to {who}.after")
+            elif ref not in where and ref not in upstream:
+                found.append(f"{path}: reads node {ref!r}, which is not a body node nor a flow node that runs before the "
+                             f"map {node.id!r}; the body's nodes are {ids}, the map's upstream nodes {sorted(upstream)}")
     return found
 
 
@@ -312,18 +434,21 @@ def catalog_problems(flow: FlowDefinition, catalog: FlowCatalog) -> list[str]:
     agents = set(catalog.agents)
     where = _where(flow)
     scopes = set(flow.scopes)
-    for node in flow.nodes:
+    located: list[tuple[str, BodyNode]] = [(where[n.id], n) for n in flow.nodes]
+    located += [(f"{where[n.id]}.body.nodes[{i}]", c) for n in flow.nodes if n.kind == "map" and n.body
+                for i, c in enumerate(n.body.nodes)]
+    for at, node in located:
         if node.kind == "tool" and node.tool:
             if node.tool not in catalog.tools:
-                found.append(f"{where[node.id]}.tool: no tool {node.tool!r} for this tenant (its own, or from an installed "
+                found.append(f"{at}.tool: no tool {node.tool!r} for this tenant (its own, or from an installed "
                              "plugin); the tools are " + str(sorted(catalog.tools)))
             else:
                 missing = sorted(set(catalog.tools[node.tool]) - scopes)
                 if missing:
-                    found.append(f"{where[node.id]}.tool: {node.tool!r} needs the scopes {missing}, which the flow's scopes "
+                    found.append(f"{at}.tool: {node.tool!r} needs the scopes {missing}, which the flow's scopes "
                                  f"{sorted(scopes)} do not cover; add them to scopes")
         if node.kind == "agent" and node.agent and node.agent not in agents:
-            found.append(f"{where[node.id]}.agent: no agent {node.agent!r} for this tenant; the agents are {sorted(agents)}")
+            found.append(f"{at}.agent: no agent {node.agent!r} for this tenant; the agents are {sorted(agents)}")
     return found
 
 
@@ -354,22 +479,26 @@ class Plan:
 
 
 def plan(flow: FlowDefinition, states: Mapping[str, str], chosen: Mapping[str, Iterable[str]] | None = None,
-         *, routed: Iterable[str] = ()) -> Plan:
+         *, routed: Iterable[str] = (), busy: int = 0) -> Plan:
     """The next step of a flow from its nodes' states.
 
     ``chosen``: for each finished switch, the nodes it chose. ``routed``: handler nodes a failed node routed to.
     A failed node counts as finished-and-passing when its ``on_error`` is ``continue``; with ``fail`` the flow fails
-    (once nothing is running); with ``route`` its handler runs.
+    (once nothing is running); with ``route`` its handler runs. A running map holds no place of ``max_parallel``
+    itself: its items' running nodes do (``busy``).
     """
     chosen = {k: set(v) for k, v in (chosen or {}).items()}
     routed_to = set(routed)
     state = {n.id: NodeState(states.get(n.id, NodeState.PENDING)) for n in flow.nodes}
     deps = flow.dependencies()
     handlers = flow.handlers()
-    running = sum(1 for s in state.values() if s in (NodeState.RUNNING,))
+    running = busy + sum(1 for n in flow.nodes if state[n.id] == NodeState.RUNNING and n.kind != "map")
     failed = [n for n in flow.nodes if state[n.id] == NodeState.FAILED and n.on_error == "fail"]
     if failed:
-        outcome = "failed" if not any(s in (NodeState.RUNNING, NodeState.WAITING) for s in state.values()) else None
+        # a running map is over once its items' nodes are (``busy``): it starts no more items now
+        in_flight = busy > 0 or any(state[n.id] in (NodeState.RUNNING, NodeState.WAITING) and n.kind != "map"
+                                    for n in flow.nodes)
+        outcome = "failed" if not in_flight else None
         return Plan(outcome=outcome, failed_node=failed[0].id)
 
     nodes = {n.id: n for n in flow.nodes}
@@ -422,7 +551,7 @@ def evaluate(expression: str, scope: Mapping[str, Any]) -> Any:
     return jmespath.search(expression, dict(scope))
 
 
-def node_arguments(node: Node, scope: Mapping[str, Any]) -> dict[str, Any]:
+def node_arguments(node: BodyNode, scope: Mapping[str, Any]) -> dict[str, Any]:
     """A node's arguments: its constants, then its inputs evaluated over the flow's input and earlier outputs."""
     return {**node.values, **{name: evaluate(expr, scope) for name, expr in node.inputs.items()}}
 
@@ -436,10 +565,84 @@ def render(template: str, scope: Mapping[str, Any]) -> str:
     return _TEMPLATE_FIELD.sub(value, template)
 
 
-def choose(node: Node, scope: Mapping[str, Any]) -> list[str]:
+def choose(node: BodyNode, scope: Mapping[str, Any]) -> list[str]:
     """The nodes a switch chooses: the first case whose ``when`` holds, else its default."""
     for case in node.cases:
         if evaluate(case.when, scope):
             return list(case.goto)
     return list(node.default)
 
+
+
+# -- maps -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MapStep:
+    """A running map's next step: ``ready`` and ``skip`` are ``(index, body node id)``; ``outcome`` is ``succeeded``
+    or ``failed`` once the map is over; ``failed`` are the items whose body failed, ``over`` the finished ones."""
+
+    ready: tuple[tuple[int, str], ...] = ()
+    skip: tuple[tuple[int, str], ...] = ()
+    outcome: str | None = None
+    failed: tuple[int, ...] = ()
+    over: tuple[int, ...] = ()
+
+
+def plan_map(node: Node, count: int, states: Mapping[int, Mapping[str, str]],
+             chosen: Mapping[int, Mapping[str, Iterable[str]]] | None = None, *, room: int) -> MapStep:
+    """The next step of a map over ``count`` items from its item nodes' states (``states[index][body node id]``).
+
+    At most ``max_concurrency`` items are under way at once (started, not over), lowest index first; at most ``room``
+    nodes start now (what the run's ``max_parallel`` and the tenant's bound leave). With ``on_item_error: fail`` a
+    failed item starts nothing more and the map fails once no item node runs; with ``continue`` every item runs.
+    """
+    body = body_graph(node)
+    chosen = chosen or {}
+    ready: list[tuple[int, str]] = []
+    skip: list[tuple[int, str]] = []
+    failed: list[int] = []
+    over: list[int] = []
+    under_way: list[tuple[int, Plan]] = []
+    running = False
+    for index in range(count):
+        item = states.get(index) or {}
+        if not item:
+            continue
+        running = running or any(NodeState(s) == NodeState.RUNNING for s in item.values())
+        routed = [n.handler for n in body.nodes if n.handler and n.on_error == "route"
+                  and item.get(n.id) == NodeState.FAILED]
+        step = plan(body, item, chosen.get(index), routed=routed)
+        skip += [(index, nid) for nid in step.skip]
+        if step.outcome is not None:
+            over.append(index)
+            if step.outcome == "failed":
+                failed.append(index)
+        else:
+            under_way.append((index, step))
+    stop = bool(failed) and node.on_item_error == "fail"
+    if stop:
+        return MapStep(skip=tuple(skip), outcome=None if running else "failed", failed=tuple(failed), over=tuple(over))
+    for index, step in under_way:
+        ready += [(index, nid) for nid in step.ready]
+    fresh = [i for i in range(count) if not states.get(i)]
+    slots = max(node.max_concurrency - len(under_way), 0)
+    first = body.order()
+    roots = [nid for nid in first if not body.dependencies()[nid] and nid not in body.handlers()]
+    for index in fresh[:slots]:
+        ready += [(index, nid) for nid in roots]
+    ready = ready[:max(room, 0)]
+    if not fresh and not under_way and not skip:
+        return MapStep(outcome="succeeded", failed=tuple(failed), over=tuple(over))
+    return MapStep(ready=tuple(ready), skip=tuple(skip), failed=tuple(failed), over=tuple(over))
+
+
+def item_scope(scope: Mapping[str, Any], item: Any, index: int, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """What a body node's expressions read: the flow's scope, the item's body outputs, ``item`` and ``index``."""
+    return {**scope, "nodes": {**scope.get("nodes", {}), **outputs}, "item": item, "index": index}
+
+
+def item_output(node: Node, scope: Mapping[str, Any], outputs: Mapping[str, Any]) -> Any:
+    """An item's result: its body's ``output`` over the item's scope, else the object of its body node outputs."""
+    assert node.body is not None
+    return evaluate(node.body.output, scope) if node.body.output else dict(outputs)

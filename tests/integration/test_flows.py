@@ -7,6 +7,7 @@ in parallel.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -241,3 +242,47 @@ def test_gateway_denials_inside_a_flow_fail_their_node_and_leave_audit_rows(
     assert audits[call_id(run_id, "typo")].status in ("invalid", "denied", "error"), audits[call_id(run_id, "typo")].status
     calls = {e.payload.get("node"): e.payload for e in RunEvent.objects.filter(run_id=run_id, type="flow.node.finished")}
     assert "switched off by an operator" in str(calls["order"]), calls["order"]
+
+
+MAPPED: dict[str, Any] = {
+    "nodes": [{"id": "each", "kind": "map", "over": "input.orders", "max_concurrency": 2, "body": {
+        "nodes": [{"id": "fetch", "kind": "tool", "tool": "slow_fetch", "inputs": {"order_id": "item"},
+                   "timeout_seconds": 5}],
+        "output": "{index: index, ticket: nodes.fetch.ticket}"}}],
+    "output": "nodes.each",
+}
+MAP_ORDERS = [f"O20241128{n:04d}" for n in range(1, 6)]
+
+
+def test_a_map_runs_two_items_at_a_time_and_a_killed_worker_resumes_it_without_rerunning_an_item(
+    stacks: list[LiveStack], world: World, unblocked_db: None
+) -> None:
+    victim = _own(stacks)
+    with victim.client(world.raw_key) as http:
+        assert http.post("/api/v1/flows", json={"slug": "mapped", "name": "mapped"}).status_code == 201
+        saved = http.post("/api/v1/flows/mapped/versions",
+                          json={"model": "demo/planner", "definition": MAPPED, "make_current": True})
+        assert saved.status_code == 201, saved.text
+        response = http.post("/api/v1/runs", json={"flow": "mapped", "input": {"orders": MAP_ORDERS}})
+    assert response.status_code == 202, response.text
+    run_id = str(response.json()["id"])
+    deadline = time.monotonic() + 40
+    while not (FlowNodeRun.objects.filter(run_id=run_id, node_id__contains="[", status="done").exists()
+               and FlowNodeRun.objects.filter(run_id=run_id, node_id__contains="[", status="running").exists()):
+        assert time.monotonic() < deadline, "the map's items never ran"
+        time.sleep(0.05)
+    committed = set(FlowNodeRun.objects.filter(run_id=run_id, node_id__contains="[", status="done")
+                    .values_list("node_id", flat=True))
+    victim.kill_executor()
+    successor = replace_executor(victim, stacks, FAST)
+    body = successor.wait_for_run(world.raw_key, run_id, timeout=120)
+    assert body["terminal_reason"] == "final_answer", body
+    assert json.loads(body["output"]) == [{"index": i, "ticket": f"TKT-{o[-6:]}"} for i, o in enumerate(MAP_ORDERS)]
+    rows = list(FlowNodeRun.objects.filter(run_id=run_id, node_id__contains="[").order_by("started_at"))
+    assert len(rows) == 5 and any(r.attempt == 2 for r in rows), "a killed item node started again"
+    assert all(r.attempt == 1 for r in rows if r.node_id in committed), "a committed item never ran again"
+    for row in rows:  # never more than two items at once (as each one started)
+        at_once = [r.node_id for r in rows if r.started_at <= row.started_at < r.finished_at]
+        assert len(at_once) <= 2, at_once
+    audits = list(ToolCallAudit.objects.filter(run_id=run_id).values_list("call_id", flat=True))
+    assert sorted(set(audits)) == sorted(call_id(run_id, f"each[{i}].fetch") for i in range(5))

@@ -8,7 +8,19 @@ from typing import Any
 import pytest
 
 from runtime.documents import DocumentError, parse, problems
-from runtime.flows import FlowCatalog, FlowDefinition, NodeState, choose, node_arguments, plan, referenced_nodes, render
+from runtime.flows import (
+    FlowCatalog,
+    FlowDefinition,
+    MapStep,
+    NodeState,
+    Plan,
+    choose,
+    node_arguments,
+    plan,
+    plan_map,
+    referenced_nodes,
+    render,
+)
 
 REFUND_DESK: dict[str, Any] = {
     "scopes": ["orders:read", "orders:refund"],
@@ -62,7 +74,7 @@ def test_references_ids_and_kinds_are_checked_with_their_paths() -> None:
     assert errors == [
         "nodes[1].prompt: required for a llm node",
         "nodes[2].id: must be a node id: lower-case letters, digits and _ (e.g. lookup_order), got 'B'",
-        "nodes[2].kind: must be one of ['tool', 'agent', 'llm', 'approval', 'switch'], got 'robot'",
+        "nodes[2].kind: must be one of ['tool', 'agent', 'llm', 'approval', 'switch', 'map'], got 'robot'",
         "nodes[3].tool: not a field of a llm node; it takes ['prompt', 'output_schema', 'model']",
         'nodes[3].handler: required when on_error is "route": the node that runs instead',
     ]
@@ -193,3 +205,63 @@ def test_a_stored_definition_parses_back_to_itself() -> None:
     flow = parse(FlowDefinition, REFUND_DESK)
     stored = flow.to_json()
     assert parse(FlowDefinition, stored).to_json() == stored
+
+
+# -- map nodes --------------------------------------------------------------------------------------------------
+
+def _map(body: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"scopes": ["orders:read"],
+            "nodes": [{"id": "order", "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}},
+                      {"id": "other", "kind": "tool", "tool": "query_order"},
+                      {"id": "each", "kind": "map", "after": ["order"], "over": "nodes.order.items",
+                       "body": {"nodes": body}, **extra}]}
+
+
+def test_a_map_body_is_validated_with_its_paths() -> None:
+    ok = [{"id": "a", "kind": "tool", "tool": "query_order", "inputs": {"id": "item.id", "i": "index", "o": "nodes.order"}},
+          {"id": "b", "kind": "llm", "after": ["a"], "prompt": "{nodes.a}"}]
+    flow = parse(FlowDefinition, _map(ok), context={"catalog": CATALOG})
+    assert flow.node("each").max_concurrency == 4 and flow.node("each").on_item_error == "fail"
+    assert _errors(_map([])) == ["nodes[2].body.nodes: must be a non-empty list of nodes (of kind tool, llm, switch), got list"]
+    assert _errors(_map([{"id": "a", "kind": "tool", "tool": "t", "after": ["b"]},
+                         {"id": "b", "kind": "tool", "tool": "t", "after": ["a"]}]))[0].startswith(
+        "nodes[2].body.nodes: a cycle ")
+    assert _errors(_map(ok[:1], over="nodes.other[")) [0].startswith("nodes[2].over: is not a JMESPath expression")
+    assert _errors(_map(ok[:1], max_concurrency=0)) == ["nodes[2].max_concurrency: must be an integer from 1 to 32, got 0"]
+    errors = _errors(_map([{"id": "a", "kind": "tool", "tool": "t", "inputs": {"x": "nodes.other"}}]))
+    assert errors[0].startswith("nodes[2].body.nodes[0].inputs.x: reads node 'other', which is not a body node nor a "
+                                "flow node that runs before the map 'each'")
+    assert _errors(_map([{"id": "order", "kind": "tool", "tool": "t"}]))[0].startswith("nodes[2].body.nodes[0].id: 'order'")
+    assert _errors(_map([{"id": "a", "kind": "approval"}]))[0].startswith("nodes[2].body.nodes[0].kind: must be one of")
+    assert _errors(_map(ok[:1], over=None))[0] == "nodes[2].over: required for a map node"
+    missing = _errors(_map([{"id": "a", "kind": "tool", "tool": "nope"}]), CATALOG)
+    assert missing[0].startswith("nodes[2].body.nodes[0].tool: no tool 'nope'")
+
+
+def test_plan_runs_a_map_after_its_upstream_and_plan_map_bounds_its_items() -> None:
+    flow = parse(FlowDefinition, _map([{"id": "a", "kind": "tool", "tool": "t"},
+                                       {"id": "b", "kind": "tool", "tool": "t", "after": ["a"]}], max_concurrency=3))
+    assert plan(flow, {}).ready == ("order", "other")
+    assert plan(flow, {"order": "done", "other": "running"}).ready == ("each",)
+    node = flow.node("each")
+    step = plan_map(node, 10, {}, room=8)
+    assert step.ready == ((0, "a"), (1, "a"), (2, "a"))  # three items at once, lowest index first
+    step = plan_map(node, 10, {0: {"a": "done", "b": "done"}, 1: {"a": "done"}, 2: {"a": "running"}}, room=8)
+    assert step.ready == ((1, "b"), (3, "a")) and step.over == (0,)
+    assert plan_map(node, 10, {0: {"a": "done"}}, room=1).ready == ((0, "b"),)  # the run's room bounds it too
+    failed = {0: {"a": "failed"}, 1: {"a": "running"}}
+    assert plan_map(node, 10, failed, room=8) == MapStep(failed=(0,), over=(0,))  # fail: wait for item 1, start none
+    assert plan_map(node, 10, {0: {"a": "failed"}}, room=8).outcome == "failed"
+    lenient = flow.node("each").model_copy(update={"on_item_error": "continue"})
+    assert plan_map(lenient, 2, failed, room=8).ready == ()  # item 1 still running; no item 2
+    done = {0: {"a": "failed"}, 1: {"a": "done", "b": "done"}}
+    assert plan_map(lenient, 2, done, room=8).outcome == "succeeded"
+    assert plan_map(node, 0, {}, room=8).outcome == "succeeded"
+
+
+def test_a_failed_node_ends_the_flow_once_a_running_maps_items_are_over() -> None:
+    flow = parse(FlowDefinition, _map([{"id": "a", "kind": "tool", "tool": "t"}]))
+    states = {"order": "done", "other": "failed", "each": "running"}
+    assert plan(flow, states, busy=1) == Plan(failed_node="other")  # an item node still runs
+    assert plan(flow, states, busy=0).outcome == "failed"
+    assert plan(flow, {"order": "done", "other": "running", "each": "running"}, busy=0).ready == ()
