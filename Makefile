@@ -97,6 +97,12 @@ bench-api: $(VENV)/.dev-installed
 bench-trace: $(VENV)/.dev-installed
 	$(PY) bench/trace_fanout.py $(BENCH_ARGS)
 
+# Time to first streamed delta over SSE (issue #18): the live stack of the streaming tests, 20 runs; prints the figures.
+# With DATABASE_URL/REDIS_URL set it measures the production mode (separate worker), else the embedded one.
+.PHONY: bench-stream
+bench-stream: $(VENV)/.dev-installed
+	DEBUG=false HTTPS_ONLY=false SECRET_KEY=bench-only-secret-key-0123456789abcdefghijkl $(VENV)/bin/pytest -q -s -p no:cacheprovider bench/stream_latency.py
+
 # The two-step demo end to end at 20 in flight: runs/s, POST -> finished, queue wait vs execution (bench/README.md).
 .PHONY: bench-throughput
 bench-throughput: $(VENV)/.dev-installed
