@@ -34,6 +34,9 @@ CANARY = "sk-proj-CANARYc4n4ry0123456789abcdefQRST"
 CANARY_MIDDLE = "CANARYc4n4ry0123456789"
 PASSWORD = "Hunter2Canary!"
 WORDS = " ".join(f"word{i}" for i in range(60))  # ~420 characters: deltas flow long before the reply ends
+#: The provider answers this late, so a client has joined the run's stream before the first piece: deltas are not
+#: stored, and prose leaves word by word at once, so a client that joins late never sees the first words.
+LATE = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +123,7 @@ def test_deltas_arrive_before_the_step_commits_and_spell_the_stored_answer(stack
                                                                           django_db_blocker: Any) -> None:
     world, _ = worlds
     # given a model that streams a long answer slowly (40 pieces, 50 ms apart: about 2 s)
-    fake.script(text(WORDS, pieces=40, chunk_delay=0.05), replace=True)
+    fake.script(text(WORDS, pieces=40, chunk_delay=0.05, delay=LATE), replace=True)
     run_id = _start(stack, world.raw_key)
     # when a client streams the run
     messages = _stream(stack, world.raw_key, run_id)
@@ -180,7 +183,7 @@ def test_a_canary_secret_never_appears_in_any_frame_sse_or_websocket(stack: Live
     world, _ = worlds
     # given a model that writes secrets, streamed in pieces of 3 characters (every secret split across deltas)
     answer = f"Your key is {CANARY} and the password: {PASSWORD} then card 4111 1111 1111 1111. {WORDS}"
-    fake.script(text(answer, pieces=len(answer) // 3, chunk_delay=0.01), replace=True)
+    fake.script(text(answer, pieces=len(answer) // 3, chunk_delay=0.01, delay=LATE), replace=True)
     run_id = _start(stack, world.raw_key)
     ws_frames: list[str] = []
     headers = {"Authorization": f"Bearer {world.raw_key}"}
@@ -259,7 +262,8 @@ def test_a_foreign_tenants_run_is_a_404_and_bad_input_a_clear_400(stack: LiveSta
 
 def test_create_and_stream_in_one_call(stack: LiveStack, worlds: Any, fake: FakeOpenAI, django_db_blocker: Any) -> None:
     world, _ = worlds
-    fake.script(text(WORDS, pieces=20, chunk_delay=0.03), text(WORDS, pieces=20, chunk_delay=0.03), replace=True)
+    fake.script(text(WORDS, pieces=20, chunk_delay=0.03, delay=LATE), text(WORDS, pieces=20, chunk_delay=0.03, delay=LATE),
+                replace=True)
     key = f"stream-{uuid.uuid4().hex}"
     body = {"agent": "order-assistant", "input": "where is order O202411280001?"}
     with stack.client(world.raw_key) as http:
