@@ -24,14 +24,19 @@ from tools.models import Tool
 HISTORY_TURNS = 50
 
 
-def initial_checkpoint(run: Run, model_info: Any) -> Checkpoint:
+def initial_checkpoint(run: Run, model_info: Any, *, turns: list[Turn] | None = None) -> Checkpoint:
     """The context contributors' input, gathered from the database in a fixed number of queries.
+
+    ``turns`` (newest first): the session's earlier turns when the caller has them (a replay gives the turns that
+    came before the recorded run, read for many runs at once); else the session's latest turns are read.
 
     What the user typed is masked again here (idempotent; ``start_run`` stored it masked), so rows written
     before input masking or by other paths never bring raw personal data or secrets to the model.
     """
     raw = tuple(policy_for(run).policy.input_masking.raw)
-    turns = list(Turn.objects.filter(session_id=run.session_id).order_by("-turn_seq")[:HISTORY_TURNS])
+    if turns is None:
+        turns = list(Turn.objects.filter(session_id=run.session_id).order_by("-turn_seq")[:HISTORY_TURNS])
+    turns = turns[:HISTORY_TURNS]
     history = [
         ContextTurn(t.turn_seq, [{"role": "user", "content": mask_text(t.user_message, keep=raw)},
                                  {"role": "assistant", "content": t.assistant_message}])

@@ -99,6 +99,7 @@ INSTALLED_APPS = [
     "tools",
     "approvals",
     "flows",
+    "releases",
     "marketplace",
     "audit",
     "accounts",

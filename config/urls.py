@@ -16,6 +16,7 @@ urlpatterns = [
     path("api/v1/", include("tools.api_urls")),
     path("api/v1/", include("audit.api_urls")),
     path("api/v1/", include("approvals.api_urls")),
+    path("api/v1/", include("releases.api_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves its start-up script as a file, so the page needs no inline script under the CSP.
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),

@@ -1,0 +1,179 @@
+"""Issue #16: evaluation sets and replays of recorded runs (releases/)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from agents import services
+from agents.models import AgentVersion, Run, RunEvent, RunMessage, Session
+from audit.models import ToolCallAudit
+from config.errors import DomainError
+from marketplace.builtin import order_desk
+from releases import services as releases
+from releases.models import EvaluationSet, ReplayBatch, ReplayRun
+from tenants.scoping import Actor, actor_for_user
+from tests.factories import make_world
+from tools.services import install_python_tool
+
+pytestmark = pytest.mark.django_db
+
+QUESTIONS = ["Where is my order O202411280001?", "What is in order O202411280002?",
+             "How much did orders O202411280001 and O202411280002 cost together?"]
+
+
+@pytest.fixture
+def world() -> Any:
+    w = make_world()
+    refund = install_python_tool(tenant=w.tenant, key="order_desk.refund_order", actor=None)
+    w.version.tools = [*w.version.tools, refund.name]
+    w.version.save(update_fields=["tools"])
+    order_desk.REFUNDS.clear()
+    for text in QUESTIONS:
+        run = services.start_run(actor=Actor(api_key=w.key), agent=w.agent, text=text)
+        services.execute_run(str(run.pk))
+    return w
+
+
+def _counts() -> tuple[int, int, int, int, int]:
+    return (Run.objects.count(), RunEvent.objects.count(), RunMessage.objects.count(), ToolCallAudit.objects.count(),
+            Session.objects.count())
+
+
+def _replay(w: Any, candidate: AgentVersion, **options: Any) -> ReplayBatch:
+    actor = actor_for_user(w.operator)
+    name = options.pop("name", f"set-{candidate.number}-{ReplayBatch.objects.count()}")
+    evaluation_set = releases.create_evaluation_set(tenant=w.tenant, actor=actor, name=name, agent=w.agent,
+                                                    filters={"limit": 50})
+    batch = releases.start_replay(tenant=w.tenant, actor=actor, evaluation_set=evaluation_set, candidate=candidate,
+                                  concurrency=1, **options)
+    releases.run_shard(batch.pk, 0, 1)
+    batch.refresh_from_db()
+    return batch
+
+
+def test_a_recorded_replay_of_the_same_version_reproduces_every_run_exactly(world: Any) -> None:
+    finished = Run.objects.filter(tenant=world.tenant, status="finished")
+    assert finished.count() == 3 and all(r.terminal_reason == "final_answer" for r in finished)
+    before = _counts()
+    batch = _replay(world, world.version, checks=[{"check": "no_diff"}])
+    assert batch.status == "finished" and batch.total == 3 and batch.done == 3
+    assert batch.pass_rate == 1.0 and batch.passed_count == 3 and batch.failed_count == 0
+    rows = list(ReplayRun.objects.filter(batch=batch))
+    for row in rows:
+        assert row.status == "replayed", row.error
+        assert row.diff["changed"] == [], row.diff
+        assert row.live_tool_calls == 0
+    assert sum(1 for r in rows if r.diff["tools"]["recorded"]) >= 2, "the questions make the planner call tools"
+    assert _counts() == before, "a recorded replay writes no run, event, message, audit row or session"
+    assert order_desk.REFUNDS == {}
+
+
+def test_a_prompt_and_tool_change_shows_in_the_diff(world: Any) -> None:
+    lean = AgentVersion.objects.create(tenant=world.tenant, agent=world.agent, number=2, model="demo/planner",
+                                       system_prompt=world.version.system_prompt,
+                                       tools=[t for t in world.version.tools if t != "query_logistics"])
+    batch = _replay(world, lean, model_mode="live", cost_cap="1.00",
+                    checks=[{"check": "same_tools"}, {"check": "answer_not_contains", "text": "SF Express"}])
+    assert batch.status == "finished" and batch.done == 3
+    rows = {r.source_run.input: r for r in ReplayRun.objects.filter(batch=batch).select_related("source_run")}
+    where = rows[QUESTIONS[0]]
+    assert where.passed is False and where.regression
+    assert "tools" in where.diff["changed"] and "answer" in where.diff["changed"]
+    assert all(c["tool"] != "query_logistics" for c in where.diff["tools"]["replayed"])
+    assert any(line.startswith("-") and "SF Express" in line for line in where.diff["answer"]["diff"])
+    assert batch.pass_rate is not None and batch.pass_rate < 1.0
+    report = releases.batch_report(batch)
+    assert report["results"][0]["regression"] is True, "regressions are listed first"
+
+
+def test_a_write_tool_is_never_called_live_whatever_the_miss_policy(world: Any) -> None:
+    refund_ask = "refund 30.00 for order O202411280001 because the glass cup broke"
+    run = services.start_run(actor=Actor(api_key=world.key), agent=world.agent, text=refund_ask)
+    services.execute_run(str(run.pk))
+    run.refresh_from_db()
+    recorded_refunds = sum(len(v) for v in order_desk.REFUNDS.values())
+    # the candidate's planner asks for another amount than the recording holds: a miss on a write tool
+    candidate = AgentVersion.objects.create(tenant=world.tenant, agent=world.agent, number=2, model="demo/planner",
+                                            system_prompt=world.version.system_prompt, tools=world.version.tools)
+    from releases import recording
+    rec = recording.load([run.pk])[0]
+    assert any(t["tool"] == "refund_order" for t in rec.tools), rec.tools
+    for key in list(rec.outcomes):
+        if key[0] == "refund_order":
+            del rec.outcomes[key]
+    from releases.replay import Candidate, replay
+    for policy in ("stop", "live_read"):
+        result = replay(Candidate.build(candidate, model_mode="recorded", miss_policy=policy), rec)
+        assert result.terminal_reason == "replay_miss", result
+        assert any("refund_order" in m for m in result.misses)
+        assert result.live_tool_calls == 0
+    assert sum(len(v) for v in order_desk.REFUNDS.values()) == recorded_refunds
+
+
+def test_a_read_miss_is_called_live_through_the_gateway_with_live_read(world: Any) -> None:
+    run = Run.objects.filter(tenant=world.tenant, input=QUESTIONS[0]).get()
+    from releases import recording
+    from releases.replay import Candidate, replay
+    rec = recording.load([run.pk])[0]
+    rec.outcomes.clear()  # nothing recorded: every call misses
+    stopped = replay(Candidate.build(world.version, model_mode="recorded", miss_policy="stop"), rec)
+    assert stopped.terminal_reason == "replay_miss" and stopped.live_tool_calls == 0
+    rec = recording.load([run.pk])[0]
+    rec.outcomes.clear()
+    live = replay(Candidate.build(world.version, model_mode="recorded", miss_policy="live_read", batch_id=7), rec)
+    assert live.terminal_reason == "final_answer" and live.live_tool_calls == 1
+    assert live.audit is not None and len(live.audit) == 1
+    assert live.output == run.output
+
+
+def test_bad_input_is_refused_naming_the_field(world: Any) -> None:
+    actor = actor_for_user(world.operator)
+    with pytest.raises(DomainError) as err:
+        releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="x", agent=world.agent, filters={"colour": 1})
+    assert err.value.field == "filters" and "colour" in err.value.message
+    with pytest.raises(DomainError) as err:
+        releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="x", agent=world.agent, run_ids=["nope"])
+    assert err.value.field == "run_ids"
+    s = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="x", agent=world.agent)
+    for bad, field in [({"checks": [{"check": "vibes"}]}, "checks"), ({"model_mode": "psychic"}, "model_mode"),
+                       ({"model_mode": "live"}, "cost_cap"), ({"concurrency": 99}, "concurrency"),
+                       ({"checks": [{"check": "cost_at_most", "times": -1}]}, "checks")]:
+        with pytest.raises(DomainError) as err:
+            releases.start_replay(tenant=world.tenant, actor=actor, evaluation_set=s, candidate=world.version, **bad)
+        assert err.value.field == field, (bad, err.value.message)
+
+
+def test_another_tenant_sees_nothing_and_cannot_pick_foreign_runs(world: Any) -> None:
+    other = make_world()
+    mine = APIClient()
+    mine.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
+    theirs = APIClient()
+    theirs.credentials(HTTP_AUTHORIZATION=f"Bearer {other.raw_key}")
+    created = mine.post("/api/v1/evaluation-sets", {"name": "yesterday", "agent": world.agent.slug,
+                                                    "filters": {"limit": 10}}, format="json")
+    assert created.status_code == 201, created.content
+    set_id = created.json()["id"]
+    assert created.json()["runs"] == 3
+    assert theirs.get(f"/api/v1/evaluation-sets/{set_id}").status_code == 404
+    assert set_id not in [s["id"] for s in theirs.get("/api/v1/evaluation-sets").json()["results"]]
+    run_ids = [str(r.pk) for r in Run.objects.filter(tenant=world.tenant)]
+    stolen = theirs.post("/api/v1/evaluation-sets", {"name": "stolen", "agent": other.agent.slug, "run_ids": run_ids},
+                         format="json")
+    assert stolen.status_code == 400 and stolen.json()["error"]["field"] == "run_ids"
+    foreign = theirs.post("/api/v1/replays", {"evaluation_set": set_id, "candidate": {"agent": other.agent.slug, "version": 1}},
+                          format="json")
+    assert foreign.status_code in (400, 404)
+    started = mine.post("/api/v1/replays", {"evaluation_set": set_id, "candidate": {"agent": world.agent.slug, "version": 1}},
+                        format="json")
+    assert started.status_code == 202, started.content
+    batch_id = started.json()["id"]
+    assert theirs.get(f"/api/v1/replays/{batch_id}").status_code == 404
+    releases.run_shard(batch_id, 0, ReplayBatch.objects.get(pk=batch_id).concurrency)
+    for shard in range(1, ReplayBatch.objects.get(pk=batch_id).concurrency):
+        releases.run_shard(batch_id, shard, ReplayBatch.objects.get(pk=batch_id).concurrency)
+    report = mine.get(f"/api/v1/replays/{batch_id}").json()
+    assert report["status"] == "finished" and report["pass_rate"] == 1.0 and report["done"] == 3
+    assert EvaluationSet.objects.filter(tenant=other.tenant).count() == 0
