@@ -56,7 +56,8 @@ def diff(recording: Recording, replayed: Replayed) -> dict[str, Any]:
         "approvals": _pair(recording.approvals, replayed.approvals),
         "terminal_reason": _pair(recording.terminal_reason, replayed.terminal_reason),
         "answer": _pair(recording.output, replayed.output),
-        "steps": _pair(recording.run.step, replayed.steps),
+        # steps as model turns: a recorded run that paused for an approval spent a step on its resume, a replay does not
+        "steps": _pair(len(recording.responses.get("act", [])), replayed.steps),
         "tokens": _pair(rec_usage.input_tokens + rec_usage.output_tokens, new_usage.input_tokens + new_usage.output_tokens),
         "cost": _pair(round(rec_usage.cost, 6), round(new_usage.cost, 6)),
         "latency_ms": {"recorded": recording.latency_ms, "replayed": replayed.latency_ms},

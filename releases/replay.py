@@ -207,7 +207,9 @@ def replay(candidate: Candidate, recording: Recording, *, model: Any = None) -> 
     called = [{"tool": k[0], "arguments": k[1]}
               for record in store.records for event in record.events if event.type == "model.call"
               for c in event.payload.get("tool_calls") or [] for k in [canonical(str(c.get("name")), c.get("arguments"))]]
-    return Replayed(terminal, output, result.steps, result.usage, latency, called, tools.approvals, tools.live_calls,
+    turns = sum(1 for record in store.records for event in record.events
+                if event.type == "model.call" and event.payload.get("task", "act") == "act")
+    return Replayed(terminal, output, turns, result.usage, latency, called, tools.approvals, tools.live_calls,
                     tools.misses, tools.audit)
 
 

@@ -177,3 +177,49 @@ def test_another_tenant_sees_nothing_and_cannot_pick_foreign_runs(world: Any) ->
     report = mine.get(f"/api/v1/replays/{batch_id}").json()
     assert report["status"] == "finished" and report["pass_rate"] == 1.0 and report["done"] == 3
     assert EvaluationSet.objects.filter(tenant=other.tenant).count() == 0
+
+
+def test_a_run_that_waited_for_an_approval_replays_with_the_same_approval_and_no_new_refund(world: Any) -> None:
+    from django.contrib.auth import get_user_model
+
+    from accounts import services as tenant_services
+    from approvals.decisions import decide
+    from approvals.models import ApprovalRequest, ApprovalStatus
+    from tenants.models import Role
+
+    refund = world.version.tools[-1]
+    from tools.models import Tool
+    Tool.objects.filter(tenant=world.tenant, name=refund).update(requires_approval=True)
+    run = services.start_run(actor=Actor(api_key=world.key), agent=world.agent,
+                             text="refund 30.00 for order O202411280001 because the glass cup broke")
+    services.execute_run(str(run.pk))
+    run.refresh_from_db()
+    assert run.status == "waiting"
+    approver = get_user_model().objects.create_user(username="replay-approver", password="correct-horse-battery")
+    tenant_services.set_membership(tenant=world.tenant, user=approver, role=Role.APPROVER, actor=None)
+    request = ApprovalRequest.objects.get(run=run, status=ApprovalStatus.PENDING)
+    decide(actor=actor_for_user(approver), request_id=request.pk, approve=True)
+    assert services.resume_waiting_run(run.pk)
+    services.execute_run(str(run.pk))
+    run.refresh_from_db()
+    assert run.status == "finished" and run.terminal_reason == "final_answer", run.error
+    refunds = sum(len(v) for v in order_desk.REFUNDS.values())
+    assert refunds == 1
+    actor = actor_for_user(world.operator)
+    s = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="refunds", agent=world.agent, run_ids=[run.pk])
+    batch = releases.start_replay(tenant=world.tenant, actor=actor, evaluation_set=s, candidate=world.version,
+                                  concurrency=1, checks=[{"check": "no_diff"}, {"check": "no_new_approvals"}])
+    releases.run_shard(batch.pk, 0, 1)
+    row = ReplayRun.objects.get(batch=batch)
+    assert row.diff["approvals"]["recorded"] == ["refund_order"] == row.diff["approvals"]["replayed"]
+    assert row.diff["changed"] == [] and row.passed, row.diff
+    assert sum(len(v) for v in order_desk.REFUNDS.values()) == refunds, "the refund was answered from the recording"
+    # a stricter candidate: the refund tool dropped from its list -> the call is refused, the answer changes
+    strict = AgentVersion.objects.create(tenant=world.tenant, agent=world.agent, number=2, model="demo/planner",
+                                         system_prompt=world.version.system_prompt,
+                                         tools=[t for t in world.version.tools if t != refund])
+    batch = releases.start_replay(tenant=world.tenant, actor=actor, evaluation_set=s, candidate=strict, concurrency=1,
+                                  checks=[{"check": "no_diff"}])
+    releases.run_shard(batch.pk, 0, 1)
+    row = ReplayRun.objects.get(batch=batch)
+    assert row.passed is False and row.diff["approvals"]["replayed"] == [] and "approvals" in row.diff["changed"]
