@@ -6,6 +6,7 @@ import difflib
 from collections import Counter
 from typing import Any
 
+from releases.flow_replay import recorded_facts
 from releases.recording import Recording
 from releases.replay import Replayed
 
@@ -51,18 +52,23 @@ def _pair(recorded: Any, replayed: Any) -> dict[str, Any]:
 
 def diff(recording: Recording, replayed: Replayed) -> dict[str, Any]:
     rec_usage, new_usage = recording.usage, replayed.usage
+    tools, approvals, steps = recording.tools, recording.approvals, len(recording.responses.get("act", []))
+    if recording.nodes:  # a flow run: its tool nodes' calls (parallel branches: sorted), its approvals, its nodes run
+        tools, steps = recorded_facts(recording)
+        approvals = sorted(recording.approvals)
     out: dict[str, Any] = {
-        "tools": _pair(recording.tools, replayed.tools),
-        "approvals": _pair(recording.approvals, replayed.approvals),
+        "tools": _pair(tools, replayed.tools),
+        "approvals": _pair(approvals, replayed.approvals),
         "terminal_reason": _pair(recording.terminal_reason, replayed.terminal_reason),
         "answer": _pair(recording.output, replayed.output),
-        # steps as model turns: a recorded run that paused for an approval spent a step on its resume, a replay does not
-        "steps": _pair(len(recording.responses.get("act", [])), replayed.steps),
+        # steps as model turns (a flow: nodes run): a recorded run that paused for an approval spent a step on its
+        # resume, a replay does not
+        "steps": _pair(steps, replayed.steps),
         "tokens": _pair(rec_usage.input_tokens + rec_usage.output_tokens, new_usage.input_tokens + new_usage.output_tokens),
         "cost": _pair(round(rec_usage.cost, 6), round(new_usage.cost, 6)),
         "latency_ms": {"recorded": recording.latency_ms, "replayed": replayed.latency_ms},
     }
-    new = Counter(replayed.approvals) - Counter(recording.approvals)
+    new = Counter(replayed.approvals) - Counter(approvals)
     out["approvals"]["new"] = sorted(new.elements())
     if not out["answer"]["same"]:
         out["answer"]["diff"] = list(difflib.unified_diff(recording.output.splitlines(), replayed.output.splitlines(),

@@ -14,6 +14,7 @@ from typing import Any
 
 from agents.models import AgentKind, Run, RunEvent, RunMessage, Turn
 from approvals.models import ApprovalRequest
+from flows.models import FlowNodeRun
 from runtime.types import ModelResponse, ToolCall, Usage
 from tools.arguments import canonical_json
 
@@ -38,6 +39,10 @@ class Recording:
     tools: list[dict[str, str]] = field(default_factory=list)
     approvals: list[str] = field(default_factory=list)
     earlier_turns: list[Turn] = field(default_factory=list)  # newest first, as the context builder reads them
+    #: A flow run's node rows by node id: kind, status, inputs, output, error, chosen (``releases/flow_replay.py``).
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: A flow run's model usage per node (its llm nodes).
+    node_usage: dict[str, Usage] = field(default_factory=dict)
     problem: str = ""  # why this run cannot be replayed (a flow run, an unfinished run, an erased conversation)
 
     @property
@@ -69,7 +74,8 @@ def _response(payload: dict[str, Any]) -> ModelResponse:
 
 
 def load(run_ids: list[Any]) -> list[Recording]:
-    """The recordings of ``run_ids`` (in that order; unknown ids are left out): six queries whatever their number."""
+    """The recordings of ``run_ids`` (in that order; unknown ids are left out): six queries whatever their number
+    (seven when flow runs are among them)."""
     runs = {r.pk: r for r in Run.objects.filter(pk__in=run_ids).select_related("tenant", "agent", "version", "session")}
     turn_of = dict(Turn.objects.filter(run_id__in=list(runs)).values_list("run_id", "turn_seq"))
     sessions = {r.session_id for r in runs.values()}
@@ -84,13 +90,16 @@ def load(run_ids: list[Any]) -> list[Recording]:
         rec = recordings[pk] = Recording(run)
         seq = turn_of.get(pk)
         rec.earlier_turns = [t for t in by_session.get(run.session_id, []) if seq is not None and t.turn_seq < seq]
-        if run.agent.kind == AgentKind.FLOW:
-            rec.problem = "a flow run: flows are not replayed yet (their nodes' calls are replayed by the flow runner)"
-        elif run.status != "finished":
+        if run.status != "finished":
             rec.problem = f"the run has not finished (it is {run.status}): only finished runs are replayed"
         elif run.session.erased_at is not None:
             rec.problem = "the conversation was erased: its recording is gone"
     ids = list(recordings)
+    flows = [pk for pk, rec in recordings.items() if rec.run.agent.kind == AgentKind.FLOW]
+    if flows:
+        rows = FlowNodeRun.objects.filter(run_id__in=flows).order_by("run_id", "id")
+        for row in rows.values("run_id", "node_id", "kind", "status", "inputs", "output", "error", "chosen"):
+            recordings[row["run_id"]].nodes[row["node_id"]] = row
     contents: dict[tuple[Any, str], str] = {}
     for run_id, message in RunMessage.objects.filter(run_id__in=ids, message__role="tool").values_list("run_id", "message"):
         if isinstance(message, dict):
@@ -99,7 +108,9 @@ def load(run_ids: list[Any]) -> list[Recording]:
     events = RunEvent.objects.filter(run_id__in=ids, type__in=("model.call", "tool.call")).order_by("run_id", "seq")
     for run_id, kind, payload in events.values_list("run_id", "type", "payload"):
         rec = recordings[run_id]
-        if kind == "model.call":
+        if kind == "model.call" and "node" in payload:  # a flow's llm node
+            rec.node_usage[str(payload["node"])] = _response(payload).usage
+        elif kind == "model.call":
             response = _response(payload)
             rec.responses.setdefault(str(payload.get("task") or "act"), []).append(response)
             for call in response.tool_calls:

@@ -23,7 +23,7 @@ from typing import Any
 from agents import hooks
 from agents.engine import approval_overrides, initial_checkpoint, session_grants
 from agents.extensions import registry as extension_registry
-from agents.models import AgentVersion, Run
+from agents.models import AgentKind, AgentVersion, Run
 from agents.run_policy import effective_document
 from approvals.gate import ApprovalGate
 from audit.unit_of_work import StepAudit
@@ -60,6 +60,8 @@ class Candidate:
 
         probe = Run(tenant=version.tenant, agent=version.agent, version=version)
         names = [n for n in version.tools if isinstance(n, str)]
+        if version.agent.kind == AgentKind.FLOW:  # a flow's tool nodes are its tool list
+            names += [n.get("tool") for n in (version.definition or {}).get("nodes", []) if isinstance(n, dict) and n.get("tool")]
         tools = list(hooks.resolvable_tools(version.tenant_id).filter(name__in=names).order_by("name"))
         policy = parse_policy(effective_document(version.policy, version.tenant.settings), extensions=extension_registry())
         info = model_info_for(probe)

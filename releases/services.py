@@ -19,6 +19,7 @@ from agents.models import Agent, AgentKind, AgentVersion, Run, RunStatus
 from audit.services import record_change
 from config.errors import Invalid
 from releases import diffs, recording
+from releases.flow_replay import replay_flow
 from releases.models import BatchStatus, EvaluationSet, EvaluationSetRun, MissPolicy, ModelMode, ReplayBatch, ReplayRun
 from releases.replay import Candidate, replay
 from tenants.models import Tenant
@@ -147,8 +148,6 @@ def start_replay(*, tenant: Tenant, actor: Actor, evaluation_set: EvaluationSet,
         raise Invalid("there is no such evaluation set in this tenant.", field="evaluation_set")
     if candidate.tenant_id != tenant.pk or candidate.agent_id != evaluation_set.agent_id:
         raise Invalid(f"the candidate must be a version of {evaluation_set.agent.slug!r}, the set's agent.", field="candidate")
-    if candidate.agent.kind == AgentKind.FLOW:
-        raise Invalid("flows are not replayed yet: choose a set of an agent's runs.", field="candidate")
     if model_mode not in ModelMode.values:
         raise Invalid(f"model_mode must be one of {', '.join(ModelMode.values)}; got {model_mode!r}.", field="model_mode")
     if miss_policy not in MissPolicy.values:
@@ -236,7 +235,8 @@ def _replay_chunk(batch: ReplayBatch, candidate: Candidate, chunk: list[tuple[in
                 row.error = f"the batch's cost cap ({batch.cost_cap}) was reached before this run"
                 continue
         try:
-            result = replay(candidate, rec, model=model)
+            replayer = replay_flow if rec.nodes or rec.run.agent.kind == AgentKind.FLOW else replay
+            result = replayer(candidate, rec, model=model)
         except Exception as exc:
             log.exception("replay batch %s: run %s failed to replay", batch.pk, run_id)
             row.status, row.passed, row.regression = "error", False, True
