@@ -15,6 +15,9 @@ Ours is measured two ways:
     ``flows.execute_node`` task; this process enqueues the run and waits for ``finished_at``. End to end,
     queueing and the worker's pick-up included.
 
+(c) **inline**: the same graph with ``"inline": true`` (README "Flows"): the nodes run in the task that started them,
+    a wave at a time, each wave's completions and the next decision committed in one transaction; in-process as (a).
+
 The peer: a LangGraph ``StateGraph`` of the same shape (the 10 nodes as parallel branches joined by one edge from
 all of them), ``PostgresSaver`` checkpointer, ``durability="sync"``, same PostgreSQL server, its own database.
 
@@ -112,8 +115,9 @@ def setup_django(url: str, queue: str) -> None:
     call_command("migrate", verbosity=0, interactive=False)
 
 
-def make_flow() -> Any:
-    """The tenant, the echo tool, the flow and its version (its definition checked as at save)."""
+def make_flow() -> tuple[Any, Any]:
+    """The tenant, the echo tool, the flow (a task per node) and the same flow with ``inline: true``, each with its
+    version (its definition checked as at save)."""
     from agents.models import Agent, AgentKind, AgentVersion
     from runtime.flows import FlowDefinition
     from tenants.models import Tenant
@@ -122,12 +126,15 @@ def make_flow() -> Any:
     register_echo()
     tenant = Tenant.objects.create(slug="bench", name="bench")
     install_python_tool(tenant=tenant, key="bench.echo", actor=None)
-    agent = Agent.objects.create(tenant=tenant, slug="bench-flow", name="bench flow", kind=AgentKind.FLOW)
-    doc = definition()
-    FlowDefinition.model_validate(doc)
-    version = AgentVersion.objects.create(tenant=tenant, agent=agent, number=1, model="demo/planner", definition=doc)
-    Agent.objects.filter(pk=agent.pk).update(current_version=version)
-    return version
+    versions = []
+    for slug, inline in (("bench-flow", False), ("bench-flow-inline", True)):
+        agent = Agent.objects.create(tenant=tenant, slug=slug, name=slug, kind=AgentKind.FLOW)
+        doc = {**definition(), "inline": inline}
+        FlowDefinition.model_validate(doc)
+        version = AgentVersion.objects.create(tenant=tenant, agent=agent, number=1, model="demo/planner", definition=doc)
+        Agent.objects.filter(pk=agent.pk).update(current_version=version)
+        versions.append(version)
+    return versions[0], versions[1]
 
 
 def new_run(version: Any) -> Any:
@@ -326,34 +333,41 @@ def main() -> None:
         setup_django(url, queue)
         from django.db import connection
 
-        version = make_flow()
+        version, inline = make_flow()
         peer = Peer(purl)
         if not args.no_worker:
             worker = Worker(url, queue, args.concurrency)
         for _ in range(args.warmup):
             run_in_process(version)
+            run_in_process(inline)
             peer.measure_run()
         if worker is not None:
             for _ in range(args.warmup):
                 run_on_worker(version)  # also waits for the worker to be up
         rounds: list[dict[str, Any]] = []
         counts: list[tuple[int, int]] = []
+        inline_counts: list[tuple[int, int]] = []
         for number in range(1, args.rounds + 1):
             ours = [run_in_process(version) for _ in range(args.runs)]
+            ours_inline = [run_in_process(inline) for _ in range(args.runs)]
             theirs = [peer.measure_run() for _ in range(args.runs)]
             counts += [(q, t) for _, q, t in ours]
+            inline_counts += [(q, t) for _, q, t in ours_inline]
             r: dict[str, Any] = {"round": number, "ours_inprocess_node_ms": _per_node_ms([e for e, _, _ in ours]),
+                                 "ours_inline_node_ms": _per_node_ms([e for e, _, _ in ours_inline]),
                                  "peer_node_ms": _per_node_ms(theirs)}
+            r["ratio_inline"] = round(r["ours_inline_node_ms"] / r["peer_node_ms"], 3)
             if worker is not None:
                 r["ours_worker_node_ms"] = _per_node_ms([run_on_worker(version) for _ in range(args.runs)])
                 r["ratio_worker"] = round(r["ours_worker_node_ms"] / r["peer_node_ms"], 3)
             r["ratio_inprocess"] = round(r["ours_inprocess_node_ms"] / r["peer_node_ms"], 3)
             rounds.append(r)
-            print(f"round {number}: per node ms: ours in-process {r['ours_inprocess_node_ms']:.2f}, LangGraph "
+            print(f"round {number}: per node ms: ours in-process {r['ours_inprocess_node_ms']:.2f}, inline "
+                  f"{r['ours_inline_node_ms']:.2f}, LangGraph "
                   f"{r['peer_node_ms']:.2f}" + (f", ours on a worker {r['ours_worker_node_ms']:.2f}" if worker else "")
                   + f"; in-process / LangGraph {r['ratio_inprocess']:.2f}x", flush=True)
         peer.close()
-        keys = ["ours_inprocess_node_ms", "peer_node_ms", "ratio_inprocess"]
+        keys = ["ours_inprocess_node_ms", "ours_inline_node_ms", "peer_node_ms", "ratio_inprocess", "ratio_inline"]
         if worker is not None:
             keys += ["ours_worker_node_ms", "ratio_worker"]
         summary = {k: _spread([r[k] for r in rounds]) for k in keys}
@@ -365,6 +379,7 @@ def main() -> None:
         print(f"{'ms per node':42} | {'min':>7} | {'median':>7} | {'max':>7}")
         print("-" * 43 + "+" + "-" * 9 + "+" + "-" * 9 + "+" + "-" * 8)
         labels = {"ours_inprocess_node_ms": "ours (a) in-process", "peer_node_ms": "LangGraph + PostgresSaver",
+                  "ours_inline_node_ms": "ours (c) in-process, inline: true", "ratio_inline": "(c) / LangGraph per round",
                   "ours_worker_node_ms": "ours (b) Celery worker on Redis",
                   "ratio_inprocess": "(a) / LangGraph per round", "ratio_worker": "(b) / LangGraph per round"}
         for k in keys:
@@ -376,6 +391,9 @@ def main() -> None:
                  if worker else ""))
         print(f"(a) per node: {queries:.1f} SQL statements, {transactions:.2f} transactions "
               f"(run medians {statistics.median(q for q, _ in counts):g} / {statistics.median(t for _, t in counts):g})")
+        iq = statistics.median(q for q, _ in inline_counts)
+        it = statistics.median(t for _, t in inline_counts)
+        print(f"(c) per node: {iq / NODES:.1f} SQL statements, {it / NODES:.2f} transactions (run medians {iq:g} / {it:g})")
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({
@@ -389,6 +407,7 @@ def main() -> None:
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "summary": summary, "ratio_inprocess": round(ratio_a, 3),
             "inprocess_per_node": {"queries": round(queries, 2), "transactions": round(transactions, 2)},
+            "inline_per_node": {"queries": round(iq / NODES, 2), "transactions": round(it / NODES, 2)},
             "per_round": rounds,
         }, indent=2) + "\n")
         print(f"written {out}")

@@ -24,8 +24,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -218,12 +220,17 @@ def _rows(run_id: Any) -> dict[str, FlowNodeRun]:
 
 
 def _append(run: Run, events: list[Event]) -> list[RunEvent]:
-    """Write events at the run's next seqs (locks the run's row until the caller's transaction ends)."""
-    locked = Run.objects.select_for_update().only("last_seq", "step").get(pk=run.pk)
-    rows = event_rows(run, locked.last_seq + 1, locked.step, events)
+    """Write events at the run's next seqs (locks the run's row until the caller's transaction ends; a run that
+    :func:`advance` locked and read is not read again)."""
+    if getattr(run, "_locked_row", False):
+        last_seq, step = run.last_seq, run.step
+    else:
+        locked = Run.objects.select_for_update().only("last_seq", "step").get(pk=run.pk)
+        last_seq, step = locked.last_seq, locked.step
+    rows = event_rows(run, last_seq + 1, step, events)
     RunEvent.objects.bulk_create(rows)
     Run.objects.filter(pk=run.pk).update(last_seq=F("last_seq") + len(rows), step=F("step") + 1)
-    run.last_seq = locked.last_seq + len(rows)
+    run.last_seq, run.step = last_seq + len(rows), step + 1
     return rows
 
 
@@ -246,14 +253,19 @@ def run_flow(run: Run, token: str) -> None:
     advance(run.pk)
 
 
-def advance(run_id: Any) -> list[tuple[str, str]]:
+def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None = None) -> list[tuple[str, str]]:
     """Decide the flow's next step from its committed rows; returns the ``(node, token)`` pairs it started.
 
-    The node tasks are enqueued when this transaction commits; tests may call :func:`execute_node` themselves.
+    The node tasks are enqueued when this transaction commits (inline nodes are run by :func:`_drive` then); tests may
+    call :func:`execute_node` themselves. ``savepoint=False``: inside a transaction that fails as a whole.
+    ``pending``: events of completions committed in the same transaction (an inline wave's), written first.
     """
     started: list[tuple[str, str]] = []
-    with transaction.atomic():
+    with transaction.atomic(savepoint=savepoint):
         run = Run.objects.select_for_update().select_related("tenant", "agent", "version", "session").get(pk=run_id)
+        run._locked_row = True  # type: ignore[attr-defined]  # _append need not lock and read it again
+        if pending:
+            publish_after_commit(run, _append(run, pending), run_summary(run))
         if run.status != RunStatus.RUNNING:
             return []
         if run.cancel_requested:
@@ -374,7 +386,12 @@ def advance(run_id: Any) -> list[tuple[str, str]]:
             Run.objects.filter(pk=run.pk).update(
                 lease_expires_at=now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS))
         if started:
-            transaction.on_commit(lambda: _enqueue(str(run.pk), started))
+            inline = [(n, t) for n, t in started if flow.runs_inline(n)]
+            tasks = [(n, t) for n, t in started if not flow.runs_inline(n)]
+            if tasks:
+                transaction.on_commit(lambda: _enqueue(str(run.pk), tasks))
+            if inline:
+                transaction.on_commit(lambda: _drive(str(run.pk), inline))
     return started
 
 
@@ -492,34 +509,9 @@ def execute_node(run_id: Any, node_id: str, token: str) -> None:
         node, scope = _body_node(mapnode, parts[2]), _item_scope(run, rows, mapnode, parts[1])
     audit = StepAudit()
     trace: list[Event] = []  # the node's model and tool call events, committed with its completion
-    status, output, error = NodeStatus.DONE, None, ""
-    chosen: list[str] = []
-    tries = 1 + (node.retries if node.kind in ("tool", "llm") else 0)
     lease = node.timeout_seconds + _grace()
-    began = time.monotonic()
     with LeaseHeartbeat(lambda: _renew(run_id, node_id, token, lease), interval=max(0.5, min(_grace() / 3, 10.0))):
-        for n in range(tries):
-            try:
-                if "_mapping_error" in row.inputs:
-                    raise NodeFailed(f"an input mapping could not be evaluated: {row.inputs['_mapping_error']}")
-                output, chosen = _execute(run, flow, node, row.inputs, scope, audit, row.span_id, trace, node_id)
-                status, error = NodeStatus.DONE, ""
-            except NodeWaits as exc:
-                status, error = NodeStatus.WAITING, str(exc)
-                if parts is not None:  # nothing resumes a map's item for a person: it fails (its on_error applies)
-                    status, error = NodeStatus.FAILED, f"a map's item cannot wait for an approval: {exc}"
-            except NodeFailed as exc:
-                status, error = NodeStatus.FAILED, str(exc)
-            except Exception as exc:
-                log.exception("flow run %s: node %s failed", run_id, node_id)
-                status, error = NodeStatus.FAILED, f"internal error: {type(exc).__name__}"
-            if status == NodeStatus.DONE and time.monotonic() - began > node.timeout_seconds:
-                status, error = NodeStatus.FAILED, f"timeout: the node took over {node.timeout_seconds:g}s"
-            if status != NodeStatus.FAILED or n + 1 >= tries or not _retryable(node, run):
-                break
-            log.info("flow run %s: node %s attempt %s failed (%s); retrying", run_id, node_id, n + 1, error)
-    if status == NodeStatus.FAILED and node.on_error == "continue":
-        output = {"error": error}
+        status, output, chosen, error = _attempts(run, flow, node, row, scope, audit, trace, item=parts is not None)
     with transaction.atomic():
         done = FlowNodeRun.objects.filter(pk=row.pk, lease_token=token, status=NodeStatus.RUNNING).update(
             status=status, output=output, chosen=chosen, error=error, lease_token="", lease_expires_at=None,
@@ -540,6 +532,135 @@ def execute_node(run_id: Any, node_id: str, token: str) -> None:
     advance(run_id)
 
 
+def _attempts(run: Run, flow: FlowDefinition, node: BodyNode, row: FlowNodeRun, scope: dict[str, Any], audit: StepAudit,
+              trace: list[Event], *, item: bool = False, wave: Wave | None = None) -> tuple[str, Any, list[str], str]:
+    """Run a started node (its retries included): ``(status, output, chosen, error)``; nothing is committed here."""
+    status, output, error = NodeStatus.DONE, None, ""
+    chosen: list[str] = []
+    tries = 1 + (node.retries if node.kind in ("tool", "llm") else 0)
+    began = time.monotonic()
+    for n in range(tries):
+        try:
+            if "_mapping_error" in row.inputs:
+                raise NodeFailed(f"an input mapping could not be evaluated: {row.inputs['_mapping_error']}")
+            output, chosen = _execute(run, flow, node, row.inputs, scope, audit, row.span_id, trace, row.node_id, wave)
+            status, error = NodeStatus.DONE, ""
+        except NodeWaits as exc:
+            status, error = NodeStatus.WAITING, str(exc)
+            if item:  # nothing resumes a map's item for a person: it fails (its on_error applies)
+                status, error = NodeStatus.FAILED, f"a map's item cannot wait for an approval: {exc}"
+        except NodeFailed as exc:
+            status, error = NodeStatus.FAILED, str(exc)
+        except Exception as exc:
+            log.exception("flow run %s: node %s failed", run.pk, row.node_id)
+            status, error = NodeStatus.FAILED, f"internal error: {type(exc).__name__}"
+        if status == NodeStatus.DONE and time.monotonic() - began > node.timeout_seconds:
+            status, error = NodeStatus.FAILED, f"timeout: the node took over {node.timeout_seconds:g}s"
+        if status != NodeStatus.FAILED or n + 1 >= tries or not _retryable(node, run, wave.tools if wave else None):
+            break
+        log.info("flow run %s: node %s attempt %s failed (%s); retrying", run.pk, row.node_id, n + 1, error)
+    if status == NodeStatus.FAILED and node.on_error == "continue":
+        output = {"error": error}
+    return status, output, chosen, error
+
+
+_driving = threading.local()
+
+
+@dataclass
+class Wave:
+    """What the inline waves of one flow run in one thread share: its definition, its tools and the conversation's
+    grants (resolved once, not per node), and the tool policy (kill switch, install, rollout) read once per tool per
+    wave instead of once per call."""
+
+    flow: FlowDefinition
+    tools: list[Any]
+    grants: set[str]
+    checked: dict[Any, tuple[bool, str]] = field(default_factory=dict)
+
+    def tool_policy(self, tool: Any, tenant_id: int, session_key: Any) -> tuple[bool, str]:
+        if tool.pk not in self.checked:
+            self.checked[tool.pk] = tool_allowed_for(tool, tenant_id, session_key)
+        return self.checked[tool.pk]
+
+
+def _drive(run_id: str, started: list[tuple[str, str]]) -> None:
+    """Run inline nodes a wave at a time in this thread: each wave's completions and the next decision commit in one
+    transaction, whose own inline nodes join the queue here (a loop, not a recursion, however long the graph)."""
+    queue = getattr(_driving, "queue", None)
+    if queue is not None:  # already driving in this thread (the next wave, decided inside a wave): queue it
+        queue.append((run_id, started))
+        return
+    _driving.queue = [(run_id, started)]
+    shared: dict[str, Wave] = {}
+    try:
+        while _driving.queue:
+            rid, wave = _driving.queue.pop(0)
+            try:
+                _run_wave(rid, wave, shared)
+            except Exception:  # the nodes keep their leases: when they expire, the sweeper's advance starts them again
+                log.exception("flow run %s: an inline wave failed; its nodes restart when their leases expire", rid)
+    finally:
+        _driving.queue = None
+
+
+def _run_wave(run_id: Any, wave: list[tuple[str, str]], shared: dict[str, Wave]) -> None:
+    """A wave of inline nodes: run each, then commit all their completions (rows, events, audit) and advance the flow
+    in ONE transaction. A node whose lease was taken meanwhile (restarted elsewhere) is dropped, as in
+    :func:`execute_node`."""
+    rows = _rows(run_id)
+    run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
+    context = shared.get(str(run_id))
+    if context is None:
+        flow = FlowDefinition.model_validate(run.version.definition)
+        context = shared[str(run_id)] = Wave(flow, _flow_tools(run, flow), session_grants(run))
+    context.checked.clear()  # the kill switch is read again for every wave
+    flow = context.flow
+    scope = _scope(run, rows)
+    results = []
+    for node_id, token in wave:
+        row = rows.get(node_id)
+        if row is None or row.lease_token != token or row.status != NodeStatus.RUNNING:
+            continue
+        node = flow.node(node_id)
+        audit, trace = StepAudit(), []
+        status, output, chosen, error = _attempts(run, flow, node, row, scope, audit, trace, wave=context)
+        results.append((row, token, node, audit, trace, status, output, chosen, error))
+    if not results:
+        return
+    with transaction.atomic():
+        merged, events = StepAudit(), []
+        now = timezone.now()
+        for row, token, node, audit, trace, status, output, chosen, error in results:
+            done = FlowNodeRun.objects.filter(pk=row.pk, lease_token=token, status=NodeStatus.RUNNING).update(
+                status=status, output=output, chosen=chosen, error=error, lease_token="", lease_expires_at=None,
+                finished_at=None if status == NodeStatus.WAITING else now)
+            if not done:
+                log.warning("flow run %s: node %s lost its lease before committing; its result is dropped",
+                            run_id, row.node_id)
+                continue
+            for write in audit:
+                merged.add(write)
+            payload: dict[str, Any] = {"node": row.node_id, "kind": node.kind, "status": str(status),
+                                       "output": _summary(output), "inline": True}
+            if error:
+                payload["error"] = error
+            if chosen:
+                payload["chosen"] = chosen
+            kind = "flow.node.waiting" if status == NodeStatus.WAITING else "flow.node.finished"
+            events += [*trace, Event(kind, payload, parent_span_id=row.span_id)]  # no model call: inline kinds make none
+        merged.commit(run.tenant_id)
+        # in the wave's transaction: the completions, their events and the next decision commit together
+        advance(run_id, savepoint=False, pending=events)
+
+
+def _flow_tools(run: Run, flow: FlowDefinition) -> list[Any]:
+    """The tenant's tools a flow's tool nodes name (its tool list), resolved once per task."""
+    every: list[BodyNode] = [*flow.nodes, *(c for n in flow.nodes if n.body for c in n.body.nodes)]
+    names = {n.tool for n in every if n.kind == "tool" and n.tool}
+    return list(resolvable_tools(run.tenant_id).filter(name__in=names))
+
+
 def _add_usage(run: Run, calls: list[Event]) -> None:
     """The node's model calls into the run's usage (the row is locked by ``_append``), as spend reads it."""
     if not calls:
@@ -552,20 +673,23 @@ def _add_usage(run: Run, calls: list[Event]) -> None:
     run.usage = usage.to_dict()
 
 
-def _retryable(node: BodyNode, run: Run) -> bool:
+def _retryable(node: BodyNode, run: Run, tools: list[Any] | None = None) -> bool:
     """Only llm nodes and tool nodes whose tool is idempotent are tried again."""
     if node.kind == "llm":
         return True
-    tool = resolvable_tools(run.tenant_id).filter(name=node.tool).only("idempotent").first()
+    if tools is not None:
+        tool = next((t for t in tools if t.name == node.tool), None)
+    else:
+        tool = resolvable_tools(run.tenant_id).filter(name=node.tool).only("idempotent").first()
     return bool(tool is not None and getattr(tool, "idempotent", False))
 
 
 def _execute(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any], scope: dict[str, Any],
-             audit: StepAudit, span: str, trace: list[Event], row_id: str) -> tuple[Any, list[str]]:
+             audit: StepAudit, span: str, trace: list[Event], row_id: str, wave: Wave | None = None) -> tuple[Any, list[str]]:
     if node.kind == "switch":
         return {"chosen": choose(node, scope)}, choose(node, scope)
     if node.kind == "tool":
-        return _tool(run, flow, node, inputs, audit, span, trace, row_id), []
+        return _tool(run, flow, node, inputs, audit, span, trace, row_id, wave), []
     if node.kind == "llm":
         return _llm(run, node, scope, span, trace), []
     if node.kind == "agent":
@@ -574,12 +698,13 @@ def _execute(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, A
 
 
 def _tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any], audit: StepAudit, span: str,
-          trace: list[Event], row_id: str) -> Any:
+          trace: list[Event], row_id: str, wave: Wave | None = None) -> Any:
     every: list[BodyNode] = [*flow.nodes, *(c for n in flow.nodes if n.body for c in n.body.nodes)]
     names = {n.tool for n in every if n.kind == "tool" and n.tool}
-    tools = list(resolvable_tools(run.tenant_id).filter(name__in=names))
-    gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=session_grants(run),
-                          approvals=ApprovalGate(run), tool_policy=tool_allowed_for)
+    tools = wave.tools if wave is not None else _flow_tools(run, flow)
+    grants = wave.grants if wave is not None else session_grants(run)
+    policy = wave.tool_policy if wave is not None else tool_allowed_for
+    gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=grants, approvals=ApprovalGate(run), tool_policy=policy)
     gateway.whitelist = names  # the flow's tool nodes are its tool list
     call = ToolCall(id=call_id(run.pk, row_id), name=node.tool or "", arguments=json.dumps(inputs, default=str))
     began = time.monotonic()

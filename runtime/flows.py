@@ -46,6 +46,7 @@ from runtime.documents import (
     Leaf,
     Names,
     choice,
+    flag,
     integer,
     json_object,
     json_schema,
@@ -60,6 +61,8 @@ from runtime.documents import (
 NODE_KINDS = ("tool", "agent", "llm", "approval", "switch", "map")
 #: What a map's body may hold (a person's gate, a child agent or another map cannot run per item).
 BODY_KINDS = ("tool", "llm", "switch")
+#: Kinds a flow may run inline (in the task that started them): in-process and quick by nature or by the operator's word.
+INLINE_KINDS = ("tool", "switch")
 ITEM_ERRORS = ("fail", "continue")
 #: The longest list a map node takes; a longer one fails the node.
 MAP_MAX_ITEMS = 100
@@ -253,6 +256,9 @@ class Node(BodyNode):
     body: MapBody | None = None
     max_concurrency: Annotated[int, integer(1, maximum=32)] = 4
     on_item_error: Annotated[str, choice(*ITEM_ERRORS)] = "fail"
+    #: tool and switch nodes: run in the task that started them, a wave's completions committed together (None: the
+    #: flow's ``inline``); other kinds always run as tasks of their own.
+    inline: Annotated[bool | None, flag(nullable=True)] = None
 
     @model_validator(mode="after")
     def _map_fields(self) -> Node:
@@ -268,6 +274,8 @@ class FlowDefinition(Document):
     nodes: Annotated[list[Node], Leaf(_nodes, {"type": "array", "minItems": 1, "items": json_schema(Node)})]
     output: Annotated[str | None, Leaf(_expression, {"type": "string"}, nullable=True)] = None
     max_parallel: Annotated[int, integer(1, maximum=32)] = 4
+    #: cheap in-process nodes (tool and switch) run inline: see ``Node.inline`` and README "Flows"
+    inline: Annotated[bool, flag()] = False
 
     @model_validator(mode="after")
     def _graph(self, info: ValidationInfo) -> FlowDefinition:
@@ -283,6 +291,13 @@ class FlowDefinition(Document):
 
     def node(self, node_id: str) -> Node:
         return next(n for n in self.nodes if n.id == node_id)
+
+    def runs_inline(self, node_id: str) -> bool:
+        """Whether a (top-level) node runs in the task that started it instead of a task of its own."""
+        node = next((n for n in self.nodes if n.id == node_id), None)
+        if node is None or node.kind not in INLINE_KINDS:
+            return False
+        return self.inline if node.inline is None else node.inline
 
     def dependencies(self) -> dict[str, set[str]]:
         """Each node's dependencies: its ``after`` and the switches that may choose it."""

@@ -82,11 +82,11 @@ def world(stacks: list[LiveStack], django_db_blocker: Any) -> World:
     return world
 
 
-def _flow(stack: LiveStack, world: World, slug: str) -> None:
+def _flow(stack: LiveStack, world: World, slug: str, definition: dict[str, Any] | None = None) -> None:
     with stack.client(world.raw_key) as http:
         assert http.post("/api/v1/flows", json={"slug": slug, "name": slug}).status_code == 201
         saved = http.post(f"/api/v1/flows/{slug}/versions",
-                          json={"model": "demo/planner", "definition": BRANCHES, "make_current": True})
+                          json={"model": "demo/planner", "definition": definition or BRANCHES, "make_current": True})
         assert saved.status_code == 201, saved.text
 
 
@@ -142,6 +142,31 @@ def test_a_worker_killed_mid_branch_finishes_the_flow_with_each_node_once(
     nodes = _finished_once(run_id)
     assert nodes["ticket"].attempt == 1, "the node committed before the kill did not run again"
     assert nodes["confirm"].attempt == 2 and nodes["again"].attempt == 2, "the killed branches started again"
+
+
+def test_a_worker_killed_mid_inline_wave_finishes_the_flow_with_each_node_once(
+    stacks: list[LiveStack], world: World, unblocked_db: None
+) -> None:
+    """``inline: true``: the three nodes after ``ticket`` run one after another in one task; killed in that wave, the
+    successor runs the wave again (attempt 2) and never the committed ``ticket``."""
+    victim = _own(stacks)
+    _flow(victim, world, "killed-inline", {**BRANCHES, "inline": True})
+    run_id = _start(victim, world, "killed-inline")
+    deadline = time.monotonic() + 30
+    while not FlowNodeRun.objects.filter(run_id=run_id, node_id="confirm", status="running").exists():
+        assert time.monotonic() < deadline, "the wave never started"
+        time.sleep(0.05)
+    time.sleep(0.5)  # inside the wave's first slow call
+    victim.kill_executor()
+    assert Run.objects.get(pk=run_id).status == "running"
+    successor = replace_executor(victim, stacks, FAST)
+    body = successor.wait_for_run(world.raw_key, run_id, timeout=90)
+    assert body["terminal_reason"] == "final_answer", body
+    nodes = _finished_once(run_id)
+    assert nodes["ticket"].attempt == 1, "the node committed before the kill did not run again"
+    assert {nodes[n].attempt for n in ("confirm", "again", "order")} == {2}, "the killed wave started again"
+    finished = RunEvent.objects.filter(run_id=run_id, type="flow.node.finished", payload__node="confirm").get()
+    assert finished.payload.get("inline") is True
 
 
 GATED: dict[str, Any] = {

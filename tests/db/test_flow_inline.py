@@ -1,0 +1,114 @@
+"""Inline flow nodes (issue #15's overhead): tool and switch nodes marked ``inline`` run in the task that started them, a
+wave at a time; a wave's completions, their events and audit rows and the next decision commit in one transaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from agents import services
+from agents.models import Run, RunEvent
+from audit.models import ToolCallAudit
+from flows import runner
+from flows.models import FlowNodeRun
+from flows.runner import advance, call_id
+from tests.db.test_flow_runs import ORDER, desk, lookup, make_flow, start
+from tests.factories import World, make_world
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def world() -> World:
+    return make_world()
+
+
+def _run(world: World, slug: str, capture: Any) -> Run:
+    run_id = start(world, {"flow": slug, "input": {"order_id": ORDER}}).json()["id"]
+    with capture(execute=True):
+        services.execute_run(run_id)
+    return Run.objects.get(pk=run_id)
+
+
+def test_an_inline_flow_runs_to_the_end_in_the_task_that_started_it(world: World, django_capture_on_commit_callbacks: Any) -> None:
+    make_flow(world, {**desk(), "inline": True}, slug="inline-desk")
+    run = _run(world, "inline-desk", django_capture_on_commit_callbacks)
+    assert run.terminal_reason == "final_answer", run.error
+    assert json.loads(run.output) == {"carrier": "SF Express", "big": "259.00", "small": None}
+    rows = {r.node_id: r for r in FlowNodeRun.objects.filter(run=run)}
+    assert {n: r.status for n, r in rows.items()} == {"order": "done", "logistics": "done", "route": "done", "big": "done",
+                                                      "small": "skipped", "done": "done"}
+    assert {r.attempt for r in rows.values() if r.status == "done"} == {1}
+    events = list(RunEvent.objects.filter(run=run).order_by("seq"))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    finished = [e.payload for e in events if e.type == "flow.node.finished"]
+    assert sorted(p["node"] for p in finished) == ["big", "done", "logistics", "order", "route"]
+    assert all(p.get("inline") for p in finished), "each node ran inline"
+    assert sorted(ToolCallAudit.objects.filter(run_id=run.pk).values_list("call_id", flat=True)) == sorted(
+        call_id(run.pk, n) for n in ("big", "done", "logistics", "order"))
+
+
+def test_a_node_can_opt_out_of_its_flows_inline_setting(world: World, django_capture_on_commit_callbacks: Any) -> None:
+    definition = {**desk(), "inline": True}
+    definition["nodes"] = [dict(n, inline=False) if n["id"] == "done" else n for n in definition["nodes"]]
+    make_flow(world, definition, slug="mixed")
+    run = _run(world, "mixed", django_capture_on_commit_callbacks)
+    # the last node is a task of its own: enqueued, not run here (the tests' worker is not running)
+    assert FlowNodeRun.objects.get(run=run, node_id="done").status == "running"
+    assert FlowNodeRun.objects.get(run=run, node_id="big").status == "done"
+
+
+def _wave_statements(world: World, width: int, capture: Any, settings: Any) -> int:
+    settings.FLOW_TENANT_MAX_NODES = 20
+    wide = [lookup(f"n{i}", ["start"]) for i in range(width)]
+    make_flow(world, {"nodes": [lookup("start"), *wide, lookup("join", [n["id"] for n in wide])], "max_parallel": 10,
+                      "inline": True}, slug=f"inline{width}")
+    run_id = start(world, {"flow": f"inline{width}", "input": {"order_id": ORDER}}).json()["id"]
+    with CaptureQueriesContext(connection) as queries, capture(execute=True):
+        services.execute_run(run_id)
+    assert Run.objects.get(pk=run_id).terminal_reason == "final_answer"
+    return len(queries)
+
+
+def test_an_inline_wave_costs_one_statement_per_node_more(world: World, django_capture_on_commit_callbacks: Any,
+                                                          settings: Any) -> None:
+    """bench/flow_overhead.py's hot path: per wave a fixed set of statements, per node in it only its row's update."""
+    _wave_statements(world, 1, django_capture_on_commit_callbacks, settings)  # creates the audit chain head: not measured
+    two = _wave_statements(world, 2, django_capture_on_commit_callbacks, settings)
+    ten = _wave_statements(world, 10, django_capture_on_commit_callbacks, settings)
+    assert ten - two <= 8, f"8 more nodes in a wave took {ten - two} more statements: more than their rows' updates"
+
+
+def test_a_wave_that_dies_restarts_its_nodes_and_never_reruns_a_committed_one(
+    world: World, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_flow(world, {**desk(), "inline": True}, slug="dies")
+    real = runner._attempts
+
+    def dies_at_done(run: Any, flow: Any, node: Any, row: Any, *args: Any, **kwargs: Any) -> Any:
+        if node.id == "done":
+            raise RuntimeError("the worker died here")
+        return real(run, flow, node, row, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "_attempts", dies_at_done)
+    run = _run(world, "dies", django_capture_on_commit_callbacks)
+    assert run.status == "running"
+    rows = {r.node_id: r for r in FlowNodeRun.objects.filter(run=run)}
+    assert rows["done"].status == "running" and rows["done"].lease_token, "the dead wave's node keeps its lease"
+    assert not ToolCallAudit.objects.filter(run_id=run.pk, call_id=call_id(run.pk, "done")).exists(), \
+        "nothing of the dead wave was committed"
+    monkeypatch.setattr(runner, "_attempts", real)
+    FlowNodeRun.objects.filter(run=run, node_id="done").update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        advance(run.pk)  # what the sweeper does for a run whose node's lease expired
+    run.refresh_from_db()
+    assert run.terminal_reason == "final_answer", run.error
+    attempts = dict(FlowNodeRun.objects.filter(run=run).values_list("node_id", "attempt"))
+    assert attempts == {"order": 1, "logistics": 1, "route": 1, "big": 1, "small": 0, "done": 2}
+    assert ToolCallAudit.objects.filter(run_id=run.pk, call_id=call_id(run.pk, "big")).count() == 1
