@@ -6,7 +6,7 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-from config.handler import get_asgi_application  # noqa: E402  one thread hop per request (config/handler.py)
+from config.handler import get_asgi_application  # one thread hop per request (config/handler.py)
 
 django_asgi_app = get_asgi_application()
 
