@@ -92,7 +92,8 @@ def main() -> int:
         errors = sum(e["errors"] for e in result["endpoints"].values())
         print(f"{requests} requests ({errors} errors) in {time.monotonic() - t0:.1f} s; server CPU "
               f"{cpu * 1000 / max(1, requests):.2f} ms/request; p50 "
-              + ", ".join(f"{k} {v['p50_ms']:.1f}" for k, v in result["endpoints"].items()))
+              + ", ".join(f"{k} {v['p50_ms']:.1f}" for k, v in result["endpoints"].items())
+              + "; statuses " + str({k: v.get("statuses") for k, v in result["endpoints"].items()}))
         if spy is not None:
             spy.wait(timeout=seconds + 30)
             summary = out.with_suffix(".txt")

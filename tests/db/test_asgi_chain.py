@@ -12,6 +12,7 @@ import httpx
 import pytest
 from django.conf import settings
 from django.test import Client
+from django.utils.module_loading import import_string
 from prometheus_client import REGISTRY
 
 from config.asgi import application, django_asgi_app
@@ -44,6 +45,8 @@ def _session_cookies(world: World) -> dict[str, str]:
 
 def test_the_chain_is_loaded_synchronously_once() -> None:
     assert not asyncio.iscoroutinefunction(django_asgi_app._middleware_chain)
+    # an async-only middleware would be run through async_to_sync on every request: the hops this handler removed
+    assert all(getattr(import_string(path), "sync_capable", True) for path in settings.MIDDLEWARE)
 
 
 def test_an_api_key_read_keeps_the_security_headers_and_is_counted(world: World) -> None:
