@@ -223,3 +223,21 @@ def test_a_run_that_waited_for_an_approval_replays_with_the_same_approval_and_no
     releases.run_shard(batch.pk, 0, 1)
     row = ReplayRun.objects.get(batch=batch)
     assert row.passed is False and row.diff["approvals"]["replayed"] == [] and "approvals" in row.diff["changed"]
+
+
+def _total(counter: Any) -> float:
+    return sum(s.value for metric in counter.collect() for s in metric.samples if s.name.endswith("_total"))
+
+
+def test_replays_are_counted_in_their_own_series_never_in_the_tenants_runs(world: Any,
+                                                                          django_capture_on_commit_callbacks: Any) -> None:
+    from agents.metrics import LLM_COST, LLM_TOKENS, RUNS, TOOL_CALLS
+    from releases.metrics import REPLAY_RUNS
+
+    business = [_total(c) for c in (RUNS, LLM_TOKENS, LLM_COST, TOOL_CALLS)]
+    passed = REPLAY_RUNS.labels(mode="recorded", result="passed")._value.get()
+    with django_capture_on_commit_callbacks(execute=True):
+        batch = _replay(world, world.version, checks=[{"check": "no_diff"}])
+    assert batch.passed_count == 3
+    assert REPLAY_RUNS.labels(mode="recorded", result="passed")._value.get() == passed + 3
+    assert [_total(c) for c in (RUNS, LLM_TOKENS, LLM_COST, TOOL_CALLS)] == business
