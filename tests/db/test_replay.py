@@ -278,3 +278,28 @@ def test_a_running_replay_can_be_cancelled_once_and_stops_before_its_next_chunk(
     with pytest.raises(DomainError) as err:
         releases.cancel_replay(tenant=world.tenant, actor=actor, batch=batch)
     assert "already ended" in err.value.message
+
+
+
+
+
+def test_a_member_erased_after_the_set_was_frozen_is_reported_not_dropped(world: Any) -> None:
+    from accounts import services as tenant_services
+    from agents.erasure import erase_session
+    from tenants.models import Role
+    from tests.factories import make_user
+
+    actor = actor_for_user(world.operator)
+    s = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="frozen", agent=world.agent)
+    gone = Run.objects.filter(tenant=world.tenant, input=QUESTIONS[0]).get()
+    owner = make_user(f"{world.tenant.slug}-owner")
+    tenant_services.set_membership(tenant=world.tenant, user=owner, role=Role.OWNER, actor=None)
+    erase_session(actor=actor_for_user(owner), session=gone.session, reason="user asked")
+    batch = releases.start_replay(tenant=world.tenant, actor=actor, evaluation_set=s, candidate=world.version, concurrency=1)
+    releases.run_shard(batch.pk, 0, 1)
+    batch.refresh_from_db()
+    assert s.members.count() == 3 and batch.total == 3 and batch.done == 3 and batch.status == "finished"
+    row = ReplayRun.objects.get(batch=batch, source_run=gone)
+    assert row.status == "skipped" and "erased" in row.error and row.passed is None
+    assert batch.passed_count == 2 and batch.pass_rate == 1.0
+    assert releases.batch_report(batch)["skipped"] == 1
