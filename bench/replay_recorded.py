@@ -5,7 +5,7 @@ model asks for order/logistics tools, then answers) through the production path 
 durable steps, audit, session turns), timing each: that is the *original* cost per run and per step. Then an
 evaluation set of all of them is replayed on the same version in ``recorded`` mode through
 ``releases.services.run_shard`` -- the code the Celery task runs -- in this process (no broker: the replay's own
-cost): recordings read per chunk of 200, each run driven through the runtime core with an in-memory store and the
+cost): recordings read per chunk (``releases.services.CHUNK``), each run driven through the runtime core with an in-memory store and the
 cassette model/tools, diffs and checks computed, results bulk-inserted. The figures: runs/s, ms per replayed run and
 per replayed step, beside ms per original run/step; the batch's pass rate must be 1.0 (zero diffs) or the figure
 is void (the script says so and exits 1).

@@ -28,7 +28,7 @@ from tenants.scoping import Actor
 log = logging.getLogger(__name__)
 
 MAX_SET_RUNS = 5000
-CHUNK = 200
+CHUNK = 50  # results and progress are committed per chunk: the batch row moves every 50 runs
 MAX_CONCURRENCY = 8
 ENDED = (BatchStatus.FINISHED, BatchStatus.FAILED, BatchStatus.CANCELLED)
 
