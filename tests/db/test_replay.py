@@ -134,6 +134,15 @@ def test_bad_input_is_refused_naming_the_field(world: Any) -> None:
     with pytest.raises(DomainError) as err:
         releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="x", agent=world.agent, filters={"colour": 1})
     assert err.value.field == "filters" and "colour" in err.value.message
+    for bad, field in [({"tags": ["vip"]}, "filters.tags"), ({"status": "failed"}, "filters.status"),
+                       ({"created_after": "yesterday"}, "filters.created_after"), ({"limit": 0}, "filters.limit"),
+                       ({"versions": "1"}, "filters.versions")]:
+        with pytest.raises(DomainError) as err:
+            releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="x", agent=world.agent, filters=bad)
+        assert err.value.field == field, (bad, err.value.message)
+    finished = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="finished", agent=world.agent,
+                                              filters={"status": "finished", "versions": [1]})
+    assert finished.members.count() == 3
     with pytest.raises(DomainError) as err:
         releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="x", agent=world.agent, run_ids=["nope"])
     assert err.value.field == "run_ids"
@@ -223,3 +232,74 @@ def test_a_run_that_waited_for_an_approval_replays_with_the_same_approval_and_no
     releases.run_shard(batch.pk, 0, 1)
     row = ReplayRun.objects.get(batch=batch)
     assert row.passed is False and row.diff["approvals"]["replayed"] == [] and "approvals" in row.diff["changed"]
+
+
+def _total(counter: Any) -> float:
+    return sum(s.value for metric in counter.collect() for s in metric.samples if s.name.endswith("_total"))
+
+
+def test_replays_are_counted_in_their_own_series_never_in_the_tenants_runs(world: Any,
+                                                                          django_capture_on_commit_callbacks: Any) -> None:
+    from agents.metrics import LLM_COST, LLM_TOKENS, RUNS, TOOL_CALLS
+    from releases.metrics import REPLAY_RUNS
+
+    business = [_total(c) for c in (RUNS, LLM_TOKENS, LLM_COST, TOOL_CALLS)]
+    passed = REPLAY_RUNS.labels(mode="recorded", result="passed")._value.get()
+    with django_capture_on_commit_callbacks(execute=True):
+        batch = _replay(world, world.version, checks=[{"check": "no_diff"}])
+    assert batch.passed_count == 3
+    assert REPLAY_RUNS.labels(mode="recorded", result="passed")._value.get() == passed + 3
+    assert [_total(c) for c in (RUNS, LLM_TOKENS, LLM_COST, TOOL_CALLS)] == business
+
+
+def test_a_running_replay_can_be_cancelled_once_and_stops_before_its_next_chunk(world: Any, monkeypatch: Any) -> None:
+    actor = actor_for_user(world.operator)
+    s = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="cancel-me", agent=world.agent)
+    batch = releases.start_replay(tenant=world.tenant, actor=actor, evaluation_set=s, candidate=world.version, concurrency=1)
+    other = make_world()
+    theirs = APIClient()
+    theirs.credentials(HTTP_AUTHORIZATION=f"Bearer {other.raw_key}")
+    assert theirs.post(f"/api/v1/replays/{batch.pk}/cancel").status_code == 404
+    monkeypatch.setattr(releases, "CHUNK", 1)  # one run per chunk: the cancel lands between chunks
+    real = releases._replay_chunk
+
+    def chunk_then_cancel(*args: Any) -> None:
+        real(*args)
+        if ReplayBatch.objects.get(pk=batch.pk).done == 1:
+            mine = APIClient()
+            mine.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
+            answer = mine.post(f"/api/v1/replays/{batch.pk}/cancel")
+            assert answer.status_code == 200 and answer.json()["status"] == "cancelled", answer.content
+
+    monkeypatch.setattr(releases, "_replay_chunk", chunk_then_cancel)
+    releases.run_shard(batch.pk, 0, 1)
+    batch.refresh_from_db()
+    assert batch.status == "cancelled" and batch.done == 1 and ReplayRun.objects.filter(batch=batch).count() == 1
+    with pytest.raises(DomainError) as err:
+        releases.cancel_replay(tenant=world.tenant, actor=actor, batch=batch)
+    assert "already ended" in err.value.message
+
+
+
+
+
+def test_a_member_erased_after_the_set_was_frozen_is_reported_not_dropped(world: Any) -> None:
+    from accounts import services as tenant_services
+    from agents.erasure import erase_session
+    from tenants.models import Role
+    from tests.factories import make_user
+
+    actor = actor_for_user(world.operator)
+    s = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="frozen", agent=world.agent)
+    gone = Run.objects.filter(tenant=world.tenant, input=QUESTIONS[0]).get()
+    owner = make_user(f"{world.tenant.slug}-owner")
+    tenant_services.set_membership(tenant=world.tenant, user=owner, role=Role.OWNER, actor=None)
+    erase_session(actor=actor_for_user(owner), session=gone.session, reason="user asked")
+    batch = releases.start_replay(tenant=world.tenant, actor=actor, evaluation_set=s, candidate=world.version, concurrency=1)
+    releases.run_shard(batch.pk, 0, 1)
+    batch.refresh_from_db()
+    assert s.members.count() == 3 and batch.total == 3 and batch.done == 3 and batch.status == "finished"
+    row = ReplayRun.objects.get(batch=batch, source_run=gone)
+    assert row.status == "skipped" and "erased" in row.error and row.passed is None
+    assert batch.passed_count == 2 and batch.pass_rate == 1.0
+    assert releases.batch_report(batch)["skipped"] == 1
