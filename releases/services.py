@@ -18,7 +18,7 @@ from django.utils.dateparse import parse_datetime
 from agents.models import Agent, AgentKind, AgentVersion, Run, RunStatus
 from audit.services import record_change
 from config.errors import Invalid
-from releases import diffs, recording
+from releases import diffs, metrics, recording
 from releases.models import BatchStatus, EvaluationSet, EvaluationSetRun, MissPolicy, ModelMode, ReplayBatch, ReplayRun
 from releases.replay import Candidate, replay
 from tenants.models import Tenant
@@ -263,6 +263,7 @@ def _replay_chunk(batch: ReplayBatch, candidate: Candidate, chunk: list[tuple[in
         ReplayBatch.objects.filter(pk=batch.pk).update(done=F("done") + len(rows), passed_count=F("passed_count") + passed,
                                                        failed_count=F("failed_count") + failed,
                                                        cost_spent=F("cost_spent") + spent)
+        transaction.on_commit(lambda: metrics.observe(batch.model_mode, rows))
 
 
 def _maybe_finish(batch_id: Any) -> None:

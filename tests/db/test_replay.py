@@ -177,3 +177,21 @@ def test_another_tenant_sees_nothing_and_cannot_pick_foreign_runs(world: Any) ->
     report = mine.get(f"/api/v1/replays/{batch_id}").json()
     assert report["status"] == "finished" and report["pass_rate"] == 1.0 and report["done"] == 3
     assert EvaluationSet.objects.filter(tenant=other.tenant).count() == 0
+
+
+def _total(counter: Any) -> float:
+    return sum(s.value for metric in counter.collect() for s in metric.samples if s.name.endswith("_total"))
+
+
+def test_replays_are_counted_in_their_own_series_never_in_the_tenants_runs(world: Any,
+                                                                          django_capture_on_commit_callbacks: Any) -> None:
+    from agents.metrics import LLM_COST, LLM_TOKENS, RUNS, TOOL_CALLS
+    from releases.metrics import REPLAY_RUNS
+
+    business = [_total(c) for c in (RUNS, LLM_TOKENS, LLM_COST, TOOL_CALLS)]
+    passed = REPLAY_RUNS.labels(mode="recorded", result="passed")._value.get()
+    with django_capture_on_commit_callbacks(execute=True):
+        batch = _replay(world, world.version, checks=[{"check": "no_diff"}])
+    assert batch.passed_count == 3
+    assert REPLAY_RUNS.labels(mode="recorded", result="passed")._value.get() == passed + 3
+    assert [_total(c) for c in (RUNS, LLM_TOKENS, LLM_COST, TOOL_CALLS)] == business
