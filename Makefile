@@ -82,6 +82,12 @@ bench-step: $(VENV)/.dev-installed
 bench-flow: $(VENV)/.bench-installed
 	$(PY) bench/flow_overhead.py $(BENCH_ARGS)
 
+# Replaying 1,000 recorded runs in recorded mode (issue #16): runs/s and ms per replayed step beside the original
+# run's, on PostgreSQL (bench/README.md). Own database. BENCH_ARGS e.g. "--runs 1000 --rounds 3".
+.PHONY: bench-replay
+bench-replay: $(VENV)/.dev-installed
+	$(PY) bench/replay_recorded.py $(BENCH_ARGS)
+
 # The tool gateway's own overhead per call and the audit write's cost, on PostgreSQL (bench/README.md). Own database too.
 .PHONY: bench-gateway
 bench-gateway: $(VENV)/.dev-installed

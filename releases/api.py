@@ -6,6 +6,7 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -13,7 +14,7 @@ from agents.models import Agent, AgentVersion
 from config.api import CursorPages
 from config.errors import Invalid
 from releases import services
-from releases.models import EvaluationSet, MissPolicy, ModelMode, ReplayBatch
+from releases.models import BatchStatus, EvaluationSet, MissPolicy, ModelMode, ReplayBatch
 from tenants.api import TenantScopedViewSet
 
 
@@ -55,6 +56,51 @@ class ReplaySerializer(serializers.Serializer):
     concurrency = serializers.IntegerField(required=False, min_value=1, max_value=services.MAX_CONCURRENCY)
 
 
+class ReplayResultSerializer(serializers.Serializer):
+    """One replayed run beside its recording (documentation of ``batch_report``'s results)."""
+
+    source_run = serializers.CharField(help_text="The recorded run's id.")
+    status = serializers.CharField(help_text="replayed | error | skipped (erased, unfinished, a flow run, past the cost cap).")
+    passed = serializers.BooleanField(allow_null=True)
+    regression = serializers.BooleanField()
+    changed = serializers.ListField(child=serializers.CharField(), help_text="What differs from the recording: "
+                                    "tools, approvals, terminal_reason, answer, steps, tokens, cost.")
+    checks = serializers.ListField(child=serializers.DictField(), help_text="Each check with its 'passed'.")
+    diff = serializers.DictField(help_text="Per aspect {recorded, replayed, same}; answer.diff: a unified text diff; "
+                                 "approvals.new; misses: calls the recording did not hold.")
+    live_tool_calls = serializers.IntegerField()
+    tokens = serializers.IntegerField()
+    cost = serializers.CharField()
+    latency_ms = serializers.FloatField()
+    error = serializers.CharField(allow_null=True)
+
+
+class ReplayReportSerializer(serializers.Serializer):
+    """A batch's progress and report (``releases.services.batch_report``): regressions first."""
+
+    id = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=BatchStatus.choices)
+    evaluation_set = serializers.IntegerField()
+    candidate = CandidateSerializer()
+    model_mode = serializers.ChoiceField(choices=ModelMode.choices)
+    miss_policy = serializers.ChoiceField(choices=MissPolicy.choices)
+    checks = serializers.ListField(child=serializers.DictField())
+    total = serializers.IntegerField()
+    done = serializers.IntegerField()
+    passed = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    skipped = serializers.IntegerField()
+    pass_rate = serializers.FloatField(allow_null=True)
+    cost_cap = serializers.CharField(allow_null=True)
+    cost_spent = serializers.CharField()
+    changed = serializers.DictField(child=serializers.IntegerField(), help_text="aspect -> how many runs differ in it")
+    error = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    results = ReplayResultSerializer(many=True, help_text="Empty in the list; up to 200 in a batch's own report.")
+
+
 class ByName(CursorPages):
     ordering = ("tenant_id", "name")
     page_size = 100
@@ -93,14 +139,24 @@ class ReplayViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     pagination_class = Newest
     serializer_class = ReplaySerializer
 
+    @extend_schema(responses={200: ReplayReportSerializer(many=True)})
     def list(self, request: Request) -> Response:
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
         return self.get_paginated_response([services.batch_report(b, limit=0) for b in page or []])
 
+    @extend_schema(responses={200: ReplayReportSerializer})
     def retrieve(self, request: Request, pk: Any = None) -> Response:
         return Response(services.batch_report(self.get_object()))
 
-    @extend_schema(request=ReplaySerializer, responses={202: dict})
+    @extend_schema(request=None, responses={200: ReplayReportSerializer, 409: None})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: Any = None) -> Response:
+        """Cancel a queued or running replay: no further runs are replayed; those done stay in the report."""
+        batch = self.get_object()  # another tenant's: 404
+        batch = services.cancel_replay(tenant=batch.tenant, actor=self.actor, batch=batch)
+        return Response(services.batch_report(batch))
+
+    @extend_schema(request=ReplaySerializer, responses={202: ReplayReportSerializer})
     def create(self, request: Request) -> Response:
         tenant = self.acting_tenant("operate")
         body = ReplaySerializer(data=request.data)

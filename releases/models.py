@@ -56,6 +56,7 @@ class BatchStatus(models.TextChoices):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 class ReplayBatch(TenantOwned):

@@ -151,10 +151,10 @@ class CassetteTools:
         live = (self.candidate.miss_policy == "live_read" and tool.category == ToolCategory.READ
                 and not needs)
         if not live:
-            self.misses.append(what)
-            self.store.stop = True  # the loop ends the run at this step's boundary
             why = "a write tool is never called live in a replay" if tool.category != ToolCategory.READ else \
                 "the replay's miss policy is stop" if self.candidate.miss_policy == "stop" else "it would need an approval"
+            self.misses.append(f"{what}: {why}")
+            self.store.stop = True  # the loop ends the run at this step's boundary
             return ToolOutcome(call.id, ToolStatus.ERROR, f"{MISS}: the recording holds no call {what} ({why}).")
         from tools.gateway import ToolGateway
 

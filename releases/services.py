@@ -17,8 +17,8 @@ from django.utils.dateparse import parse_datetime
 
 from agents.models import Agent, AgentKind, AgentVersion, Run, RunStatus
 from audit.services import record_change
-from config.errors import Invalid
-from releases import diffs, recording
+from config.errors import Conflict, Invalid
+from releases import diffs, metrics, recording
 from releases.models import BatchStatus, EvaluationSet, EvaluationSetRun, MissPolicy, ModelMode, ReplayBatch, ReplayRun
 from releases.replay import Candidate, replay
 from tenants.models import Tenant
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 MAX_SET_RUNS = 5000
 CHUNK = 200
 MAX_CONCURRENCY = 8
+ENDED = (BatchStatus.FINISHED, BatchStatus.FAILED, BatchStatus.CANCELLED)
 
 
 def _require(actor: Actor, tenant_id: int, doing: str) -> None:
@@ -175,6 +176,24 @@ def start_replay(*, tenant: Tenant, actor: Actor, evaluation_set: EvaluationSet,
     return batch
 
 
+@transaction.atomic
+def cancel_replay(*, tenant: Tenant, actor: Actor, batch: ReplayBatch) -> ReplayBatch:
+    """Stop a queued or running batch: its shards stop before their next chunk (results so far are kept)."""
+    _require(actor, tenant.pk, "cancel replays")
+    if batch.tenant_id != tenant.pk:
+        raise Invalid("there is no such replay in this tenant.", field="batch")
+    batch = ReplayBatch.objects.select_for_update().get(pk=batch.pk)
+    if batch.status in ENDED:
+        raise Conflict(f"the replay has already ended ({batch.status}); only a queued or running replay can be cancelled.")
+    judged = batch.passed_count + batch.failed_count
+    batch.status, batch.finished_at = BatchStatus.CANCELLED, timezone.now()
+    batch.pass_rate = round(batch.passed_count / judged, 4) if judged else None
+    batch.save(update_fields=["status", "finished_at", "pass_rate"])
+    record_change(tenant=tenant, actor=actor, action="replay.cancelled", target=batch,
+                  details={"done": batch.done, "total": batch.total})
+    return batch
+
+
 def _enqueue(batch_id: Any, shards: int) -> None:
     from releases.tasks import replay_shard_task
 
@@ -186,7 +205,7 @@ def run_shard(batch_id: Any, shard: int, shards: int) -> None:
     """Replay the set's members at positions ≡ ``shard`` (mod ``shards``) in chunks: per chunk a fixed number of
     queries to read the recordings, one bulk insert of results and one update of the batch's counters."""
     batch = ReplayBatch.objects.select_related("tenant", "candidate__agent", "candidate__tenant", "evaluation_set").get(pk=batch_id)
-    if batch.status in (BatchStatus.FINISHED, BatchStatus.FAILED):
+    if batch.status in ENDED:
         return
     ReplayBatch.objects.filter(pk=batch_id, status=BatchStatus.QUEUED).update(status=BatchStatus.RUNNING,
                                                                               started_at=timezone.now())
@@ -203,6 +222,8 @@ def run_shard(batch_id: Any, shard: int, shards: int) -> None:
         return
     model = _live_model(batch) if batch.model_mode == ModelMode.LIVE else None
     for start in range(0, len(members), CHUNK):
+        if start and ReplayBatch.objects.filter(pk=batch_id, status=BatchStatus.CANCELLED).exists():
+            return  # cancelled: the chunks already replayed stay, the rest are never started
         chunk = members[start:start + CHUNK]
         _replay_chunk(batch, candidate, chunk, model)
     _maybe_finish(batch_id)
@@ -263,12 +284,13 @@ def _replay_chunk(batch: ReplayBatch, candidate: Candidate, chunk: list[tuple[in
         ReplayBatch.objects.filter(pk=batch.pk).update(done=F("done") + len(rows), passed_count=F("passed_count") + passed,
                                                        failed_count=F("failed_count") + failed,
                                                        cost_spent=F("cost_spent") + spent)
+        transaction.on_commit(lambda: metrics.observe(batch.model_mode, rows))
 
 
 def _maybe_finish(batch_id: Any) -> None:
     with transaction.atomic():
         batch = ReplayBatch.objects.select_for_update().get(pk=batch_id)
-        if batch.status in (BatchStatus.FINISHED, BatchStatus.FAILED) or batch.done < batch.total:
+        if batch.status in ENDED or batch.done < batch.total:
             return
         judged = batch.passed_count + batch.failed_count
         batch.pass_rate = round(batch.passed_count / judged, 4) if judged else None

@@ -177,3 +177,49 @@ def test_another_tenant_sees_nothing_and_cannot_pick_foreign_runs(world: Any) ->
     report = mine.get(f"/api/v1/replays/{batch_id}").json()
     assert report["status"] == "finished" and report["pass_rate"] == 1.0 and report["done"] == 3
     assert EvaluationSet.objects.filter(tenant=other.tenant).count() == 0
+
+
+def _total(counter: Any) -> float:
+    return sum(s.value for metric in counter.collect() for s in metric.samples if s.name.endswith("_total"))
+
+
+def test_replays_are_counted_in_their_own_series_never_in_the_tenants_runs(world: Any,
+                                                                          django_capture_on_commit_callbacks: Any) -> None:
+    from agents.metrics import LLM_COST, LLM_TOKENS, RUNS, TOOL_CALLS
+    from releases.metrics import REPLAY_RUNS
+
+    business = [_total(c) for c in (RUNS, LLM_TOKENS, LLM_COST, TOOL_CALLS)]
+    passed = REPLAY_RUNS.labels(mode="recorded", result="passed")._value.get()
+    with django_capture_on_commit_callbacks(execute=True):
+        batch = _replay(world, world.version, checks=[{"check": "no_diff"}])
+    assert batch.passed_count == 3
+    assert REPLAY_RUNS.labels(mode="recorded", result="passed")._value.get() == passed + 3
+    assert [_total(c) for c in (RUNS, LLM_TOKENS, LLM_COST, TOOL_CALLS)] == business
+
+
+def test_a_running_replay_can_be_cancelled_once_and_stops_before_its_next_chunk(world: Any, monkeypatch: Any) -> None:
+    actor = actor_for_user(world.operator)
+    s = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="cancel-me", agent=world.agent)
+    batch = releases.start_replay(tenant=world.tenant, actor=actor, evaluation_set=s, candidate=world.version, concurrency=1)
+    other = make_world()
+    theirs = APIClient()
+    theirs.credentials(HTTP_AUTHORIZATION=f"Bearer {other.raw_key}")
+    assert theirs.post(f"/api/v1/replays/{batch.pk}/cancel").status_code == 404
+    monkeypatch.setattr(releases, "CHUNK", 1)  # one run per chunk: the cancel lands between chunks
+    real = releases._replay_chunk
+
+    def chunk_then_cancel(*args: Any) -> None:
+        real(*args)
+        if ReplayBatch.objects.get(pk=batch.pk).done == 1:
+            mine = APIClient()
+            mine.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
+            answer = mine.post(f"/api/v1/replays/{batch.pk}/cancel")
+            assert answer.status_code == 200 and answer.json()["status"] == "cancelled", answer.content
+
+    monkeypatch.setattr(releases, "_replay_chunk", chunk_then_cancel)
+    releases.run_shard(batch.pk, 0, 1)
+    batch.refresh_from_db()
+    assert batch.status == "cancelled" and batch.done == 1 and ReplayRun.objects.filter(batch=batch).count() == 1
+    with pytest.raises(DomainError) as err:
+        releases.cancel_replay(tenant=world.tenant, actor=actor, batch=batch)
+    assert "already ended" in err.value.message
