@@ -161,6 +161,7 @@ def test_the_api_sets_the_gate_on_the_release_endpoint_and_a_refusal_is_a_409_wh
     assert refused.status_code == 409, refused.content
     body = refused.content.decode()
     assert "v2" in body and "golden" in body and "weights" in refused.json()
+    assert refused.json()["error"]["code"] == "release_gate" and refused.json()["error"]["field"] == "weights"
     # the refusal is not saved, but its audit row is (committed on its own)
     assert ConfigChange.objects.filter(action="release.gate_refused", tenant=world.tenant).count() == 1
     assert _weights(world) == {}
