@@ -114,7 +114,7 @@ def evaluation_sets(request: HttpRequest) -> HttpResponse:
 def evaluation_set(request: HttpRequest, set_id: Any) -> HttpResponse:
     actor = _actor(request)
     row = _visible_set(actor, set_id)
-    members = list(row.members.select_related("run").order_by("position")[:MEMBERS_SHOWN])
+    members = list(row.members.select_related("run__version").order_by("position")[:MEMBERS_SHOWN])
     return render(request, "console/evaluation_set.html", {
         "nav": "releases", "set": row, "members": members, "total": row.members.count(),
         "versions": list(AgentVersion.objects.filter(agent=row.agent).order_by("-number")),
@@ -203,7 +203,23 @@ def replay_batch(request: HttpRequest, batch_id: Any) -> HttpResponse:
     return render(request, "console/replay_batch.html", {
         "nav": "releases", "batch": batch, "report": report, "results": [_result_view(r) for r in report["results"]],
         "running": batch.status in ("queued", "running"),
+        "can_cancel": batch.status in ("queued", "running") and actor.can("operate", batch.tenant_id),
     })
+
+
+@login_required
+@require_POST
+def cancel_replay(request: HttpRequest, batch_id: Any) -> HttpResponse:
+    """Stop a queued or running replay (its shards stop before their next chunk; results so far are kept)."""
+    actor = _actor(request)
+    batch = _visible_batch(actor, batch_id)
+    try:
+        services.cancel_replay(tenant=batch.tenant, actor=actor, batch=batch)
+    except DomainError as exc:
+        messages.error(request, f"Not cancelled: {exc.message}")
+    else:
+        messages.success(request, "Replay cancelled; the results so far are kept.")
+    return redirect("console:replay-batch", batch_id=batch.pk)
 
 
 @login_required

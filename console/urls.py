@@ -19,5 +19,6 @@ urlpatterns = [
     path("evaluation-sets/<int:set_id>/", release_pages.evaluation_set, name="evaluation-set"),
     path("evaluation-sets/<int:set_id>/replays/", release_pages.start_replay, name="evaluation-set-replay"),
     path("replays/<int:batch_id>/", release_pages.replay_batch, name="replay-batch"),
+    path("replays/<int:batch_id>/cancel/", release_pages.cancel_replay, name="replay-batch-cancel"),
     path("replays/<int:batch_id>/progress.json", release_pages.replay_batch_progress, name="replay-batch-progress"),
 ]

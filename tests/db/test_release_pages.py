@@ -169,6 +169,7 @@ def test_another_tenants_sets_and_replays_are_404s_on_pages_json_and_admin(world
         assert client.get(url).status_code == 404, url
     assert client.post(f"/console/evaluation-sets/{row.pk}/replays/", {"csrfmiddlewaretoken": token,
                                                                         "candidate": str(world.version.pk)}).status_code == 404
+    assert client.post(f"/console/replays/{batch.pk}/cancel/", {"csrfmiddlewaretoken": token}).status_code == 404
     assert "mine" not in client.get("/console/evaluation-sets/").content.decode()
     assert ReplayBatch.objects.count() == 1
     for url in (f"/admin/releases/evaluationset/{row.pk}/change/", f"/admin/releases/replaybatch/{batch.pk}/change/",
@@ -208,3 +209,29 @@ def test_the_admin_shows_sets_with_frozen_members_and_read_only_results(world: W
     assert "queued" in acted.content.decode()
     assert ReplayBatch.objects.filter(evaluation_set=row).count() == 2
     assert ConfigChange.objects.filter(action="replay.started", tenant=world.tenant).count() == 2
+
+
+def test_a_queued_replay_can_be_cancelled_from_its_page_by_an_operator_only(world: World) -> None:
+    from tenants.scoping import actor_for_user
+
+    row = releases.create_evaluation_set(tenant=world.tenant, actor=actor_for_user(world.operator), name="mine",
+                                         agent=world.agent, filters={"limit": 10})
+    batch = releases.start_replay(tenant=world.tenant, actor=actor_for_user(world.operator), evaluation_set=row,
+                                  candidate=world.version, concurrency=1)
+    url = f"/console/replays/{batch.pk}/"
+    viewer = _client(world.viewer)
+    page = viewer.get(url)
+    assert 'id="replay-cancel"' not in page.content.decode()
+    assert viewer.post(f"{url}cancel/", {"csrfmiddlewaretoken": page.context["csrf_token"]}).status_code in (302, 403)
+    batch.refresh_from_db()
+    assert batch.status == "queued"
+    client = _client(world.operator)
+    page = client.get(url)
+    assert 'id="replay-cancel"' in page.content.decode()
+    assert client.post(f"{url}cancel/").status_code == 403  # CSRF
+    done = client.post(f"{url}cancel/", {"csrfmiddlewaretoken": page.context["csrf_token"]}, follow=True)
+    batch.refresh_from_db()
+    assert batch.status == "cancelled" and "Replay cancelled" in done.content.decode()
+    assert ConfigChange.objects.filter(action="replay.cancelled", tenant=world.tenant).count() == 1
+    again = client.post(f"{url}cancel/", {"csrfmiddlewaretoken": page.context["csrf_token"]}, follow=True)
+    assert "Not cancelled" in again.content.decode() and 'id="replay-cancel"' not in again.content.decode()
