@@ -139,6 +139,15 @@ def test_bad_input_is_refused_naming_the_field(world: Any) -> None:
     with pytest.raises(DomainError) as err:
         releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="x", agent=world.agent, filters={"colour": 1})
     assert err.value.field == "filters" and "colour" in err.value.message
+    for bad, field in [({"tags": ["vip"]}, "filters.tags"), ({"status": "failed"}, "filters.status"),
+                       ({"created_after": "yesterday"}, "filters.created_after"), ({"limit": 0}, "filters.limit"),
+                       ({"versions": "1"}, "filters.versions")]:
+        with pytest.raises(DomainError) as err:
+            releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="x", agent=world.agent, filters=bad)
+        assert err.value.field == field, (bad, err.value.message)
+    finished = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="finished", agent=world.agent,
+                                              filters={"status": "finished", "versions": [1]})
+    assert finished.members.count() == 3
     with pytest.raises(DomainError) as err:
         releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="x", agent=world.agent, run_ids=["nope"])
     assert err.value.field == "run_ids"
