@@ -264,3 +264,22 @@ def test_a_run_that_waited_for_an_approval_replays_exactly_and_names_the_approva
     assert row.diff["approvals"]["replayed"] == ["refund_order"] and row.diff["steps"]["replayed"] == 3
     assert sum(len(v) for v in order_desk.REFUNDS.values()) == refunds and row.live_tool_calls == 0
     assert ApprovalRequest.objects.filter(tenant=world.tenant).count() == 1, "a replay asks no one for an approval"
+
+
+def test_a_member_erased_after_the_set_was_frozen_is_reported_not_dropped(world: Any) -> None:
+    from agents.erasure import erase_session
+
+    actor = actor_for_user(world.operator)
+    s = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="frozen", agent=world.agent)
+    gone = Run.objects.filter(tenant=world.tenant, input=QUESTIONS[0]).get()
+    owner = make_user(f"{world.tenant.slug}-owner")
+    tenant_services.set_membership(tenant=world.tenant, user=owner, role=Role.OWNER, actor=None)
+    erase_session(actor=actor_for_user(owner), session=gone.session, reason="user asked")
+    batch = releases.start_replay(tenant=world.tenant, actor=actor, evaluation_set=s, candidate=world.version, concurrency=1)
+    releases.run_shard(batch.pk, 0, 1)
+    batch.refresh_from_db()
+    assert s.members.count() == 3 and batch.total == 3 and batch.done == 3 and batch.status == "finished"
+    row = ReplayRun.objects.get(batch=batch, source_run=gone)
+    assert row.status == "skipped" and "erased" in row.error and row.passed is None
+    assert batch.passed_count == 2 and batch.pass_rate == 1.0
+    assert releases.batch_report(batch)["skipped"] == 1
