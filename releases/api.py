@@ -22,7 +22,8 @@ class EvaluationSetSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     agent = serializers.SlugField(max_length=64, help_text="The slug of the agent whose runs the set holds.")
     filters = serializers.JSONField(required=False, help_text="versions, created_after, created_before, terminal_reason, "
-                                                                "limit (default 100), playground. Or give run_ids.")
+                                                                "status (finished only), limit (default 100), playground. "
+                                                                "Or give run_ids.")
     run_ids = serializers.ListField(child=serializers.CharField(max_length=64), required=False, write_only=True,
                                     max_length=services.MAX_SET_RUNS, help_text="Runs picked by hand.")
     runs = serializers.SerializerMethodField()

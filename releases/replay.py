@@ -120,6 +120,9 @@ class CassetteTools:
         self.by_name = {t.name: t for t in candidate.tools}
         self.whitelist = [n for n in candidate.version.tools if isinstance(n, str)]
         self.approvals: list[str] = []
+        #: the steps (by index) in which a call would have waited for an approval: live, each pauses the run once and
+        #: the approved call runs in a step of its own, so the live run counts one step more per such step
+        self.approval_steps: set[int] = set()
         self.live_calls = 0
         self.misses: list[str] = []
         self.audit = StepAudit()
@@ -139,6 +142,7 @@ class CassetteTools:
         needs = isinstance(arguments, dict) and self.gate.rule(tool, arguments).needed
         if needs:
             self.approvals.append(tool.name)
+            self.approval_steps.add(len(self.store.records))
         recorded = self.outcomes.get(key)
         if recorded:
             status, content = recorded.pop(0) if len(recorded) > 1 else recorded[0]
@@ -207,7 +211,8 @@ def replay(candidate: Candidate, recording: Recording, *, model: Any = None) -> 
     called = [{"tool": k[0], "arguments": k[1]}
               for record in store.records for event in record.events if event.type == "model.call"
               for c in event.payload.get("tool_calls") or [] for k in [canonical(str(c.get("name")), c.get("arguments"))]]
-    return Replayed(terminal, output, result.steps, result.usage, latency, called, tools.approvals, tools.live_calls,
+    steps = result.steps + len(tools.approval_steps)
+    return Replayed(terminal, output, steps, result.usage, latency, called, tools.approvals, tools.live_calls,
                     tools.misses, tools.audit)
 
 

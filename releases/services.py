@@ -48,6 +48,13 @@ FILTER_KEYS = ("versions", "created_after", "created_before", "terminal_reason",
 
 
 def _filtered(agent: Agent, filters: dict[str, Any]) -> list[Any]:
+    if "tags" in filters:
+        raise Invalid("runs carry no tags in this console; choose them by versions, created_after/created_before, "
+                      "terminal_reason, playground, or pick them with run_ids.", field="filters.tags")
+    if "status" in filters and filters["status"] != RunStatus.FINISHED:
+        raise Invalid(f"only finished runs can be replayed (they have a recording to compare with); "
+                      f"got status {filters['status']!r}.", field="filters.status")
+    filters = {k: v for k, v in filters.items() if k != "status"}
     unknown = sorted(set(filters) - set(FILTER_KEYS))
     if unknown:
         raise Invalid(f"unknown filter(s) {', '.join(unknown)}; filters are {', '.join(FILTER_KEYS)} "

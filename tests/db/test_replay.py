@@ -7,15 +7,20 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from accounts import services as tenant_services
 from agents import services
 from agents.models import AgentVersion, Run, RunEvent, RunMessage, Session
+from approvals.decisions import decide
+from approvals.models import ApprovalRequest
 from audit.models import ToolCallAudit
 from config.errors import DomainError
 from marketplace.builtin import order_desk
 from releases import services as releases
 from releases.models import EvaluationSet, ReplayBatch, ReplayRun
+from tenants.models import Role
 from tenants.scoping import Actor, actor_for_user
-from tests.factories import make_world
+from tests.factories import make_user, make_world
+from tools.models import Tool
 from tools.services import install_python_tool
 
 pytestmark = pytest.mark.django_db
@@ -134,6 +139,15 @@ def test_bad_input_is_refused_naming_the_field(world: Any) -> None:
     with pytest.raises(DomainError) as err:
         releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="x", agent=world.agent, filters={"colour": 1})
     assert err.value.field == "filters" and "colour" in err.value.message
+    for bad, field in [({"tags": ["vip"]}, "filters.tags"), ({"status": "failed"}, "filters.status"),
+                       ({"created_after": "yesterday"}, "filters.created_after"), ({"limit": 0}, "filters.limit"),
+                       ({"versions": "1"}, "filters.versions")]:
+        with pytest.raises(DomainError) as err:
+            releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="x", agent=world.agent, filters=bad)
+        assert err.value.field == field, (bad, err.value.message)
+    finished = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="finished", agent=world.agent,
+                                              filters={"status": "finished", "versions": [1]})
+    assert finished.members.count() == 3
     with pytest.raises(DomainError) as err:
         releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="x", agent=world.agent, run_ids=["nope"])
     assert err.value.field == "run_ids"
@@ -223,3 +237,49 @@ def test_a_running_replay_can_be_cancelled_once_and_stops_before_its_next_chunk(
     with pytest.raises(DomainError) as err:
         releases.cancel_replay(tenant=world.tenant, actor=actor, batch=batch)
     assert "already ended" in err.value.message
+
+
+def test_a_run_that_waited_for_an_approval_replays_exactly_and_names_the_approval(
+        world: Any, django_capture_on_commit_callbacks: Any) -> None:
+    Tool.objects.filter(tenant=world.tenant, name="refund_order").update(requires_approval=True)
+    run = services.start_run(actor=Actor(api_key=world.key), agent=world.agent,
+                             text="refund 30.00 for order O202411280001 because the glass cup broke")
+    services.execute_run(str(run.pk))
+    boss = make_user(f"{world.tenant.slug}-boss")
+    tenant_services.set_membership(tenant=world.tenant, user=boss, role=Role.APPROVER, actor=None)
+    with django_capture_on_commit_callbacks(execute=True):  # the approval resumes the run
+        decide(actor=actor_for_user(boss), request_id=ApprovalRequest.objects.get(run=run).pk, approve=True)
+    services.execute_run(str(run.pk))  # the resumed run, as the worker would pick it up
+    run.refresh_from_db()
+    assert run.status == "finished" and run.step == 3, (run.status, run.step)
+    refunds = sum(len(v) for v in order_desk.REFUNDS.values())
+    actor = actor_for_user(world.operator)
+    s = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="approved", agent=world.agent,
+                                       run_ids=[str(run.pk)])
+    batch = releases.start_replay(tenant=world.tenant, actor=actor, evaluation_set=s, candidate=world.version,
+                                  concurrency=1, checks=[{"check": "no_diff"}, {"check": "no_new_approvals"}])
+    releases.run_shard(batch.pk, 0, 1)
+    row = ReplayRun.objects.get(batch=batch)
+    assert row.diff["changed"] == [] and row.passed, row.diff
+    assert row.diff["approvals"]["replayed"] == ["refund_order"] and row.diff["steps"]["replayed"] == 3
+    assert sum(len(v) for v in order_desk.REFUNDS.values()) == refunds and row.live_tool_calls == 0
+    assert ApprovalRequest.objects.filter(tenant=world.tenant).count() == 1, "a replay asks no one for an approval"
+
+
+def test_a_member_erased_after_the_set_was_frozen_is_reported_not_dropped(world: Any) -> None:
+    from agents.erasure import erase_session
+
+    actor = actor_for_user(world.operator)
+    s = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="frozen", agent=world.agent)
+    gone = Run.objects.filter(tenant=world.tenant, input=QUESTIONS[0]).get()
+    owner = make_user(f"{world.tenant.slug}-owner")
+    tenant_services.set_membership(tenant=world.tenant, user=owner, role=Role.OWNER, actor=None)
+    erase_session(actor=actor_for_user(owner), session=gone.session, reason="user asked")
+    batch = releases.start_replay(tenant=world.tenant, actor=actor, evaluation_set=s, candidate=world.version, concurrency=1)
+    releases.run_shard(batch.pk, 0, 1)
+    batch.refresh_from_db()
+    assert s.members.count() == 3 and batch.total == 3 and batch.done == 3 and batch.status == "finished"
+    row = ReplayRun.objects.get(batch=batch, source_run=gone)
+    assert row.status == "skipped" and "erased" in row.error and row.passed is None
+    assert batch.passed_count == 2 and batch.pass_rate == 1.0
+    assert releases.batch_report(batch)["skipped"] == 1
