@@ -13,12 +13,14 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from agents import services as agent_services
 from agents.models import AgentVersion, Run, RunStatus, Session
 from audit.models import ConfigChange
 from marketplace import services
 from marketplace.models import ReleaseGate, ReleaseWeight
+from releases import services as releases
 from releases.models import EvaluationSet, EvaluationSetRun, ReplayBatch
-from tenants.scoping import actor_for_user
+from tenants.scoping import Actor, actor_for_user
 from tests.factories import World, make_world
 
 
@@ -260,3 +262,38 @@ def test_the_checks_guard_rolls_back_a_version_failing_the_gates_checks_on_live_
     assert _weights(world) == {1: 100, 2: 0}
     change = ConfigChange.objects.get(action="release.rolled_back")
     assert change.details["automatic"] is True and change.details["metric"] == "checks"
+
+
+@pytest.mark.django_db
+def test_the_gate_follows_real_replays_a_faithful_copy_passes_and_a_tighter_version_is_blocked() -> None:
+    """End to end with the engine: real demo runs, a set of them, recorded-mode replays of two candidates."""
+    world = make_world()
+    for text in ("Where is my order O202411280001?", "What is in order O202411280002?"):
+        run = agent_services.start_run(actor=Actor(api_key=world.key), agent=world.agent, text=text)
+        agent_services.execute_run(str(run.pk))
+    actor = actor_for_user(world.operator)
+    golden = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="golden", agent=world.agent,
+                                            filters={"limit": 10})
+    same = AgentVersion.objects.create(tenant=world.tenant, agent=world.agent, number=2, model=world.version.model,
+                                       system_prompt=world.version.system_prompt, tools=world.version.tools,
+                                       policy=world.version.policy)
+    lean = AgentVersion.objects.create(tenant=world.tenant, agent=world.agent, number=3, model=world.version.model,
+                                       system_prompt=world.version.system_prompt, tools=world.version.tools,
+                                       policy={"limits": {"max_recursion": 1}})  # stops before the tools answer
+    _gate(world, golden, rate=1.0)
+    for candidate in (same, lean):
+        batch = releases.start_replay(tenant=world.tenant, actor=actor, evaluation_set=golden, candidate=candidate,
+                                      checks=[{"check": "no_diff"}], concurrency=1)
+        releases.run_shard(batch.pk, 0, 1)
+        batch.refresh_from_db()
+        assert batch.status == "finished", batch.error
+    assert ReplayBatch.objects.get(candidate=same).pass_rate == 1.0
+    failed = ReplayBatch.objects.get(candidate=lean)
+    assert failed.pass_rate is not None and failed.pass_rate < 1.0
+
+    services.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=actor)
+    assert _weights(world) == {1: 90, 2: 10}
+    with pytest.raises(services.GateRefused, match=f"v3 .*replay batch {failed.pk}"):
+        services.set_release_weights(agent=world.agent, weights={1: 80, 2: 10, 3: 10}, actor=actor)
+    assert _weights(world) == {1: 90, 2: 10}
+    assert [r.details["version"] for r in ConfigChange.objects.filter(action="release.gate_refused")] == [3]
