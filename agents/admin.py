@@ -1,15 +1,16 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from agents import attention
+from agents import attention, shadow
 from agents import services as agent_services
 from agents.erasure import ERASE_ACTION, ErasureRefused, erase_session
 from agents.flow_graph import render_svg
@@ -76,6 +77,69 @@ class AgentVersionAdmin(TenantScopedAdmin):
     author_field = "created_by"  # who made a version is the user saving it, never a choice
     kind = AgentKind.AGENT
     exclude = ["definition"]
+    change_form_template = "admin/agents/agentversion/change_form.html"
+
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+                        extra_context: Any = None) -> Any:
+        if request.method == "POST" and object_id and "_preview_impact" in request.POST:
+            return self._preview_impact(request, object_id)
+        extra = dict(extra_context or {})
+        if object_id:
+            version = self.get_object(request, object_id)
+            if version is not None:
+                extra["preview_fields"] = self._preview_fields(request, version)
+        return super().changeform_view(request, object_id, form_url, extra)
+
+    def _preview_fields(self, request: HttpRequest, version: Any) -> list[dict[str, Any]]:
+        """The fields a preview proposes (tools, policy: those this admin edits), each with whether the form shows an
+        input for it; a used (locked) version's form is read-only, so the button's own box holds the proposal."""
+        editable = set(self.get_form(request, version, change=True).base_fields) - set(self.get_readonly_fields(request, version))
+        shown = [f for f in shadow.VERSION_FIELDS if f not in (self.exclude or [])]
+        return [{"name": f, "in_form": f in editable, "value": json.dumps(getattr(version, f), indent=2, ensure_ascii=False)}
+                for f in shown]
+
+    def _preview_impact(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The impact of the proposed, unsaved tool list / policy on the calls this version's runs made
+        (``agents.shadow.preview_version_change``); validated as saving them would be; saves nothing."""
+        version = self.get_object(request, object_id)
+        if version is None or not self.has_view_permission(request, version):
+            raise Http404("No such version.")
+        errors: dict[str, list[str]] = {}
+        fields: dict[str, Any] = {}
+        for spec in self._preview_fields(request, version):
+            raw = request.POST.get(spec["name"])
+            if raw is None:
+                continue
+            try:
+                fields[spec["name"]] = json.loads(raw)
+            except ValueError as exc:
+                errors[spec["name"]] = [f"Must be JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})."]
+        impact: dict[str, Any] = {}
+        if not errors:
+            probe = AgentVersion.objects.select_related("agent", "tenant").get(pk=version.pk)
+            probe.pk = None  # checked as a new version would be (a used version's own checks are skipped: it is history)
+            for name, value in fields.items():
+                setattr(probe, name, value)
+            raw_days = request.POST.get("_preview_days") or "7"
+            try:
+                probe.clean()
+                # what the proposal changes, as it would be stored (the policy normalised); an unchanged box proposes nothing
+                fields = {name: getattr(probe, name) for name, value in fields.items() if value != getattr(version, name)}
+                impact = shadow.preview_version_change(
+                    version=AgentVersion.objects.select_related("agent__tenant").get(pk=version.pk),
+                    actor=self._actor(request), fields=fields, days=int(raw_days) if raw_days.isdigit() else raw_days)
+            except ValidationError as exc:
+                errors = {k: [str(m) for m in v] for k, v in exc.message_dict.items()} if hasattr(exc, "error_dict") \
+                    else {"__all__": list(exc.messages)}
+            except DomainError as exc:
+                errors = {getattr(exc, "field", None) or "__all__": [exc.message]}
+        rows = [(label, impact[key]) for label, key in (
+            ("Newly denied", "newly_denied"), ("Newly needs approval", "newly_needs_approval"),
+            ("Newly rate limited", "newly_rate_limited"), ("Newly allowed", "newly_allowed"))] if impact else []
+        context = {**self.admin_site.each_context(request), "title": f"Impact of a change to {version}", "version": version,
+                   "impact": impact, "rows": rows, "errors": errors, "opts": self.model._meta, "back": request.path}
+        return TemplateResponse(request, "admin/agents/agentversion/preview_impact.html", context,
+                                status=400 if errors else 200)
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).filter(agent__kind=self.kind)

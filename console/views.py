@@ -16,6 +16,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from agents import attention
@@ -60,6 +61,8 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "live": page.number == 1,
         "prev_query": filters.query(page=page.previous_page_number()) if page.has_previous() else "",
         "next_query": filters.query(page=page.next_page_number()) if page.has_next() else "",
+        # the runs on this page, picked for a new evaluation set (console/release_pages.py)
+        "set_query": urlencode([("agent", filters.agent or ""), *[("run", str(run.pk)) for run in page.object_list]]),
     })
 
 

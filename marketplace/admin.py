@@ -16,7 +16,7 @@ from agents.admin import AgentAdmin
 from marketplace import services
 from marketplace.admin_inlines import OBSERVED_WINDOW, ReleaseWeightInline
 from marketplace.catalog import catalog
-from marketplace.models import Plugin, PluginInstall, PresetAgent, ReleaseGuard, ReleaseWeight, ToolRollout
+from marketplace.models import Plugin, PluginInstall, PresetAgent, ReleaseGate, ReleaseGuard, ReleaseWeight, ToolRollout
 from marketplace.release import observed_split
 from tenants.admin_mixins import TenantScopedAdmin
 from tenants.scoping import actor_for_user
@@ -250,6 +250,45 @@ class ReleaseGuardAdmin(TenantScopedAdmin):
             self.message_user(request, "No guard tripped.")
 
 
+
+
+class GateForm(forms.ModelForm):
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        rate, agent, evaluation_set = data.get("min_pass_rate"), data.get("agent") or getattr(self.instance, "agent", None), \
+            data.get("evaluation_set")
+        if rate is not None and not 0 <= rate <= 1:
+            self.add_error("min_pass_rate", "A pass rate is a fraction from 0 to 1 (0.95 = 95 %).")
+        if agent is not None and evaluation_set is not None and evaluation_set.agent_id != agent.pk:
+            self.add_error("evaluation_set", f"Pick a set of {agent.slug!r}'s runs; {evaluation_set.name!r} holds another agent's.")
+        return data
+
+
+@admin.register(ReleaseGate)
+class ReleaseGateAdmin(TenantScopedAdmin):
+    """Per agent: a version gets release weight only after a passed replay on the set (marketplace/gate.py)."""
+
+    form = GateForm
+    list_display = ["agent", "evaluation_set", "min_pass_rate", "model_mode", "enabled", "updated_by", "updated_at", "tenant"]
+    list_filter = ["model_mode", "enabled", "tenant"]
+    list_select_related = ["agent", "evaluation_set", "tenant", "updated_by"]
+    fields = ["agent", "evaluation_set", "min_pass_rate", "model_mode", "enabled", "updated_by", "updated_at"]
+    readonly_fields = ["updated_by", "updated_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [*self.readonly_fields, "agent"] if obj is not None else self.readonly_fields
+
+    def save_model(self, request: HttpRequest, obj: ReleaseGate, form: Any, change: bool) -> None:
+        gate = services.set_release_gate(agent=obj.agent, evaluation_set=obj.evaluation_set, min_pass_rate=obj.min_pass_rate,
+                                         model_mode=obj.model_mode, enabled=obj.enabled, actor=self._actor(request))
+        obj.pk = gate.pk if gate is not None else None
+
+    def delete_model(self, request: HttpRequest, obj: ReleaseGate) -> None:
+        services.set_release_gate(agent=obj.agent, evaluation_set=None, actor=self._actor(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for gate in queryset.select_related("agent"):
+            self.delete_model(request, gate)
 
 
 @admin.register(ToolRollout)

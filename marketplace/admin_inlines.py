@@ -54,6 +54,12 @@ class ReleaseWeightFormSet(BaseInlineFormSet):
             errors.append("Set the agent's current (stable) version before giving versions weights.")
         if errors:
             raise forms.ValidationError(errors)
+        if self.request is not None:
+            # the release gate, checked here so that its refusal is a form error and its audit row is kept
+            try:
+                services.check_release_gate(agent=self.instance, weights=weights, actor=actor_for_user(self.request.user))
+            except services.GateRefused as exc:
+                raise forms.ValidationError(str(exc)) from None
 
     def save(self, commit: bool = True) -> list[Any]:
         self.new_objects, self.changed_objects, self.deleted_objects = [], [], []

@@ -24,6 +24,7 @@ from marketplace.serializers import (
     ReleaseUpdateSerializer,
     RollbackSerializer,
 )
+from releases.models import EvaluationSet
 from tenants.api import TenantScopedViewSet
 
 
@@ -123,9 +124,23 @@ class ReleaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSco
         agent = self.get_object()
         body = ReleaseUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        services.set_release_weights(agent=agent, weights=body.validated_data["weights"], actor=self.actor)
+        if "gate" in body.validated_data:
+            self._set_gate(agent, body.validated_data["gate"])
+        if "weights" in body.validated_data:
+            services.set_release_weights(agent=agent, weights=body.validated_data["weights"], actor=self.actor)
         agent.refresh_from_db()
         return Response(ReleaseSerializer(agent).data)
+
+    def _set_gate(self, agent: Agent, gate: dict[str, Any] | None) -> None:
+        if gate is None:
+            services.set_release_gate(agent=agent, evaluation_set=None, actor=self.actor)
+            return
+        evaluation_set = EvaluationSet.objects.filter(pk=gate["evaluation_set"], tenant_id=agent.tenant_id, agent=agent).first()
+        if evaluation_set is None:  # another tenant's set, another agent's, or none: the same answer
+            raise serializers.ValidationError({"gate": {"evaluation_set": [
+                f"No evaluation set {gate['evaluation_set']} of {agent.slug!r}'s runs here."]}})
+        services.set_release_gate(agent=agent, evaluation_set=evaluation_set, min_pass_rate=gate["min_pass_rate"],
+                                  model_mode=gate["model_mode"], enabled=gate["enabled"], actor=self.actor)
 
     @extend_schema(request=RollbackSerializer, responses={200: ReleaseSerializer})
     @action(detail=True, methods=["post"])

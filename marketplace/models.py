@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator
 from django.db import models
 
+from releases.models import ModelMode
 from tenants.scoping import TenantOwned, TenantScopedQuerySet
 
 
@@ -129,6 +130,7 @@ class GuardMetric(models.TextChoices):
     ERROR_RATE = "error_rate", "Error rate (runs ending in error or timeout)"
     REJECTION_RATE = "rejection_rate", "Rejection rate (runs ending rejected)"
     COST_PER_RUN = "cost_per_run", "Average cost per run"
+    CHECKS = "checks", "Share of live runs failing the release gate's checks"
 
 
 class ReleaseGuard(TenantOwned):
@@ -153,6 +155,29 @@ class ReleaseGuard(TenantOwned):
 
     def __str__(self) -> str:
         return f"{self.agent} {self.metric} > {self.threshold:g}"
+
+
+class ReleaseGate(TenantOwned):
+    """A release weight above 0 for a version other than the stable one needs a passed replay batch of that version
+    on ``evaluation_set`` (in ``model_mode``, pass rate at least ``min_pass_rate``); see ``marketplace/gate.py``."""
+
+    agent = models.OneToOneField("agents.Agent", on_delete=models.CASCADE, related_name="release_gate")
+    evaluation_set = models.ForeignKey("releases.EvaluationSet", on_delete=models.PROTECT, related_name="gates")
+    min_pass_rate = models.FloatField(help_text="The pass rate a version's latest finished replay on the set must reach "
+                                                "(a fraction from 0 to 1: 0.95 = 95 %).")
+    model_mode = models.CharField(max_length=16, choices=ModelMode.choices, default=ModelMode.RECORDED,
+                                  help_text="The model mode the replay must have used.")
+    enabled = models.BooleanField(default=True)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["agent"]
+
+    def __str__(self) -> str:
+        return f"gate of {self.agent}: {self.evaluation_set} ≥ {self.min_pass_rate:g} ({self.model_mode})"
 
 
 class ToolRollout(TenantOwned):

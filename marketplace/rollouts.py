@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from agents.models import Agent, AgentVersion, Run, RunStatus
 from audit.services import record_change
+from marketplace import gate
 from marketplace.errors import (
     InvalidWeights,
     MarketplaceError,
@@ -53,23 +54,50 @@ def _snapshot(agent: Agent) -> dict[str, int]:
     return {f"v{n}": w for n, w in ReleaseWeight.objects.filter(agent=agent).values_list("version__number", "weight")}
 
 
-@transaction.atomic
 def set_release_weights(*, agent: Agent, weights: Mapping[Any, int], actor: Actor | None) -> list[ReleaseWeight]:
     """Replace an agent's release weights (keys: version numbers, "v2", or AgentVersion rows; values sum to 100).
 
     Takes effect for the next run: sessions are assigned by a stable hash, so a session keeps its
     version unless the weights move it. An empty mapping ends the release (runs use the current version).
+    With a release gate (``marketplace/gate.py``) a version other than the stable one gets a weight above 0 only
+    after a passed replay; each gate decision is audited, a refusal's row committed although the change is not.
     """
     who, user = acting_with_user(actor)
     require(who, "operate", agent.tenant_id, "change release weights")
-    agent = Agent.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=agent.pk)
+    by_number, versions = _checked_weights(agent, weights)
+    decisions = gate.check(agent, by_number, versions, who)
+    return _apply_weights(agent=agent, weights=weights, who=who, user=user, decisions=decisions)
+
+
+def check_release_gate(*, agent: Agent, weights: Mapping[Any, int], actor: Actor | None) -> None:
+    """The gate alone, before a change (the admin's form): raise ``GateRefused`` with its audit rows committed;
+    nothing is recorded when the gate allows (``set_release_weights`` records that with the change)."""
+    who, _user = acting_with_user(actor)
+    require(who, "operate", agent.tenant_id, "change release weights")
+    by_number, versions = _checked_weights(agent, weights)
+    gate.check(agent, by_number, versions, who)
+
+
+def _checked_weights(agent: Agent, weights: Mapping[Any, int]) -> tuple[dict[int, int], dict[int, AgentVersion]]:
     by_number = {_version_number(agent, k): w for k, w in weights.items()}
     versions = {v.number: v for v in agent.versions.all()}
     errors = weight_errors(by_number, known_numbers=list(versions), agent_slug=agent.slug)
-    if by_number and agent.current_version_id is None and not errors:
+    if by_number and Agent.objects.filter(pk=agent.pk, current_version__isnull=True).exists() and not errors:
         errors.append(f"Agent {agent.slug!r} has no current (stable) version; set one before a gray release.")
     if errors:
         raise InvalidWeights(errors)
+    return by_number, versions
+
+
+@transaction.atomic
+def _apply_weights(*, agent: Agent, weights: Mapping[Any, int], who: Actor, user: Any,
+                   decisions: list[gate.GateDecision]) -> list[ReleaseWeight]:
+    agent = Agent.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=agent.pk)
+    by_number, versions = _checked_weights(agent, weights)  # again, under the agent's lock
+    if decisions:
+        rule = gate.gate_of(agent)
+        if rule is not None:
+            gate.record(agent, rule, decisions, who)
     previous = _snapshot(agent)
     existing = {r.version_id: r for r in ReleaseWeight.objects.filter(agent=agent)}
     now = timezone.now()
@@ -197,10 +225,20 @@ def check_release_guards(*, agent_ids: list[int] | None = None) -> list[GuardTri
             runs_qs = Run.objects.filter(agent=agent, version=candidate.version, status=RunStatus.FINISHED)
             if candidate.live_since is not None:
                 runs_qs = runs_qs.filter(created_at__gte=candidate.live_since)
-            runs = list(runs_qs.order_by("-finished_at", "-created_at").values_list("terminal_reason", "usage")[: guard.window])
-            if len(runs) < guard.min_runs:
-                continue
-            value = guard_value(guard.metric, runs)
+            ordered = runs_qs.order_by("-finished_at", "-created_at")
+            if guard.metric == GuardMetric.CHECKS:  # the release gate's checks on live traffic (marketplace/gate.py)
+                live = list(ordered.values_list("terminal_reason", "usage", "output", "step")[: guard.window])
+                runs = [(r[0], r[1]) for r in live]
+                if len(runs) < guard.min_runs:
+                    continue
+                value, _judged = gate.live_check_failure_rate(agent, candidate.version, live, guard.window)
+                if value is None:
+                    continue  # nothing to judge by: no gate, no finished replay, or no check a live run can be judged by
+            else:
+                runs = list(ordered.values_list("terminal_reason", "usage")[: guard.window])
+                if len(runs) < guard.min_runs:
+                    continue
+                value = guard_value(guard.metric, runs)
             if value <= guard.threshold:
                 continue
             why = (f"{guard.get_metric_display()} of v{candidate.version.number} was {value:.3g} over its last {len(runs)} "

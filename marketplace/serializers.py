@@ -5,8 +5,10 @@ from typing import Any
 from rest_framework import serializers
 
 from agents.models import Agent
+from marketplace.gate import describe as describe_gate
 from marketplace.models import Plugin, PluginInstall, ReleaseGuard, ReleaseWeight
 from marketplace.release import observed_split
+from releases.models import ModelMode
 
 
 class PluginSerializer(serializers.ModelSerializer):
@@ -57,10 +59,12 @@ class ReleaseSerializer(serializers.ModelSerializer):
     stable_version = serializers.IntegerField(source="current_version.number", read_only=True, default=None, allow_null=True)
     weights = serializers.SerializerMethodField()
     guards = serializers.SerializerMethodField()
+    gate = serializers.SerializerMethodField(help_text="The release gate (null: none): a version other than the stable one "
+                                                       "gets weight only after a passed replay on this evaluation set.")
 
     class Meta:
         model = Agent
-        fields = ["agent", "tenant", "stable_version", "weights", "guards"]
+        fields = ["agent", "tenant", "stable_version", "weights", "guards", "gate"]
         read_only_fields = fields
 
     def get_weights(self, agent: Agent) -> list[dict[str, Any]]:
@@ -72,14 +76,33 @@ class ReleaseSerializer(serializers.ModelSerializer):
             for r in rows
         ]
 
+    def get_gate(self, agent: Agent) -> dict[str, Any] | None:
+        return describe_gate(agent)
+
     def get_guards(self, agent: Agent) -> list[dict[str, Any]]:
         return list(ReleaseGuard.objects.filter(agent=agent).values(
             "metric", "threshold", "window", "min_runs", "enabled", "last_checked_at", "last_value", "last_tripped_at"))
 
 
+class ReleaseGateWriteSerializer(serializers.Serializer):
+    evaluation_set = serializers.IntegerField(min_value=1, help_text="The id of an evaluation set of this agent's runs.")
+    min_pass_rate = serializers.FloatField(min_value=0, max_value=1,
+                                           help_text="The pass rate (0 to 1) the version's latest finished replay must reach.")
+    model_mode = serializers.ChoiceField(choices=ModelMode.values, default=ModelMode.RECORDED,
+                                         help_text="The model mode that replay must have used.")
+    enabled = serializers.BooleanField(default=True)
+
+
 class ReleaseUpdateSerializer(serializers.Serializer):
-    weights = serializers.DictField(child=serializers.IntegerField(), allow_empty=True,
+    weights = serializers.DictField(child=serializers.IntegerField(), allow_empty=True, required=False,
                                     help_text='Version number -> weight, summing to 100, e.g. {"1": 90, "2": 10}; {} ends the release.')
+    gate = ReleaseGateWriteSerializer(required=False, allow_null=True,
+                                      help_text="Set the release gate (set first, then the weights); null removes it.")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "weights" not in attrs and "gate" not in attrs:
+            raise serializers.ValidationError({"weights": ["Give weights, a gate, or both."]})
+        return attrs
 
 
 class RollbackSerializer(serializers.Serializer):

@@ -26,6 +26,7 @@ from agents.models import Agent, AgentVersion, Flow, FlowVersion
 from approvals import channels
 from audit.models import ConfigChange
 from marketplace import services as market
+from releases.models import EvaluationSet
 from tenants.models import ApiKey, Membership, Role
 from tenants.scoping import actor_for_user
 from tests.factories import World, make_user, make_world
@@ -56,6 +57,8 @@ class Walk:
         owner = actor_for_user(self.owner)
         self.install = market.install_plugin(tenant=self.world.tenant, plugin_key="order-desk", actor=owner)
         self.guard = market.set_release_guard(agent=self.world.agent, metric="error_rate", threshold=0.3, actor=owner)
+        golden = EvaluationSet.objects.create(tenant=self.world.tenant, name="walk", agent=self.world.agent)
+        self.gate = market.set_release_gate(agent=self.world.agent, evaluation_set=golden, min_pass_rate=0.9, actor=owner)
         self.tool = Tool.objects.get(tenant=self.world.tenant, name="query_order")
         self.rollout = market.set_tool_rollout(tool=self.tool, enabled_percent=25, actor=owner)
         self.provider = provider_services.create_provider(actor=owner, tenant=self.world.tenant,
@@ -208,6 +211,7 @@ def _edits(w: Walk) -> dict[str, tuple[str, Any, dict[str, str], str]]:
         "marketplace.PluginInstall": ("operator", w.install, {"config": '{"refund_limit": 50}'}, "plugin.configured"),
         "marketplace.ReleaseGuard": ("operator", w.guard, {"threshold": "0.4"}, "release.guard_changed"),
         "marketplace.ToolRollout": ("operator", w.rollout, {"enabled_percent": "30"}, "tool.rollout_set"),
+        "marketplace.ReleaseGate": ("operator", w.gate, {"min_pass_rate": "0.75"}, "release.gate_set"),
     }
 
 
@@ -264,6 +268,7 @@ def test_deletes_in_the_admin_go_through_the_services(walk: Walk) -> None:
         (operator, walk.provider, "provider.deleted"),
         (operator, walk.own_tool, "tool.deleted"),
         (operator, walk.rollout, "tool.rollout_set"),
+        (operator, walk.gate, "release.gate_removed"),
         (owner, Membership.objects.get(tenant=walk.world.tenant, user=walk.world.viewer), "membership.removed"),
     ]
     for client, obj, action in cases:
