@@ -17,7 +17,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from agents.models import Agent, AgentKind, AgentVersion, Run
+from agents.models import Agent, AgentVersion, Run
 from config.errors import DomainError
 from releases import diffs, services
 from releases.models import EvaluationSet, MissPolicy, ModelMode, ReplayBatch
@@ -33,9 +33,9 @@ def _actor(request: HttpRequest) -> Actor:
 
 
 def _agents(actor: Actor) -> list[Agent]:
-    """Agents (not flows: they are not replayed yet) of tenants where the actor may create sets."""
+    """Agents and flows of tenants where the actor may create sets."""
     ids = actor.tenant_ids("operate")
-    agents = Agent.objects.for_actor(actor).filter(kind=AgentKind.AGENT).select_related("tenant").order_by("tenant__slug", "slug")
+    agents = Agent.objects.for_actor(actor).select_related("tenant").order_by("tenant__slug", "slug")
     return [a for a in agents if ids is None or a.tenant_id in ids]
 
 

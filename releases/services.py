@@ -312,7 +312,7 @@ def batch_report(batch: ReplayBatch, *, limit: int = 200) -> dict[str, Any]:
     """The batch's progress and results, regressions first (then the set's order)."""
     rows = list(batch.results.order_by("-regression", "position")[:limit])
     changed: dict[str, int] = {}
-    for row in batch.results.only("diff"):
+    for row in batch.results.only("diff", "batch_id"):
         for key in (row.diff or {}).get("changed", []):
             changed[key] = changed.get(key, 0) + 1
     return {

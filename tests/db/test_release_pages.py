@@ -272,9 +272,6 @@ def test_the_set_pages_queries_do_not_grow_with_the_runs(world: World) -> None:
     assert all(counts[name][0] == counts[name][1] for name in ("set", "list", "progress")), counts
 
 
-@pytest.mark.xfail(strict=True, reason="releases.services.batch_report (h-replay's engine) reads `batch.results.only('diff')`: "
-                   "the deferred batch_id is then loaded once per result (N+1). Fix there with .only('diff', 'batch_id'); "
-                   "this test then passes (XPASS, strict) and the mark must go.")
 def test_the_batch_pages_queries_do_not_grow_with_the_runs(world: World) -> None:
     counts = _query_counts(world)
     assert counts["batch"][0] == counts["batch"][1], counts
