@@ -273,7 +273,7 @@ SPECTACULAR_SETTINGS = {
     # Every operation documents the errors the API answers with (400, 401, 403, 404, 413, 415, 429) and their body.
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "config.schema.document_error_responses"],
     # Runs and a session's runs share one status enum, named here (several components have a field "status").
-    "ENUM_NAME_OVERRIDES": {"RunStatusEnum": "agents.models.RunStatus"},
+    "ENUM_NAME_OVERRIDES": {"RunStatusEnum": "agents.models.RunStatus", "ReplayModelModeEnum": "releases.models.ModelMode"},
 }
 
 # --- Channels -----------------------------------------------------------------------------

@@ -88,7 +88,7 @@ class ReleaseGateWriteSerializer(serializers.Serializer):
     evaluation_set = serializers.IntegerField(min_value=1, help_text="The id of an evaluation set of this agent's runs.")
     min_pass_rate = serializers.FloatField(min_value=0, max_value=1,
                                            help_text="The pass rate (0 to 1) the version's latest finished replay must reach.")
-    model_mode = serializers.ChoiceField(choices=ModelMode.values, default=ModelMode.RECORDED,
+    model_mode = serializers.ChoiceField(choices=ModelMode.choices, default=ModelMode.RECORDED,
                                          help_text="The model mode that replay must have used.")
     enabled = serializers.BooleanField(default=True)
 
