@@ -42,10 +42,10 @@ def _text(value: Any) -> str:
 
 def recorded_facts(rec: Recording) -> tuple[list[dict[str, str]], int]:
     """(the tool calls, sorted: parallel branches have no order; the nodes that ran) of a recorded flow run."""
-    calls = sorted(({"tool": k[0], "arguments": k[1]}
+    calls = sorted(({"tool": k[0], "arguments": k[1], "status": row["status"]}
                     for row in rec.nodes.values() if row["kind"] == "tool" and row["status"] in ("done", "failed")
                     for k in [canonical(_tool_name(rec, row["node_id"]), row["inputs"] or {})]),
-                   key=lambda c: (c["tool"], c["arguments"]))
+                   key=lambda c: (c["tool"], c["arguments"], c["status"]))
     ran = sum(1 for row in rec.nodes.values() if row["status"] in ("done", "failed"))
     return calls, ran
 
@@ -105,7 +105,10 @@ def replay_flow(candidate: Candidate, rec: Recording, *, model: Any = None) -> R
                     raise _Stop(f"more than {MAX_NODES} nodes ran")
                 node = flow.node(nid)
                 scope = {"input": start, "nodes": outputs}
+                before = len(called)
                 status, value, error = _node(candidate, rec, node, scope, tools, recorded_by_key, called, model)
+                for entry in called[before:]:  # a tool node's call, with how it ended (done / failed)
+                    entry["status"] = str(status)
                 if node.kind == "llm" and nid in rec.node_usage and model is None:
                     usage = usage + rec.node_usage[nid]
                 elif node.kind == "llm" and isinstance(value, tuple):
@@ -123,7 +126,7 @@ def replay_flow(candidate: Candidate, rec: Recording, *, model: Any = None) -> R
         terminal = MISS
         tools.misses.append(str(stop))
     latency = round((time.perf_counter() - began) * 1000, 1)
-    called.sort(key=lambda c: (c["tool"], c["arguments"]))
+    called.sort(key=lambda c: (c["tool"], c["arguments"], c["status"]))
     return Replayed(terminal, output, ran, usage, latency, called, sorted(tools.approvals), tools.live_calls,
                     tools.misses, tools.audit)
 

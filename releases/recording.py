@@ -105,6 +105,7 @@ def load(run_ids: list[Any]) -> list[Recording]:
         if isinstance(message, dict):
             contents[(run_id, str(message.get("tool_call_id", "")))] = str(message.get("content") or "")
     names: dict[tuple[Any, str], tuple[str, str]] = {}
+    entries: dict[tuple[Any, str], dict[str, str]] = {}
     events = RunEvent.objects.filter(run_id__in=ids, type__in=("model.call", "tool.call")).order_by("run_id", "seq")
     for run_id, kind, payload in events.values_list("run_id", "type", "payload"):
         rec = recordings[run_id]
@@ -116,14 +117,18 @@ def load(run_ids: list[Any]) -> list[Recording]:
             for call in response.tool_calls:
                 key = canonical(call.name, call.arguments)
                 names[(run_id, call.id)] = key
-                rec.tools.append({"tool": key[0], "arguments": key[1]})
+                entry = entries[(run_id, call.id)] = {"tool": key[0], "arguments": key[1], "status": ""}
+                rec.tools.append(entry)
         else:
             call_id = str(payload.get("call_id", ""))
             key = names.get((run_id, call_id))
             if key is None:
                 continue
             content = contents.get((run_id, call_id), str(payload.get("result") or ""))
-            rec.outcomes.setdefault(key, []).append((str(payload.get("status") or "ok"), content))
+            status = str(payload.get("status") or "ok")
+            rec.outcomes.setdefault(key, []).append((status, content))
+            if status != "pending_approval":  # a call that waited for a person: its outcome is the one after
+                entries[(run_id, call_id)]["status"] = status
     asked = ApprovalRequest.objects.filter(run_id__in=ids).order_by("requested_at", "pk").values_list("run_id", "tool_name")
     for run_id, tool_name in asked:
         recordings[run_id].approvals.append(tool_name)

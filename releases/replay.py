@@ -206,9 +206,13 @@ def replay(candidate: Candidate, recording: Recording, *, model: Any = None) -> 
             if event.type == "model.error" and MISS in str(event.payload.get("error", "")):
                 terminal = MISS
                 tools.misses.append(str(event.payload.get("error")))
-    called = [{"tool": k[0], "arguments": k[1]}
-              for record in store.records for event in record.events if event.type == "model.call"
-              for c in event.payload.get("tool_calls") or [] for k in [canonical(str(c.get("name")), c.get("arguments"))]]
+    events = [event for record in store.records for event in record.events]
+    outcome = {str(e.payload.get("call_id")): str(e.payload.get("status")) for e in events
+               if e.type == "tool.call" and e.payload.get("status") != "pending_approval"}
+    # each call the model asked for, with its outcome: a call the candidate refuses (a tool it lost) shows as changed
+    called = [{"tool": k[0], "arguments": k[1], "status": outcome.get(str(c.get("id")), "")}
+              for e in events if e.type == "model.call"
+              for c in e.payload.get("tool_calls") or [] for k in [canonical(str(c.get("name")), c.get("arguments"))]]
     turns = sum(1 for record in store.records for event in record.events
                 if event.type == "model.call" and event.payload.get("task", "act") == "act")
     return Replayed(terminal, output, turns, result.usage, latency, called, tools.approvals, tools.live_calls,

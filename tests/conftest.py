@@ -40,3 +40,13 @@ def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> It
     yield
     with django_db_blocker.unblock():
         teardown_databases(config, verbosity=0)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_refunds() -> Iterator[None]:
+    """The demo refund tool keeps its refunds in memory (per process): every test starts with none issued."""
+    from marketplace.builtin import order_desk
+
+    order_desk.REFUNDS.clear()
+    yield
+    order_desk.REFUNDS.clear()

@@ -232,6 +232,11 @@ def test_a_run_that_waited_for_an_approval_replays_with_the_same_approval_and_no
     releases.run_shard(batch.pk, 0, 1)
     row = ReplayRun.objects.get(batch=batch)
     assert row.passed is False and row.diff["approvals"]["replayed"] == [] and "approvals" in row.diff["changed"]
+    # the model (recorded) still asks for the refund; the candidate refuses it: the same call, another outcome
+    assert "tools" in row.diff["changed"]
+    [asked] = [c for c in row.diff["tools"]["replayed"] if c["tool"] == "refund_order"]
+    assert asked["status"] == "denied"
+    assert [c["status"] for c in row.diff["tools"]["recorded"] if c["tool"] == "refund_order"] == ["ok"]
 
 
 def _total(counter: Any) -> float:
