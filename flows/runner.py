@@ -313,16 +313,18 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
         ready = [n for n in step.ready if flow.node(n).kind != "map"]
         events: list[Event] = []
         scope = _scope(run, rows)
-        busy = FlowNodeRun.objects.filter(tenant_id=run.tenant_id, status=NodeStatus.RUNNING,
-                                          lease_expires_at__gte=now).exclude(run=run, node_id__in=stale).count()
+        item_steps = _map_steps(run, flow, rows, states, room=flow.max_parallel)
+        wanted = [(m, i, c) for m, ms in item_steps.items() for i, c in ms.ready] if not step.failed_node else []
+        busy = 0  # the tenant's running nodes: counted only when there is something to start (a fan-in waits often)
+        if ready or wanted:
+            busy = FlowNodeRun.objects.filter(tenant_id=run.tenant_id, status=NodeStatus.RUNNING,
+                                              lease_expires_at__gte=now).exclude(run=run, node_id__in=stale).count()
         room = max(_tenant_bound() - busy, 0)
         held = [n for n in ready if flow.node(n).kind != "approval"][room:]
         ready = [n for n in ready if n not in held]
         # item nodes of running maps: in what the run's max_parallel and the tenant's bound leave
         running_now = items_busy + sum(1 for n in flow.nodes if states.get(n.id) == NodeStatus.RUNNING and n.kind != "map")
         item_room = min(flow.max_parallel - running_now - len(ready), room - len(ready))
-        item_steps = _map_steps(run, flow, rows, states, room=flow.max_parallel)
-        wanted = [(m, i, c) for m, ms in item_steps.items() for i, c in ms.ready] if not step.failed_node else []
         held += [item_node_id(m, i, c) for m, i, c in wanted[max(item_room, 0):]]
         items = [(item_node_id(m, i, c), flow.node(m), i, c) for m, i, c in wanted[:max(item_room, 0)]]
         for nid in [n for n in ready if flow.node(n).kind == "approval"]:  # a person, not a task: wait for them
@@ -526,10 +528,15 @@ def execute_node(run_id: Any, node_id: str, token: str) -> None:
         if chosen:
             payload["chosen"] = chosen
         kind = "flow.node.waiting" if status == NodeStatus.WAITING else "flow.node.finished"
-        rows = _append(run, [*trace, Event(kind, payload, parent_span_id=row.span_id)])
-        _add_usage(run, [e for e in trace if e.type == "model.call"])
-        publish_after_commit(run, rows, run_summary(run))
-    advance(run_id)
+        events = [*trace, Event(kind, payload, parent_span_id=row.span_id)]
+        calls = [e for e in trace if e.type == "model.call"]
+        if calls:  # the usage goes in under the run's lock before the next step reads the run
+            publish_after_commit(run, _append(run, events), run_summary(run))
+            _add_usage(run, calls)
+            events = []
+        # the next step in the same transaction (one commit per node; the events written under its run lock): the
+        # completion and the next nodes' start commit together or not at all
+        advance(run_id, savepoint=False, pending=events)
 
 
 def _attempts(run: Run, flow: FlowDefinition, node: BodyNode, row: FlowNodeRun, scope: dict[str, Any], audit: StepAudit,

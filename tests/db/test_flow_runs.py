@@ -429,3 +429,55 @@ def test_a_node_task_costs_the_same_statements_whether_it_starts_two_nodes_or_te
     assert len(started_two) == 2 and len(started_ten) == 10
     assert ten == two, f"starting 10 nodes took {ten} statements, starting 2 took {two}: a statement per node"
     assert ten <= 24, f"{ten} statements for one node's completion and the next wave's start (24 measured on SQLite)"
+
+
+def test_a_node_completion_and_the_next_step_commit_together(world: World, monkeypatch: Any) -> None:
+    """advance() runs inside the node's completion transaction: if it fails, the completion is not committed either
+    (the node keeps its lease and the sweeper runs it again), so a node costs one commit, not two."""
+    import flows.runner as runner
+
+    make_flow(world, {"nodes": [lookup("a"), lookup("b", ["a"])]}, slug="pair")
+    run_id = start(world, {"flow": "pair", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    [(node_id, token)] = in_flight(Run.objects.get(pk=run_id))
+
+    def broken(*args: Any, **kwargs: Any) -> list[tuple[str, str]]:
+        raise RuntimeError("advance failed")
+
+    monkeypatch.setattr(runner, "advance", broken)
+    with pytest.raises(RuntimeError):
+        execute_node(run_id, node_id, token)
+    row = FlowNodeRun.objects.get(run_id=run_id, node_id="a")
+    assert (row.status, row.lease_token) == ("running", token), "the completion committed without the next step"
+    assert not RunEvent.objects.filter(run_id=run_id, type="flow.node.finished").exists()
+    monkeypatch.undo()
+    execute_node(run_id, node_id, token)  # the same task again (as the sweeper's restart would): it completes now
+    assert [n for n, _ in in_flight(Run.objects.get(pk=run_id))] == ["b"]
+
+
+def test_statements_per_node_of_a_fan_out_graph_do_not_grow_back(world: World, settings: Any) -> None:
+    """bench/flow_overhead.py's graph (start, 10 parallel, join, a chain of 7, end): statements per node, whole run.
+    No tenant COUNT for a completion that starts nothing (the fan-in's first nine), no statement per started node."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    settings.FLOW_TENANT_MAX_NODES = 10
+    wide = [lookup(f"p{i}", ["start"]) for i in range(10)]
+    chain = [lookup("c1", ["join"]), *(lookup(f"c{i}", [f"c{i - 1}"]) for i in range(2, 8)), lookup("end", ["c7"])]
+    make_flow(world, {"nodes": [lookup("start"), *wide, lookup("join", [n["id"] for n in wide]), *chain],
+                      "max_parallel": 10}, slug="bench")
+    start(world, {"flow": "bench", "input": {"order_id": ORDER}})  # the tenant's audit chain head: not measured
+    warm = Run.objects.filter(agent__slug="bench").get()
+    services.execute_run(str(warm.pk))
+    drain(warm)
+    run_id = start(world, {"flow": "bench", "input": {"order_id": ORDER}}).json()["id"]
+    with CaptureQueriesContext(connection) as queries:
+        services.execute_run(run_id)
+        waves = drain(Run.objects.get(pk=run_id))
+    assert Run.objects.get(pk=run_id).status == RunStatus.FINISHED
+    assert sum(len(w) for w in waves) == 20
+    counts = [q["sql"] for q in queries.captured_queries if "COUNT(" in q["sql"].upper()
+              and "flows_flownoderun" in q["sql"]]
+    assert len(counts) <= 11, f"{len(counts)} tenant running-node counts for 20 nodes (one per wave that starts nodes)"
+    per_node = len(queries) / 20
+    assert per_node <= 20, f"{per_node:.1f} statements per node (19.4 measured on SQLite, the node tasks path)"
