@@ -21,47 +21,19 @@ from websockets.sync.client import connect
 
 from agents import acceptance
 from agents.models import RunEvent
-from tests.factories import World, make_world
 from tests.integration.wsclient import recv_frame
 from tests.support.fake_openai import FakeOpenAI, call, text, tool_calls
-from tests.support.live_stack import LiveStack, make_live_stack
+from tests.support.live_stack import LiveStack
+from tests.support.stream_stack import WORDS
 
 pytestmark = pytest.mark.integration
 
-KEY = "sk-live-stream-key-0123456789abcdefXYZ"
-MODELS = {"gpt-4o-mini": {"context_window": 128000, "price_in_per_1m": 0.15, "price_out_per_1m": 0.6}}
 CANARY = "sk-proj-CANARYc4n4ry0123456789abcdefQRST"
 CANARY_MIDDLE = "CANARYc4n4ry0123456789"
 PASSWORD = "Hunter2Canary!"
-WORDS = " ".join(f"word{i}" for i in range(60))  # ~420 characters: deltas flow long before the reply ends
 #: The provider answers this late, so a client has joined the run's stream before the first piece: deltas are not
 #: stored, and prose leaves word by word at once, so a client that joins late never sees the first words.
 LATE = 0.5
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI(api_key=KEY, models=["gpt-4o-mini"], default=text("OK")).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def stack(django_db_setup: Any, django_db_blocker: Any, fake: FakeOpenAI) -> Iterator[LiveStack]:
-    live = make_live_stack({
-        "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": KEY, "OPENAI_MODEL": "gpt-4o-mini",
-        "OPENAI_MODELS": json.dumps(MODELS), "SSE_KEEPALIVE_SECONDS": "1",
-    })
-    try:
-        yield live
-    finally:
-        live.stop()
-
-
-@pytest.fixture(scope="module")
-def worlds(stack: LiveStack, django_db_blocker: Any) -> tuple[World, World]:
-    with django_db_blocker.unblock():
-        return make_world(model="openai/gpt-4o-mini"), make_world(model="openai/gpt-4o-mini")
 
 
 def _start(stack: LiveStack, key: str, text_: str = "where is order O202411280001?") -> str:
