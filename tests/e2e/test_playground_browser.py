@@ -87,7 +87,7 @@ def test_an_unreleased_version_streams_its_answer_before_it_is_final(
 ) -> None:
     w, v2 = world
     # given version 2 (not the released one) on a provider that streams a long reply slowly (about 2 s)
-    fake.script(text(WORDS, pieces=40, chunk_delay=0.05, delay=0.5), replace=True)  # late: the page joined first
+    fake.script(text(WORDS, pieces=40, chunk_delay=0.05, delay=0.5), replace=True)  # late: the page joins after creating
     open_playground(page, live_stack, w.operator.username)
     page.select_option("#pg-agent", str(w.agent.pk))
     page.select_option("#pg-version", str(v2.pk))

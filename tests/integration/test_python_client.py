@@ -99,7 +99,7 @@ def test_create_and_stream_to_the_end_with_deltas_and_every_committed_event(stac
                                                                           django_db_blocker: Any) -> None:
     world = openai_world(django_db_blocker)
     # given a model that streams its answer slowly
-    fake.script(text(WORDS, pieces=30, chunk_delay=0.03, delay=0.5), replace=True)  # late: the stream joined first
+    fake.script(text(WORDS, pieces=30, chunk_delay=0.03, delay=0.5), replace=True)  # late: this client creates, then joins
     with Client(stack.base_url, world.raw_key) as client:
         # when a run is created, then streamed to its end
         run = client.create_run("order-assistant", "where is order O202411280001?")
