@@ -107,15 +107,16 @@ def _earlier(tenant_id: int, key: str, canonical: str) -> Run | None:
 
 def accept_run(*, actor: Actor, agent: Agent, text: str, session: Session | None = None,
                facts: dict[str, Any] | None = None, idempotency_key: str = "", version: AgentVersion | None = None,
-               playground: bool = False) -> Accepted:
+               playground: bool = False, enqueue: bool = True) -> Accepted:
     """Start a run, or return the one an earlier request with the same key started (see the module's docstring).
 
     Raises ``services.RunRefused`` (the run cannot start) and :class:`KeyReused`. Call outside a transaction, or
     inside one that may roll back to a savepoint (``start_run`` is atomic: a lost race rolls back only its own work).
+    ``enqueue=False``: a new run is not enqueued; the caller delivers it (:func:`deliver`, see ``services.start_run``).
     """
     if not idempotency_key:
         return Accepted(services.start_run(actor=actor, agent=agent, text=text, session=session, facts=facts,
-                                           version=version, playground=playground), False)
+                                           version=version, playground=playground, enqueue=enqueue), False)
     canonical = canonical_body(agent=agent.slug, text=text, session=session.pk if session else None, facts=facts)
     earlier = _earlier(agent.tenant_id, idempotency_key, canonical)
     if earlier is not None:
@@ -123,7 +124,7 @@ def accept_run(*, actor: Actor, agent: Agent, text: str, session: Session | None
     try:
         run = services.start_run(actor=actor, agent=agent, text=text, session=session, facts=facts,
                                  idempotency_key=idempotency_key, request_digest=request_digest(canonical),
-                                 version=version, playground=playground)
+                                 version=version, playground=playground, enqueue=enqueue)
     except (IntegrityError, services.RunRefused):
         # A concurrent request with this key committed first: the unique constraint refused our row, or (one session)
         # we waited for its session lock and then found its run in progress. Either way its run is the answer.

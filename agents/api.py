@@ -134,13 +134,18 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             if session is None:
                 message = f"No session {data['session']} in this tenant. Omit the field to start a new one."
                 raise serializers.ValidationError({"session": [message]})
+        streams = bool(data.get("stream") or wants_event_stream(request))
+        # A run created to be streamed is enqueued by its stream once that has joined the run's feed: the first delta
+        # cannot be published before the client listens (deltas are not stored).
         accepted = acceptance.accept_run(actor=self.actor, agent=agent, text=data["input"], session=session,
-                                             facts=data.get("facts"), idempotency_key=key)
+                                         facts=data.get("facts"), idempotency_key=key, enqueue=not streams)
         headers = {acceptance.REPLAYED_HEADER: "true"} if accepted.replayed else {}
-        if data.get("stream") or wants_event_stream(request):
+        if streams:
             headers["Location"] = f"/api/v1/runs/{accepted.run.pk}"
             headers["X-Run-Id"] = str(accepted.run.pk)
-            return sse.stream_response(accepted.run.pk, 0, status=status.HTTP_202_ACCEPTED, headers=headers)
+            run_id = accepted.run.pk
+            start = None if accepted.replayed else sse.Once(lambda: acceptance.deliver(run_id))
+            return sse.stream_response(run_id, 0, status=status.HTTP_202_ACCEPTED, headers=headers, on_joined=start)
         return Response(RunSerializer(accepted.run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED,
                         headers=headers)
 

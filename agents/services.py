@@ -56,8 +56,11 @@ def version_for_new_run(agent: Agent, session_id: Any = None) -> AgentVersion:
 @transaction.atomic
 def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None = None,
               facts: dict[str, Any] | None = None, idempotency_key: str = "", request_digest: str = "",
-              version: AgentVersion | None = None, playground: bool = False) -> Run:
+              version: AgentVersion | None = None, playground: bool = False, enqueue: bool = True) -> Run:
     """Create the run and its session (if new) in this transaction; enqueue its task on commit (best effort).
+
+    ``enqueue=False`` leaves that to the caller (``agents.acceptance.deliver``): a create that streams the run
+    enqueues it once its stream has joined the run's feed, so no delta is published before the client listens.
 
     ``idempotency_key`` and ``request_digest`` are stored on the run (unique per tenant: a second run with the key
     raises ``IntegrityError``); ``agents.acceptance.accept_run`` sets them and answers retries.
@@ -95,7 +98,8 @@ def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None 
         created_by=actor.user, api_key=actor.api_key, input=text, facts=facts or {},
         idempotency_key=idempotency_key, request_digest=request_digest, playground=playground,
     )
-    enqueue_run(run.pk)
+    if enqueue:
+        enqueue_run(run.pk)
     return run
 
 

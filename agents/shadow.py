@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from agents import hooks
@@ -99,6 +100,69 @@ def _empty() -> dict[str, Any]:
     return {"count": 0, "by_tenant": {}, "by_agent": {}, "by_tool": {}, "examples": []}
 
 
+class _Replay:
+    """What both previews share: the recorded calls read oldest first in keyset-paginated chunks of ``CHUNK`` with
+    their runs (at most ``cap`` rows, then ``truncated``), each conversation's grants computed once per run, and the
+    tally of the calls whose verdict changes."""
+
+    def __init__(self, *, tenant_id: Any, cap: int, examples: int) -> None:
+        self.cap, self.examples = cap, examples
+        self.plugin_scopes = set(hooks.granted_scopes(tenant_id))
+        self.impact = {kind: _empty() for kind in KINDS.values()}
+        self.evaluated = self.not_evaluated = 0
+        self.truncated = False
+        self._grants: dict[Any, set[str]] = {}
+
+    def rows(self, rows: QuerySet[Any, dict[str, Any]]) -> Iterator[tuple[dict[str, Any], Run | None]]:
+        """Each row of ``rows`` (ordered by created_at, id) with its run (None when the run is gone)."""
+        read = 0
+        last: tuple[Any, Any] | None = None
+        while True:
+            page = rows if last is None else rows.filter(Q(created_at__gt=last[0]) | Q(created_at=last[0], id__gt=last[1]))
+            chunk = list(page[:CHUNK])
+            if not chunk:
+                return
+            last = (chunk[-1]["created_at"], chunk[-1]["id"])
+            runs = Run.objects.select_related("tenant", "session", "version").in_bulk({r["run_id"] for r in chunk if r["run_id"]})
+            for row in chunk:
+                if read >= self.cap:
+                    self.truncated = True
+                    return
+                read += 1
+                yield row, runs.get(row["run_id"])
+
+    def grants(self, run: Run) -> set[str]:
+        """The conversation's scopes (:func:`agents.engine.session_grants`), once per run within this preview."""
+        if run.pk not in self._grants:
+            self._grants[run.pk] = session_grants(run, self.plugin_scopes)
+        return self._grants[run.pk]
+
+    def tally(self, row: dict[str, Any], *, was: str, now: str, why: str, tenant: str, tool: str) -> None:
+        """Count ``row`` by tenant, agent and tool (with a few masked examples) if its verdict changed."""
+        if was == now:
+            return
+        bucket = self.impact[KINDS[now]]
+        bucket["count"] += 1
+        for group, name in (("by_tenant", tenant), ("by_agent", row["agent__slug"] or "(deleted agent)"), ("by_tool", tool)):
+            bucket[group][name] = bucket[group].get(name, 0) + 1
+        if len(bucket["examples"]) < self.examples:
+            bucket["examples"].append({
+                "at": row["created_at"].isoformat(), "run": str(row["run_id"]), "agent": row["agent__slug"],
+                "step": row["step"], "recorded_status": row["status"], "before": was, "after": now,
+                "reason": why, "arguments": mask_text(row["arguments_summary"]),
+            })
+
+    def result(self, *, tool: str, tenant: str, days: int, since: Any, changed: list[str]) -> dict[str, Any]:
+        cap, truncated = self.cap, self.truncated
+        return {
+            "tool": tool, "tenant": tenant, "days": days, "since": since.isoformat(), "changed": changed,
+            "calls_evaluated": self.evaluated, "calls_not_evaluated": self.not_evaluated,
+            "truncated": truncated, "truncated_at": cap if truncated else None,
+            "note": f"truncated at {cap} calls: later calls were not replayed" if truncated else "",
+            **self.impact,
+        }
+
+
 def preview_tool_change(*, tool: Tool, actor: Actor | None, fields: dict[str, Any], days: Any = None,
                         cap: int = DEFAULT_CAP, examples: int = EXAMPLES) -> dict[str, Any]:
     """The impact of changing ``tool``'s policy to ``fields`` on its recorded calls of the last ``days`` (at most
@@ -114,64 +178,30 @@ def preview_tool_change(*, tool: Tool, actor: Actor | None, fields: dict[str, An
     clock = [0.0]
     before, after = _Side(current, clock), _Side(proposed, clock)
     since = timezone.now() - timedelta(days=span)
-    impact = {kind: _empty() for kind in KINDS.values()}
-    plugin_scopes = set(hooks.granted_scopes(current.tenant_id))
+    replay = _Replay(tenant_id=current.tenant_id, cap=cap, examples=examples)
     gates: dict[Any, ApprovalGate] = {}
     seen: set[tuple[Any, str]] = set()
-    evaluated = not_evaluated = 0
-    truncated = False
     rows = (ToolCallAudit.objects.filter(tenant_id=current.tenant_id, tool_name=current.name, created_at__gte=since)
             .exclude(status__in=_SKIPPED).order_by("created_at", "id")
             .values("id", "created_at", "run_id", "version_id", "agent__slug", "step", "call_id", "status",
                     "arguments_summary"))
-    last: tuple[Any, Any] | None = None
-    while not truncated:
-        page = rows if last is None else rows.filter(Q(created_at__gt=last[0]) | Q(created_at=last[0], id__gt=last[1]))
-        chunk = list(page[:CHUNK])
-        if not chunk:
-            break
-        last = (chunk[-1]["created_at"], chunk[-1]["id"])
-        runs = Run.objects.select_related("tenant", "session", "version").in_bulk({r["run_id"] for r in chunk if r["run_id"]})
-        for row in chunk:
-            if evaluated + not_evaluated >= cap:
-                truncated = True
-                break
-            run = runs.get(row["run_id"])
-            if run is None:
-                not_evaluated += 1  # the run is gone: its version's tool list and grants are unknown
-                continue
-            evaluated += 1
-            if run.version_id not in gates:
-                gates[run.version_id] = ApprovalGate(run, overrides=approval_overrides(run))
-            key = (row["run_id"], row["call_id"])
-            counted = key in seen  # a call already admitted (its approval, then its run) takes one token, as live
-            seen.add(key)
-            clock[0] = row["created_at"].timestamp()
-            context = dict(whitelist=[n for n in run.version.tools if isinstance(n, str)],
-                           grants=session_grants(run, plugin_scopes), gate=gates[run.version_id],
-                           arguments=_arguments(row["arguments_summary"]), counted=counted)
-            was, _ = before.verdict(**context)
-            now, why = after.verdict(**context)
-            if was == now:
-                continue
-            bucket = impact[KINDS[now]]
-            bucket["count"] += 1
-            for group, name in (("by_tenant", current.tenant.slug), ("by_agent", row["agent__slug"] or "(deleted agent)"),
-                                ("by_tool", current.name)):
-                bucket[group][name] = bucket[group].get(name, 0) + 1
-            if len(bucket["examples"]) < examples:
-                bucket["examples"].append({
-                    "at": row["created_at"].isoformat(), "run": str(row["run_id"]), "agent": row["agent__slug"],
-                    "step": row["step"], "recorded_status": row["status"], "before": was, "after": now,
-                    "reason": why, "arguments": mask_text(row["arguments_summary"]),
-                })
-    return {
-        "tool": current.name, "tenant": current.tenant.slug, "days": span, "since": since.isoformat(),
-        "changed": changed, "calls_evaluated": evaluated, "calls_not_evaluated": not_evaluated,
-        "truncated": truncated, "truncated_at": cap if truncated else None,
-        "note": f"truncated at {cap} calls: later calls were not replayed" if truncated else "",
-        **impact,
-    }
+    for row, run in replay.rows(rows):
+        if run is None:
+            replay.not_evaluated += 1  # the run is gone: its version's tool list and grants are unknown
+            continue
+        replay.evaluated += 1
+        if run.version_id not in gates:
+            gates[run.version_id] = ApprovalGate(run, overrides=approval_overrides(run))
+        key = (row["run_id"], row["call_id"])
+        counted = key in seen  # a call already admitted (its approval, then its run) takes one token, as live
+        seen.add(key)
+        clock[0] = row["created_at"].timestamp()
+        context = dict(whitelist=[n for n in run.version.tools if isinstance(n, str)], grants=replay.grants(run),
+                       gate=gates[run.version_id], arguments=_arguments(row["arguments_summary"]), counted=counted)
+        was, _ = before.verdict(**context)
+        now, why = after.verdict(**context)
+        replay.tally(row, was=was, now=now, why=why, tenant=current.tenant.slug, tool=current.name)
+    return replay.result(tool=current.name, tenant=current.tenant.slug, days=span, since=since, changed=changed)
 
 
 #: The fields of an agent version a preview may propose: its tool list (the allow-list) and its policy document.
@@ -203,64 +233,32 @@ def preview_version_change(*, version: Any, actor: Actor, fields: dict[str, Any]
     if floor:
         raise ValidationError({"policy": floor})
     since = timezone.now() - timedelta(days=span)
-    impact = {kind: _empty() for kind in KINDS.values()}
-    plugin_scopes = set(hooks.granted_scopes(version.tenant_id))
+    replay = _Replay(tenant_id=version.tenant_id, cap=cap, examples=examples)
     clock = [0.0]
     gates: dict[str, ApprovalGate] = {}
-    evaluated = not_evaluated = 0
-    truncated = False
     rows = (ToolCallAudit.objects.filter(tenant_id=version.tenant_id, version_id=version.pk, created_at__gte=since)
             .exclude(status__in=_SKIPPED).order_by("created_at", "id")
             .values("id", "created_at", "run_id", "tool_name", "agent__slug", "step", "status", "arguments_summary"))
     tools = {t.name: t for t in Tool.objects.filter(tenant_id=version.tenant_id).select_related("plugin_install__plugin")}
     sides: dict[str, tuple[_Side, _Side]] = {}
-    last: tuple[Any, Any] | None = None
-    while not truncated:
-        page = rows if last is None else rows.filter(Q(created_at__gt=last[0]) | Q(created_at=last[0], id__gt=last[1]))
-        chunk = list(page[:CHUNK])
-        if not chunk:
-            break
-        last = (chunk[-1]["created_at"], chunk[-1]["id"])
-        runs = Run.objects.select_related("tenant", "session", "version").in_bulk({r["run_id"] for r in chunk if r["run_id"]})
-        for row in chunk:
-            if evaluated + not_evaluated >= cap:
-                truncated = True
-                break
-            run, tool = runs.get(row["run_id"]), tools.get(row["tool_name"])
-            if run is None or tool is None:
-                not_evaluated += 1  # the run or the tool is gone
-                continue
-            evaluated += 1
-            if not gates:
-                shadow_run = copy.copy(run)
-                shadow_run.version, shadow_run._runtime_policy = candidate, None
-                try:
-                    proposed_overrides = approval_overrides(shadow_run)
-                except PolicyError as exc:
-                    raise ValidationError({"policy": [str(exc)]}) from None
-                gates = {"before": ApprovalGate(run, overrides=approval_overrides(run)),
-                         "after": ApprovalGate(shadow_run, overrides=proposed_overrides)}
-            before, after = sides.setdefault(tool.name, (_Side(tool, clock), _Side(tool, clock)))
-            common = dict(grants=session_grants(run, plugin_scopes), arguments=_arguments(row["arguments_summary"]),
-                          counted=True)
-            was, _ = before.verdict(whitelist=[n for n in version.tools if isinstance(n, str)], gate=gates["before"], **common)
-            now, why = after.verdict(whitelist=[n for n in candidate.tools if isinstance(n, str)], gate=gates["after"], **common)
-            if was == now:
-                continue
-            bucket = impact[KINDS[now]]
-            bucket["count"] += 1
-            for group, name in (("by_tenant", version.agent.tenant.slug), ("by_agent", row["agent__slug"] or "(deleted agent)"),
-                                ("by_tool", tool.name)):
-                bucket[group][name] = bucket[group].get(name, 0) + 1
-            if len(bucket["examples"]) < examples:
-                bucket["examples"].append({
-                    "at": row["created_at"].isoformat(), "run": str(row["run_id"]), "agent": row["agent__slug"],
-                    "step": row["step"], "recorded_status": row["status"], "before": was, "after": now,
-                    "reason": why, "arguments": mask_text(row["arguments_summary"]),
-                })
-    return {
-        "tool": "", "tenant": version.agent.tenant.slug, "days": span, "since": since.isoformat(), "changed": changed,
-        "calls_evaluated": evaluated, "calls_not_evaluated": not_evaluated, "truncated": truncated,
-        "truncated_at": cap if truncated else None,
-        "note": f"truncated at {cap} calls: later calls were not replayed" if truncated else "", **impact,
-    }
+    for row, run in replay.rows(rows):
+        tool = tools.get(row["tool_name"])
+        if run is None or tool is None:
+            replay.not_evaluated += 1  # the run or the tool is gone
+            continue
+        replay.evaluated += 1
+        if not gates:
+            shadow_run = copy.copy(run)
+            shadow_run.version, shadow_run._runtime_policy = candidate, None
+            try:
+                proposed_overrides = approval_overrides(shadow_run)
+            except PolicyError as exc:
+                raise ValidationError({"policy": [str(exc)]}) from None
+            gates = {"before": ApprovalGate(run, overrides=approval_overrides(run)),
+                     "after": ApprovalGate(shadow_run, overrides=proposed_overrides)}
+        before, after = sides.setdefault(tool.name, (_Side(tool, clock), _Side(tool, clock)))
+        common = dict(grants=replay.grants(run), arguments=_arguments(row["arguments_summary"]), counted=True)
+        was, _ = before.verdict(whitelist=[n for n in version.tools if isinstance(n, str)], gate=gates["before"], **common)
+        now, why = after.verdict(whitelist=[n for n in candidate.tools if isinstance(n, str)], gate=gates["after"], **common)
+        replay.tally(row, was=was, now=now, why=why, tenant=version.agent.tenant.slug, tool=tool.name)
+    return replay.result(tool="", tenant=version.agent.tenant.slug, days=span, since=since, changed=changed)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -71,12 +73,30 @@ class _Inbox:
         self.lost = True
 
 
+class Once:
+    """Calls ``action`` the first time it is called (from any thread), never again."""
+
+    def __init__(self, action: Callable[[], Any]) -> None:
+        self._action: Callable[[], Any] | None = action
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            action, self._action = self._action, None
+        if action is not None:
+            action()
+
+
 class RunStream:
-    def __init__(self, run_id: Any, after: int, keepalive: float) -> None:
+    """``on_joined`` (a create that streams: enqueue the run) is called once the stream is in the run's feed, before
+    anything is read, so nothing the run publishes can come before its subscriber."""
+
+    def __init__(self, run_id: Any, after: int, keepalive: float, on_joined: Once | None = None) -> None:
         self.run_id = run_id
         self.last_seq = after
         self.keepalive = keepalive
         self.ended = False
+        self.on_joined = on_joined
 
     async def _backfill(self) -> list[bytes]:
         out: list[bytes] = []
@@ -110,7 +130,11 @@ class RunStream:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         layer = get_channel_layer()
         inbox = _Inbox()
-        feed = await run_feeds.join(layer, live.run_group(self.run_id), inbox) if layer is not None else None
+        try:
+            feed = await run_feeds.join(layer, live.run_group(self.run_id), inbox) if layer is not None else None
+        finally:
+            if self.on_joined is not None:  # joined (or failed to: the run must start all the same)
+                await sync_to_async(self.on_joined, thread_sensitive=False)()
         try:
             yield b": run stream\n\n"  # the headers and a first byte go out at once
             for chunk in await self._backfill():  # joined first, so nothing falls between backlog and live
@@ -152,10 +176,16 @@ def parse_resume(last_event_id: str | None, after: str | None) -> int:
     return value if value >= 0 else -1
 
 
-def stream_response(run_id: Any, after: int, status: int = 200, headers: dict[str, str] | None = None) -> StreamingHttpResponse:
+def stream_response(run_id: Any, after: int, status: int = 200, headers: dict[str, str] | None = None,
+                    on_joined: Once | None = None) -> StreamingHttpResponse:
+    """The run's stream; ``on_joined`` is called once it has joined the run's feed, or when the response is closed
+    if it never started (a client gone before the first byte: the run starts all the same)."""
     response = StreamingHttpResponse(
-        RunStream(run_id, after, settings.SSE_KEEPALIVE_SECONDS).__aiter__(), content_type="text/event-stream", status=status
+        RunStream(run_id, after, settings.SSE_KEEPALIVE_SECONDS, on_joined).__aiter__(), content_type="text/event-stream",
+        status=status,
     )
+    if on_joined is not None:
+        response._resource_closers.append(on_joined)
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # a proxy in front must not buffer the stream
     for name, value in (headers or {}).items():

@@ -1,7 +1,9 @@
 """Time to first delta (issue #18): from the provider's first chunk to the first ``message.delta`` frame a client reads
-over SSE, and per delta from the chunk that completed its text. Live stack of tests/integration/test_run_stream.py
-(embedded without DATABASE_URL/REDIS_URL, production with them), the fake OpenAI server streaming 60 pieces 20 ms
-apart, 20 runs. Run: ``make bench-stream`` (pytest runs this module; it prints the figures).
+over SSE, and per delta from the chunk that completed its text. The streaming tests' live stack
+(tests/support/stream_stack.py; embedded without DATABASE_URL/REDIS_URL, production with them), the fake OpenAI server
+answering at once and streaming 60 pieces 20 ms apart, each run created and streamed in one call (its stream joins the
+run's feed before the run is enqueued), 20 runs. Run: ``make bench-stream`` (pytest runs this module; it prints the
+figures).
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ from typing import Any
 import httpx
 
 from tests.conftest import django_db_setup  # noqa: F401 - the test database the live stack needs
-from tests.integration import test_run_stream as live
-from tests.integration.test_run_stream import WORDS, _parse, _start
-from tests.support import fake_openai
+from tests.integration.test_run_stream import _parse
+from tests.support import fake_openai, stream_stack
 from tests.support.fake_openai import text
+from tests.support.stream_stack import WORDS
 
-fake = live.fake  # the streaming tests' fixtures: the fake provider, the live stack, two tenants
-stack = live.stack
-worlds = live.worlds
+fake = stream_stack.fake  # the streaming tests' fixtures: the fake provider, the live stack, two tenants
+stack = stream_stack.stack
+worlds = stream_stack.worlds
 
 
 def test_time_to_first_delta(stack: Any, worlds: Any, fake: Any) -> None:
@@ -37,13 +39,13 @@ def test_time_to_first_delta(stack: Any, worlds: Any, fake: Any) -> None:
     try:
         for _ in range(20):
             sent.clear()
-            # the provider answers 0.5 s late, so the client has joined the run's stream before the first piece
-            fake.script(text(WORDS, pieces=60, chunk_delay=0.02, delay=0.5), replace=True)
-            run_id = _start(stack, world.raw_key)
+            # the provider answers at once: the create streams the run, its stream joined before the run is enqueued
+            fake.script(text(WORDS, pieces=60, chunk_delay=0.02), replace=True)
             got: list[tuple[float, dict]] = []
-            auth = {"Authorization": f"Bearer {world.raw_key}"}
+            auth = {"Authorization": f"Bearer {world.raw_key}", "Accept": "text/event-stream"}
+            body = {"agent": "order-assistant", "input": "where is order O202411280001?"}
             with httpx.Client(base_url=stack.base_url, headers=auth, timeout=30) as http, \
-                    http.stream("GET", f"/api/v1/runs/{run_id}/stream") as r:
+                    http.stream("POST", "/api/v1/runs", json=body) as r:
                 for m in _parse(r.iter_lines()):
                     if "data" in m and m["data"]["type"] == "message.delta":
                         got.append((m["at"], m["data"]))
@@ -59,7 +61,7 @@ def test_time_to_first_delta(stack: Any, worlds: Any, fake: Any) -> None:
                 end = d["offset"] + len(d["text"])
                 release = next(t for t, c in chunks if c >= min(end, total))  # when its text had fully arrived
                 lat.append((at - release) * 1000)
-            assert got[0][1]["offset"] == 0, "the client joined after the first delta: not a first-delta measurement"
+            assert got[0][1]["offset"] == 0, "the first delta was published before the stream joined"
             first.append((got[0][0] - chunks[0][0]) * 1000)
     finally:
         fake_openai._Handler._chunk = original

@@ -319,63 +319,105 @@ def _where(flow: FlowDefinition) -> dict[str, str]:
     return {n.id: f"$.nodes[{i}]" for i, n in enumerate(flow.nodes)}
 
 
+@dataclass(frozen=True)
+class _Level:
+    """How the graph checks name one level of a flow: its nodes (``$.nodes``) or a map's body (``$.nodes[i].body``)."""
+
+    at: str  #: the path of the object that holds ``nodes`` (and ``output``)
+    noun: str = "node"
+    them: str = "the nodes"
+    graph: str = "a flow"
+    map_id: str | None = None  #: the map whose body this is
+    outer: frozenset[str] = frozenset()  #: the flow's node ids: a body node needs an id of its own
+    upstream: frozenset[str] = frozenset()  #: the flow nodes that run before the map: its body may read them
+
+    def body(self, map_id: str, at: str, outer: set[str], upstream: set[str]) -> _Level:
+        return _Level(at=f"{at}.body", noun="body node", them="the body's nodes", graph="a map's body", map_id=map_id,
+                      outer=frozenset(outer), upstream=frozenset(upstream))
+
+    def unknown_read(self, ref: str, ids: list[str]) -> str:
+        if self.map_id is None:
+            return f"reads node {ref!r}, which does not exist; the nodes are {ids}"
+        return (f"reads node {ref!r}, which is not a body node nor a flow node that runs before the map {self.map_id!r}; "
+                f"the body's nodes are {ids}, the map's upstream nodes {sorted(self.upstream)}")
+
+
 def graph_problems(flow: FlowDefinition) -> list[str]:
-    """Unique ids, known references, no cycle, expressions that only read upstream nodes, handlers that are free."""
+    """Unique ids, known references, no cycle, expressions that only read upstream nodes, handlers that are free; the
+    same for each map's body (whose ids differ from the flow's and whose nodes may also read the map's upstream)."""
+    return _level_problems(flow, flow.output, _Level("$"))
+
+
+def _level_problems(graph: FlowDefinition, output: str | None, level: _Level) -> list[str]:
     found: list[str] = []
     where: dict[str, str] = {}
-    for index, node in enumerate(flow.nodes):
+    for index, node in enumerate(graph.nodes):
+        path = f"{level.at}.nodes[{index}]"
         if node.id in where:
-            found.append(f"$.nodes[{index}].id: {node.id!r} is already the id of {where[node.id][2:]}")
-        else:
-            where[node.id] = f"$.nodes[{index}]"
+            found.append(f"{path}.id: {node.id!r} is already the id of {where[node.id][2:]}")
+            continue
+        if node.id in level.outer:
+            found.append(f"{path}.id: {node.id!r} is already the id of a node of the flow; a body node needs its own")
+        where[node.id] = path
+        if level.map_id is not None and len(longest := item_node_id(level.map_id, MAP_MAX_ITEMS - 1, node.id)) > 63:
+            found.append(f"{path}.id: {longest!r} (the map's id, an item's index and this id) is over 63 characters; "
+                         "shorten the map's or this node's id")
     ids = sorted(where)
-    for node in flow.nodes:
+    for node in graph.nodes:
         for i, dep in enumerate(node.after):
             if dep not in where:
-                found.append(f"{where[node.id]}.after[{i}]: no node {dep!r}; the nodes are {ids}")
+                hint = " (a body node runs after body nodes only; the map itself runs after flow nodes)" \
+                    if dep in level.outer else ""
+                found.append(f"{where[node.id]}.after[{i}]: no {level.noun} {dep!r}; {level.them} are {ids}{hint}")
             elif dep == node.id:
                 found.append(f"{where[node.id]}.after[{i}]: a node cannot come after itself")
         for path, target in [*((f".cases[{i}].goto", t) for i, c in enumerate(node.cases) for t in c.goto),
                              *((".default", t) for t in node.default), *(((".handler", node.handler),) if node.handler else ())]:
             if target not in where:
-                found.append(f"{where[node.id]}{path}: no node {target!r}; the nodes are {ids}")
+                found.append(f"{where[node.id]}{path}: no {level.noun} {target!r}; {level.them} are {ids}")
     if found:
         return found
-    handlers = flow.handlers()
-    for node in flow.nodes:
-        if node.id in handlers and (node.after or any(node.id in other.targets() for other in flow.nodes)):
+    handlers = graph.handlers()
+    for node in graph.nodes:
+        if node.id in handlers and (node.after or any(node.id in other.targets() for other in graph.nodes)):
             found.append(f"{where[node.id]}: {node.id!r} is an error handler, so it runs only when routed to; it cannot "
                          "also come after other nodes or be chosen by a switch")
     try:
-        order = flow.order()
+        order = graph.order()
     except CycleError as exc:
         cycle = list(exc.args[1])
-        return [*found, f"$.nodes: a cycle {' -> '.join(cycle)}; a flow is a graph without cycles (remove one of these "
-                        "dependencies)"]
+        return [*found, f"{level.at}.nodes: a cycle {' -> '.join(cycle)}; {level.graph} is a graph without cycles "
+                        "(remove one of these dependencies)"]
     ancestors: dict[str, set[str]] = {}
-    deps = flow.dependencies()
+    deps = graph.dependencies()
     for node_id in order:
         ancestors[node_id] = set().union(*(ancestors[d] | {d} for d in deps[node_id])) if deps[node_id] else set()
-    for node in flow.nodes:
+    for node in graph.nodes:
         for path, expression in node.expressions():
             try:
                 read = referenced_nodes(expression)
             except JMESPathError as exc:
                 found.append(f"{where[node.id]}{path}: {expression!r} is not a JMESPath expression ({str(exc).splitlines()[0]})")
                 continue
-            for ref in sorted(read):
-                if ref not in where:
-                    found.append(f"{where[node.id]}{path}: reads node {ref!r}, which does not exist; the nodes are {ids}")
-                elif ref not in ancestors[node.id]:
-                    found.append(f"{where[node.id]}{path}: reads node {ref!r}, which does not run before {node.id!r}; "
-                                 f"add it to {node.id}.after")
-    for index, node in enumerate(flow.nodes):
+            found += _read_problems(f"{where[node.id]}{path}", read, where, ancestors[node.id], node.id, level)
+    for node in graph.nodes:
         if node.kind == "map" and node.body is not None:
-            found += _body_problems(node, f"$.nodes[{index}]", ancestors[node.id], set(where))
-    if flow.output:
-        for ref in sorted(referenced_nodes(flow.output)):
-            if ref not in where:
-                found.append(f"$.output: reads node {ref!r}, which does not exist; the nodes are {ids}")
+            body = level.body(node.id, where[node.id], set(where), ancestors[node.id])
+            found += _level_problems(body_graph(node), node.body.output, body)
+    if output:
+        found += _read_problems(f"{level.at}.output", referenced_nodes(output), where, set(where), "the output", level)
+    return found
+
+
+def _read_problems(path: str, read: set[str], where: Mapping[str, str], before: set[str], who: str,
+                   level: _Level) -> list[str]:
+    """An expression's reads: nodes of its level that run before ``who``, or (in a body) flow nodes before the map."""
+    found = []
+    for ref in sorted(read):
+        if ref in where and ref not in before:
+            found.append(f"{path}: reads {level.noun} {ref!r}, which does not run before {who!r}; add it to {who}.after")
+        elif ref not in where and ref not in level.upstream:
+            found.append(f"{path}: {level.unknown_read(ref, sorted(where))}")
     return found
 
 
@@ -383,64 +425,6 @@ def body_graph(node: Node) -> FlowDefinition:
     """A map's body as a graph :func:`plan` schedules (built, not validated again: its node was)."""
     assert node.body is not None
     return FlowDefinition.model_construct(nodes=list(node.body.nodes), max_parallel=MAP_MAX_ITEMS, output=None)
-
-
-def _body_problems(node: Node, at: str, upstream: set[str], outer: set[str]) -> list[str]:
-    """A map's body: unique ids (not the flow's either), known references, no cycle, reads of body nodes before it or
-    of flow nodes upstream of the map only, row ids that fit."""
-    assert node.body is not None
-    found: list[str] = []
-    where: dict[str, str] = {}
-    for index, child in enumerate(node.body.nodes):
-        path = f"{at}.body.nodes[{index}]"
-        if child.id in where:
-            found.append(f"{path}.id: {child.id!r} is already the id of {where[child.id][2:]}")
-        elif child.id in outer:
-            found.append(f"{path}.id: {child.id!r} is already the id of a node of the flow; a body node needs its own")
-        else:
-            where[child.id] = path
-        longest = item_node_id(node.id, MAP_MAX_ITEMS - 1, child.id)
-        if len(longest) > 63:
-            found.append(f"{path}.id: {longest!r} (the map's id, an item's index and this id) is over 63 characters; "
-                         "shorten the map's or this node's id")
-    if found:
-        return found
-    body = body_graph(node)
-    ids = sorted(where)
-    for child in body.nodes:
-        for i, dep in enumerate(child.after):
-            if dep not in where:
-                hint = " (a body node runs after body nodes only; the map itself runs after flow nodes)" \
-                    if dep in outer else ""
-                found.append(f"{where[child.id]}.after[{i}]: no body node {dep!r}; the body's nodes are {ids}{hint}")
-            elif dep == child.id:
-                found.append(f"{where[child.id]}.after[{i}]: a node cannot come after itself")
-        for path, target in [*((f".cases[{i}].goto", t) for i, c in enumerate(child.cases) for t in c.goto),
-                             *((".default", t) for t in child.default), *(((".handler", child.handler),) if child.handler else ())]:
-            if target not in where:
-                found.append(f"{where[child.id]}{path}: no body node {target!r}; the body's nodes are {ids}")
-    if found:
-        return found
-    try:
-        order = body.order()
-    except CycleError as exc:
-        return [f"{at}.body.nodes: a cycle {' -> '.join(exc.args[1])}; a map's body is a graph without cycles (remove "
-                "one of these dependencies)"]
-    deps = body.dependencies()
-    ancestors: dict[str, set[str]] = {}
-    for node_id in order:
-        ancestors[node_id] = set().union(*(ancestors[d] | {d} for d in deps[node_id])) if deps[node_id] else set()
-    reads = [(where[c.id] + path, expr, ancestors[c.id], c.id) for c in body.nodes for path, expr in c.expressions()]
-    if node.body.output:
-        reads.append((f"{at}.body.output", node.body.output, set(where), "the item's output"))
-    for path, expression, before, who in reads:
-        for ref in sorted(referenced_nodes(expression)):
-            if ref in where and ref not in before:
-                found.append(f"{path}: reads body node {ref!r}, which does not run before {who!r}; add it to {who}.after")
-            elif ref not in where and ref not in upstream:
-                found.append(f"{path}: reads node {ref!r}, which is not a body node nor a flow node that runs before the "
-                             f"map {node.id!r}; the body's nodes are {ids}, the map's upstream nodes {sorted(upstream)}")
-    return found
 
 
 def catalog_problems(flow: FlowDefinition, catalog: FlowCatalog) -> list[str]:

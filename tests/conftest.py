@@ -11,8 +11,9 @@ import pytest
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-#: The live stack (a real server and worker) is shared by the integration and browser tests: one session instance.
-pytest_plugins = ["tests.support.live_stack"]
+#: The live stack (a real server and worker) is shared by the integration and browser tests: one session instance;
+#: the streaming tests' stack (its provider the streaming test server) is one per module.
+pytest_plugins = ["tests.support.live_stack", "tests.support.stream_stack"]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

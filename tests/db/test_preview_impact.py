@@ -311,3 +311,35 @@ def test_a_version_preview_is_tenant_scoped_and_refuses_bad_input(world: World) 
     assert bad.status_code == 400 and "days" in bad.content.decode()
     bad = _api(world).post(_version_url(world), {"policy": {"limits": {"max_recursion": "lots"}}}, format="json")
     assert bad.status_code == 400 and "max_recursion" in bad.content.decode()
+
+
+def test_the_replay_costs_the_same_queries_however_many_rows_one_run_has_and_its_grants_once(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    computed: list[Any] = []
+    real = shadow.session_grants
+
+    def counting(run: Any, plugin_scopes: set[str] | None = None) -> set[str]:
+        computed.append(run.pk)
+        return real(run, plugin_scopes)
+
+    monkeypatch.setattr(shadow, "session_grants", counting)
+    run, other = _run(world, facts={"grants": ["orders:read"]}), _run(world)
+
+    def queries_for(rows: int) -> tuple[int, int]:
+        ToolCallAudit.objects.all().delete()
+        for i in range(rows):
+            _seed(world, run, at=_ago(50) + timedelta(seconds=i))
+        _seed(world, other, at=_ago(40))
+        counts = []
+        for preview in (lambda: _preview(world, required_scopes=["orders:read"]),
+                        lambda: shadow.preview_version_change(version=world.version, actor=actor_for_api_key(world.key),
+                                                              fields={"tools": []})):
+            computed.clear()
+            with CaptureQueriesContext(connection) as queries:
+                result = preview()
+            assert result["calls_evaluated"] == rows + 1
+            assert sorted(computed, key=str) == sorted([run.pk, other.pk], key=str)  # once per run, not per row
+            counts.append(len(queries.captured_queries))
+        return counts[0], counts[1]
+
+    assert queries_for(3) == queries_for(30)

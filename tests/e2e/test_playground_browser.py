@@ -7,8 +7,6 @@ committed events), the OpenAI version streams its reply, and the page shows it g
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,32 +17,18 @@ from tests.e2e.conftest import SCREENSHOTS
 from tests.factories import World, make_world
 from tests.integration.test_approvals import Desk, target  # noqa: F401 - the refund target fixture
 from tests.support.fake_openai import FakeOpenAI, text
-from tests.support.live_stack import LiveStack, make_live_stack
+from tests.support.live_stack import LiveStack
+from tests.support.stream_stack import WORDS
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 PASSWORD = "correct-horse-battery"
-KEY = "sk-live-playground-key-0123456789abcdefXYZ"
-MODELS = {"gpt-4o-mini": {"context_window": 128000, "price_in_per_1m": 0.15, "price_out_per_1m": 0.6}}
-WORDS = " ".join(f"word{i}" for i in range(60))
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI(api_key=KEY, models=["gpt-4o-mini"], default=text("OK")).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def live_stack(django_db_setup: Any, django_db_blocker: Any, fake: FakeOpenAI) -> Iterator[LiveStack]:
+def live_stack(stack: LiveStack) -> LiveStack:
     """This module's stack (the browser fixture uses it): the worker's OpenAI provider is the streaming test server."""
-    live = make_live_stack({"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": KEY, "OPENAI_MODEL": "gpt-4o-mini",
-                            "OPENAI_MODELS": json.dumps(MODELS)})
-    try:
-        yield live
-    finally:
-        live.stop()
+    return stack
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +87,7 @@ def test_an_unreleased_version_streams_its_answer_before_it_is_final(
 ) -> None:
     w, v2 = world
     # given version 2 (not the released one) on a provider that streams a long reply slowly (about 2 s)
-    fake.script(text(WORDS, pieces=40, chunk_delay=0.05, delay=0.5), replace=True)  # late: the page joined first
+    fake.script(text(WORDS, pieces=40, chunk_delay=0.05, delay=0.5), replace=True)  # late: the page joins after creating
     open_playground(page, live_stack, w.operator.username)
     page.select_option("#pg-agent", str(w.agent.pk))
     page.select_option("#pg-version", str(v2.pk))

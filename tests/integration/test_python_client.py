@@ -11,7 +11,6 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -22,43 +21,18 @@ from accounts import services as tenant_services
 from agents.models import Run, RunEvent
 from approvals.models import ApprovalRequest
 from tenants.models import Role
-from tests.factories import World, make_user, make_world
+from tests.factories import make_user, make_world
 from tests.support.fake_openai import FakeOpenAI, call, text, tool_calls
-from tests.support.live_stack import LiveStack, make_live_stack
+from tests.support.live_stack import LiveStack
 from tests.support.refund_target import add_refund_tool, serve_refund_target
+from tests.support.stream_stack import WORDS, openai_world
 
 pytestmark = pytest.mark.integration
 
-KEY = "sk-live-client-key-0123456789abcdefXYZ"
-MODELS = {"gpt-4o-mini": {"context_window": 128000, "price_in_per_1m": 0.15, "price_out_per_1m": 0.6}}
-WORDS = " ".join(f"word{i}" for i in range(60))
 #: Creates per key per second: small enough to reach a real 429 (with Retry-After) in a test, per key so no other test
 #: here meets it.
 CREATE_RATE = 2
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI(api_key=KEY, models=["gpt-4o-mini"], default=text("OK")).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def stack(django_db_setup: Any, django_db_blocker: Any, fake: FakeOpenAI) -> Iterator[LiveStack]:
-    live = make_live_stack({
-        "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": KEY, "OPENAI_MODEL": "gpt-4o-mini",
-        "OPENAI_MODELS": json.dumps(MODELS), "SSE_KEEPALIVE_SECONDS": "1", "RUN_CREATE_THROTTLE_RATE": f"{CREATE_RATE}/s",
-    })
-    try:
-        yield live
-    finally:
-        live.stop()
-
-
-def _world(django_db_blocker: Any, model: str = "openai/gpt-4o-mini") -> World:
-    with django_db_blocker.unblock():
-        return make_world(model=model)
+STREAM_STACK_ENV = {"RUN_CREATE_THROTTLE_RATE": f"{CREATE_RATE}/s"}
 
 
 def _committed(django_db_blocker: Any, run_id: str) -> list[int]:
@@ -123,9 +97,9 @@ def _recv(sock: socket.socket) -> bytes:
 
 def test_create_and_stream_to_the_end_with_deltas_and_every_committed_event(stack: LiveStack, fake: FakeOpenAI,
                                                                           django_db_blocker: Any) -> None:
-    world = _world(django_db_blocker)
+    world = openai_world(django_db_blocker)
     # given a model that streams its answer slowly
-    fake.script(text(WORDS, pieces=30, chunk_delay=0.03, delay=0.5), replace=True)  # late: the stream joined first
+    fake.script(text(WORDS, pieces=30, chunk_delay=0.03, delay=0.5), replace=True)  # late: this client creates, then joins
     with Client(stack.base_url, world.raw_key) as client:
         # when a run is created, then streamed to its end
         run = client.create_run("order-assistant", "where is order O202411280001?")
@@ -146,7 +120,7 @@ def test_create_and_stream_to_the_end_with_deltas_and_every_committed_event(stac
 
 def test_a_dropped_stream_resumes_with_last_event_id_every_committed_event_once(stack: LiveStack, fake: FakeOpenAI,
                                                                                django_db_blocker: Any) -> None:
-    world = _world(django_db_blocker)
+    world = openai_world(django_db_blocker)
     # given a run of three steps (two tool calls, then a slowly streamed answer)
     fake.script(
         tool_calls(call("query_order", {"order_id": "O202411280001"}), delay=0.3),
@@ -177,7 +151,7 @@ def test_a_dropped_stream_resumes_with_last_event_id_every_committed_event_once(
 
 def test_a_429_is_retried_after_the_apis_retry_after_with_the_same_idempotency_key(stack: LiveStack,
                                                                                  django_db_blocker: Any) -> None:
-    world = _world(django_db_blocker)  # a key of its own: the create rate is per key
+    world = openai_world(django_db_blocker)  # a key of its own: the create rate is per key
     sent: list[tuple[float, httpx.Request, int, str | None]] = []
 
     class Recording(httpx.HTTPTransport):
@@ -210,7 +184,7 @@ def test_a_429_is_retried_after_the_apis_retry_after_with_the_same_idempotency_k
 
 
 def test_a_foreign_tenants_run_and_approval_are_not_found(stack: LiveStack, django_db_blocker: Any) -> None:
-    mine, theirs = _world(django_db_blocker), _world(django_db_blocker)
+    mine, theirs = openai_world(django_db_blocker), openai_world(django_db_blocker)
     with Client(stack.base_url, theirs.raw_key) as them, Client(stack.base_url, mine.raw_key) as me:
         run = them.create_run("order-assistant", "where is order O202411280001?")
         # a foreign run is a 404 on read and on stream, with the API's error body
@@ -224,7 +198,7 @@ def test_a_foreign_tenants_run_and_approval_are_not_found(stack: LiveStack, djan
 
 
 def test_list_and_approve_a_pending_call_then_the_run_finishes(stack: LiveStack, django_db_blocker: Any) -> None:
-    world = _world(django_db_blocker, model="demo/planner")
+    world = openai_world(django_db_blocker, model="demo/planner")
     with serve_refund_target() as target, django_db_blocker.unblock():
         add_refund_tool(world, target)
         approver = make_user(f"{world.tenant.slug}-approver")
@@ -253,7 +227,7 @@ def test_list_and_approve_a_pending_call_then_the_run_finishes(stack: LiveStack,
 
 
 def test_a_flow_run_is_created_and_streamed_to_its_output(stack: LiveStack, django_db_blocker: Any) -> None:
-    world = _world(django_db_blocker, model="demo/planner")
+    world = openai_world(django_db_blocker, model="demo/planner")
     flow = {"nodes": [{"id": "order", "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}},
                       {"id": "logistics", "kind": "tool", "tool": "query_logistics",
                        "inputs": {"order_id": "input.order_id"}}],

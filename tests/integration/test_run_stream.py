@@ -21,47 +21,20 @@ from websockets.sync.client import connect
 
 from agents import acceptance
 from agents.models import RunEvent
-from tests.factories import World, make_world
 from tests.integration.wsclient import recv_frame
 from tests.support.fake_openai import FakeOpenAI, call, text, tool_calls
-from tests.support.live_stack import LiveStack, make_live_stack
+from tests.support.live_stack import LiveStack
+from tests.support.stream_stack import WORDS
 
 pytestmark = pytest.mark.integration
 
-KEY = "sk-live-stream-key-0123456789abcdefXYZ"
-MODELS = {"gpt-4o-mini": {"context_window": 128000, "price_in_per_1m": 0.15, "price_out_per_1m": 0.6}}
 CANARY = "sk-proj-CANARYc4n4ry0123456789abcdefQRST"
 CANARY_MIDDLE = "CANARYc4n4ry0123456789"
 PASSWORD = "Hunter2Canary!"
-WORDS = " ".join(f"word{i}" for i in range(60))  # ~420 characters: deltas flow long before the reply ends
-#: The provider answers this late, so a client has joined the run's stream before the first piece: deltas are not
-#: stored, and prose leaves word by word at once, so a client that joins late never sees the first words.
+#: For a client that joins a run it did not create in the same call (a GET of the stream, the websocket): the provider
+#: answers this late, so the client has joined before the first piece (deltas are not stored: a late joiner misses
+#: them). A create that streams needs no delay: its stream joins the run's feed before the run is enqueued.
 LATE = 0.5
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI(api_key=KEY, models=["gpt-4o-mini"], default=text("OK")).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def stack(django_db_setup: Any, django_db_blocker: Any, fake: FakeOpenAI) -> Iterator[LiveStack]:
-    live = make_live_stack({
-        "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": KEY, "OPENAI_MODEL": "gpt-4o-mini",
-        "OPENAI_MODELS": json.dumps(MODELS), "SSE_KEEPALIVE_SECONDS": "1",
-    })
-    try:
-        yield live
-    finally:
-        live.stop()
-
-
-@pytest.fixture(scope="module")
-def worlds(stack: LiveStack, django_db_blocker: Any) -> tuple[World, World]:
-    with django_db_blocker.unblock():
-        return make_world(model="openai/gpt-4o-mini"), make_world(model="openai/gpt-4o-mini")
 
 
 def _start(stack: LiveStack, key: str, text_: str = "where is order O202411280001?") -> str:
@@ -69,6 +42,16 @@ def _start(stack: LiveStack, key: str, text_: str = "where is order O20241128000
         response = http.post("/api/v1/runs", json={"agent": "order-assistant", "input": text_})
     assert response.status_code == 202, response.text
     return str(response.json()["id"])
+
+
+def _create_and_stream(stack: LiveStack, key: str, body: dict[str, Any] | None = None,
+                       headers: dict[str, str] | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """POST /api/v1/runs with ``Accept: text/event-stream``: the new run's id and its whole stream."""
+    body = body or {"agent": "order-assistant", "input": "where is order O202411280001?"}
+    with stack.client(key) as http, http.stream("POST", "/api/v1/runs", json=body, timeout=httpx.Timeout(30, read=10),
+                                                headers={"Accept": "text/event-stream", **(headers or {})}) as response:
+        assert response.status_code == 202 and response.headers["content-type"].startswith("text/event-stream")
+        return response.headers["X-Run-Id"], _read_stream(response)
 
 
 def _committed(django_db_blocker: Any, run_id: str) -> list[RunEvent]:
@@ -122,11 +105,10 @@ def _frames(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_deltas_arrive_before_the_step_commits_and_spell_the_stored_answer(stack: LiveStack, worlds: Any, fake: FakeOpenAI,
                                                                           django_db_blocker: Any) -> None:
     world, _ = worlds
-    # given a model that streams a long answer slowly (40 pieces, 50 ms apart: about 2 s)
-    fake.script(text(WORDS, pieces=40, chunk_delay=0.05, delay=LATE), replace=True)
-    run_id = _start(stack, world.raw_key)
-    # when a client streams the run
-    messages = _stream(stack, world.raw_key, run_id)
+    # given a model that streams a long answer slowly (40 pieces, 50 ms apart: about 2 s), answering at once
+    fake.script(text(WORDS, pieces=40, chunk_delay=0.05), replace=True)
+    # when a client creates the run and streams it in the same call
+    run_id, messages = _create_and_stream(stack, world.raw_key)
     frames = _frames(messages)
     # then deltas came first, while the model was still writing, and the step's committed events after them
     deltas = [f for f in frames if f["type"] == "message.delta"]
@@ -137,7 +119,9 @@ def test_deltas_arrive_before_the_step_commits_and_spell_the_stored_answer(stack
     assert first_delta < first_commit_of_step
     times = [m["at"] for m in messages if "data" in m and m["data"]["type"] == "message.delta"]
     assert times[-1] - times[0] > 0.5  # they arrived as the model wrote, not all at once after it finished
-    # and the deltas spell the final message exactly, which is stored as before (not per token)
+    # and the deltas spell the final message exactly from offset 0 (none was published before the stream joined),
+    # which is stored as before (not per token)
+    assert deltas[0]["offset"] == 0 and deltas[0]["text"] and WORDS.startswith(deltas[0]["text"])
     assert "".join(d["text"] for d in deltas) == WORDS
     assert [d["offset"] for d in deltas] == [sum(len(x["text"]) for x in deltas[:i]) for i in range(len(deltas))]
     assert frames[-1]["type"] == "run.finished" and frames[-1]["payload"]["output"] == WORDS
@@ -262,8 +246,8 @@ def test_a_foreign_tenants_run_is_a_404_and_bad_input_a_clear_400(stack: LiveSta
 
 def test_create_and_stream_in_one_call(stack: LiveStack, worlds: Any, fake: FakeOpenAI, django_db_blocker: Any) -> None:
     world, _ = worlds
-    fake.script(text(WORDS, pieces=20, chunk_delay=0.03, delay=LATE), text(WORDS, pieces=20, chunk_delay=0.03, delay=LATE),
-                replace=True)
+    # given a provider that answers at once (no lateness: the stream joins the run's feed before the run is enqueued)
+    fake.script(text(WORDS, pieces=20, chunk_delay=0.03), text(WORDS, pieces=20, chunk_delay=0.03), replace=True)
     key = f"stream-{uuid.uuid4().hex}"
     body = {"agent": "order-assistant", "input": "where is order O202411280001?"}
     with stack.client(world.raw_key) as http:
@@ -272,9 +256,11 @@ def test_create_and_stream_in_one_call(stack: LiveStack, worlds: Any, fake: Fake
             assert response.status_code == 202 and response.headers["content-type"].startswith("text/event-stream")
             run_id = response.headers["X-Run-Id"]
             messages = _read_stream(response)
-        # then it gets the new run's stream, deltas and all, to its end
+        # then it gets the new run's stream, every delta from offset 0, to its end
         frames = _frames(messages)
-        assert any(f["type"] == "message.delta" for f in frames) and frames[-1]["type"] == "run.finished"
+        deltas = [f for f in frames if f["type"] == "message.delta"]
+        assert deltas and deltas[0]["offset"] == 0 and "".join(d["text"] for d in deltas) == WORDS
+        assert frames[-1]["type"] == "run.finished"
         assert [m["id"] for m in messages if m.get("id") is not None] == [e.seq for e in _committed(django_db_blocker, run_id)]
         # and the same Idempotency-Key streams the same run again (replayed), never a second run
         with http.stream("POST", "/api/v1/runs", json=body, headers={"Accept": "text/event-stream", "Idempotency-Key": key}) as again:
@@ -283,7 +269,9 @@ def test_create_and_stream_in_one_call(stack: LiveStack, worlds: Any, fake: Fake
         # and "stream": true does the same without the header
         with http.stream("POST", "/api/v1/runs", json={**body, "stream": True}) as streamed:
             assert streamed.status_code == 202 and streamed.headers["content-type"].startswith("text/event-stream")
-            assert _frames(_read_stream(streamed))[-1]["type"] == "run.finished"
+            again_frames = _frames(_read_stream(streamed))
+            assert again_frames[-1]["type"] == "run.finished"
+            assert next(f for f in again_frames if f["type"] == "message.delta")["offset"] == 0
         # and errors are still JSON 4xx, with the same validation as the normal create
         for bad in ({"agent": "nope", "input": "x"}, {"agent": "order-assistant"}, {**body, "stream": "sometimes"}):
             response = http.post("/api/v1/runs", json=bad, headers={"Accept": "text/event-stream"})

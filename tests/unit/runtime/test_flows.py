@@ -265,3 +265,18 @@ def test_a_failed_node_ends_the_flow_once_a_running_maps_items_are_over() -> Non
     assert plan(flow, states, busy=1) == Plan(failed_node="other")  # an item node still runs
     assert plan(flow, states, busy=0).outcome == "failed"
     assert plan(flow, {"order": "done", "other": "running", "each": "running"}, busy=0).ready == ()
+
+
+def test_a_map_body_gets_every_check_of_the_flow_by_the_same_function() -> None:
+    # a template's broken expression and an error handler that also comes after a node: refused in a body as at the top
+    broken = _errors(_map([{"id": "a", "kind": "llm", "prompt": "{nodes.[[}"}]))
+    assert broken[0].startswith("nodes[2].body.nodes[0].prompt: 'nodes.[[' is not a JMESPath expression ("), broken
+    handler = _errors(_map([{"id": "a", "kind": "tool", "tool": "t", "on_error": "route", "handler": "h"},
+                            {"id": "h", "kind": "tool", "tool": "t", "after": ["a"]}]))
+    assert handler == ["nodes[2].body.nodes[1]: 'h' is an error handler, so it runs only when routed to; it cannot also "
+                       "come after other nodes or be chosen by a switch"]
+    assert _errors(_map([{"id": "a", "kind": "tool", "tool": "t", "after": ["a"]}])) == [
+        "nodes[2].body.nodes[0].after[0]: a node cannot come after itself"]
+    assert _errors(_map([{"id": "a", "kind": "tool", "tool": "t", "after": ["other"]}])) == [
+        "nodes[2].body.nodes[0].after[0]: no body node 'other'; the body's nodes are ['a'] (a body node runs after "
+        "body nodes only; the map itself runs after flow nodes)"]
