@@ -178,7 +178,8 @@ def test_metrics_scraped_from_the_server_count_the_workers_runs(live_stack: Any,
     assert moved("agentops_tool_calls_total", outcome="ok") >= 2
     assert moved("agentops_tool_call_duration_seconds_count") >= 2
     assert ("agentops_llm_cost_total", (("model", "demo/planner"),)) in after
-    bounded = {"agent", "status", "model", "type", "tool", "outcome", "le", "tenant", "limit", "provider"}
+    # every label takes a bounded set of values (replays: mode recorded/live, result passed/failed/skipped/error)
+    bounded = {"agent", "status", "model", "type", "tool", "outcome", "le", "tenant", "limit", "provider", "mode", "result"}
     for name, labels in after:
         if name.startswith("agentops_"):
             assert {k for k, _ in labels} <= bounded, (name, labels)
