@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -43,7 +43,9 @@ from agents.services import finish_without_worker
 from agents.store import event_rows, publish_after_commit, run_summary
 from approvals.gate import ApprovalGate
 from audit.masking import mask_text, mask_value
+from audit.models import AuditChainHead
 from audit.unit_of_work import StepAudit
+from config.batch import WriteBatch
 from flows.models import FlowNodeRun, NodeStatus
 from runtime.flows import (
     MAP_MAX_ITEMS,
@@ -62,6 +64,7 @@ from runtime.flows import (
     split_item_node_id,
 )
 from runtime.types import Event, ModelRequest, TerminalReason, ToolCall, ToolContext, ToolStatus, Usage, new_span_id
+from tenants.models import Tenant
 from tools.gateway import ToolGateway
 
 log = logging.getLogger(__name__)
@@ -215,6 +218,21 @@ def _item_error(rows: dict[str, FlowNodeRun], map_id: str, index: int) -> str:
     return f"node {nid[len(prefix):]}: {rows[nid].error}"
 
 
+def _definition(run: Run) -> FlowDefinition:
+    """The run's graph, validated once per loaded version (a task's, or an inline driver's for all its waves)."""
+    version = run.version
+    flow = getattr(version, "_flow_definition", None)
+    if flow is None:
+        flow = FlowDefinition.model_validate(version.definition)
+        version._flow_definition = flow  # type: ignore[attr-defined]
+    return flow
+
+
+def _node_row(run: Run, node_id: str) -> Any:
+    """A node's row by its natural key: rows started in this transaction were inserted without returning their id."""
+    return FlowNodeRun.objects.filter(run_id=run.pk, node_id=node_id)
+
+
 def _rows(run_id: Any) -> dict[str, FlowNodeRun]:
     return {r.node_id: r for r in FlowNodeRun.objects.filter(run_id=run_id)}
 
@@ -232,6 +250,98 @@ def _append(run: Run, events: list[Event]) -> list[RunEvent]:
     Run.objects.filter(pk=run.pk).update(last_seq=F("last_seq") + len(rows), step=F("step") + 1)
     run.last_seq, run.step = last_seq + len(rows), step + 1
     return rows
+
+
+class Writes:
+    """The writes of one :func:`advance` transaction, sent together when it ends (``config/batch.py``: one statement
+    on PostgreSQL): nodes' completions and starts, their audit rows, the run's events and its own row. The run's
+    counters (``last_seq``, ``step``) are kept on the locked run in memory and written once.
+
+    ``flush`` sends what is pending. Call it before anything reads the node rows again or writes through the ORM
+    (the rarer paths: approvals, skips, maps, the end of a run), so nothing reads around a pending write and no row
+    is changed twice in one statement.
+    """
+
+    def __init__(self, run: Run, rows: dict[str, FlowNodeRun], others_busy: int | None = None) -> None:
+        self.run, self.rows, self.others_busy = run, rows, others_busy  # others_busy: the tenant's other runs' nodes
+        self.batch = WriteBatch()
+        self._run_changes: dict[str, Any] = {}
+        self.left_seq: int | None = None  # the run's last event when this transaction's writes went out
+
+    def append(self, events: list[Event]) -> list[RunEvent]:
+        """The events at the run's next seqs, as :func:`_append` writes them (one step)."""
+        run = self.run
+        rows = event_rows(run, run.last_seq + 1, run.step, events)
+        self.batch.insert(RunEvent, rows)
+        run.last_seq, run.step = run.last_seq + len(rows), run.step + 1
+        self._run_changes.update(last_seq=run.last_seq, step=run.step)
+        return rows
+
+    def update_run(self, **changes: Any) -> None:
+        for name, value in changes.items():
+            setattr(self.run, name, value)
+        self._run_changes.update(changes)
+
+    def flush(self) -> None:
+        if self._run_changes:
+            self.batch.update(Run.objects.filter(pk=self.run.pk), **self._run_changes)
+            self._run_changes = {}
+        self.batch.execute()
+        self.left_seq = self.run.last_seq
+
+
+_LOCKED = ("status", "cancel_requested", "last_seq", "step", "usage", "phase", "lease_token")
+
+
+def _lock_sql(with_head: bool) -> str:
+    """The run's row, its tenant's (the tenant's node bound is decided under it, as advance() always did) and, for a
+    commit with audit rows, the tenant's audit chain head, locked and read in one statement, with the tenant's running
+    nodes of other runs counted. Names come from the models' metadata; the values are parameters."""
+    run, node, tenant, head = Run._meta, FlowNodeRun._meta, Tenant._meta, AuditChainHead._meta
+    tenant_col = run.get_field("tenant").column
+    columns = ", ".join(f'r."{run.get_field(name).column}"' for name in _LOCKED)
+    others = (f'(SELECT count(*) FROM "{node.db_table}" n WHERE n."{node.get_field("tenant").column}" = r."{tenant_col}" '  # noqa: S608
+              f'AND n."{node.get_field("status").column}" = %s AND n."{node.get_field("lease_expires_at").column}" >= %s '
+              f'AND n."{node.get_field("run").column}" <> r."{run.pk.column}")')
+    sql = f'SELECT {columns}, {others}'
+    if with_head:
+        sql += f', h."{head.get_field("seq").column}", h."{head.get_field("hash").column}"'
+    sql += (f' FROM "{run.db_table}" r JOIN "{tenant.db_table}" t ON t."{tenant.pk.column}" = r."{tenant_col}"')
+    if with_head:
+        sql += f' JOIN "{head.db_table}" h ON h."{head.pk.column}" = r."{tenant_col}"'
+    return sql + f' WHERE r."{run.pk.column}" = %s FOR UPDATE OF r, t' + (", h" if with_head else "")
+
+
+_LOCK_SQL = {True: _lock_sql(True), False: _lock_sql(False)}
+
+
+def _lock(run: Run, now: Any, *, with_head: bool) -> tuple[bool, int | None, AuditChainHead | None]:
+    """Lock the run (and its tenant, and the audit chain head when asked) and refresh the run's changing fields in
+    place: ``(found, the tenant's running nodes in other runs, head)``. One statement on PostgreSQL once the head
+    exists; elsewhere the run here, the count in :func:`advance` and the head by the audit's own lock."""
+    if connection.vendor == "postgresql":
+        for head_too in ((True, False) if with_head else (False,)):  # a tenant's first audit row: no head yet
+            with connection.cursor() as cursor:
+                cursor.execute(_LOCK_SQL[head_too], [NodeStatus.RUNNING, now, run.pk])
+                found = cursor.fetchone()
+            if found is None:
+                continue
+            values = dict(zip(_LOCKED, found[: len(_LOCKED)], strict=True))
+            if isinstance(values["usage"], str):
+                values["usage"] = json.loads(values["usage"])
+            for name, value in values.items():
+                setattr(run, name, value)
+            run._locked_row = True  # type: ignore[attr-defined]
+            head = AuditChainHead(tenant_id=run.tenant_id, seq=found[-2], hash=found[-1]) if head_too else None
+            return True, int(found[len(_LOCKED)]), head
+        return False, None, None
+    values = Run.objects.select_for_update().filter(pk=run.pk).values(*_LOCKED).first()
+    if values is None:
+        return False, None, None
+    for name, value in values.items():
+        setattr(run, name, value)
+    run._locked_row = True  # type: ignore[attr-defined]
+    return True, None, None
 
 
 def call_id(run_id: Any, node_id: str) -> str:
@@ -253,29 +363,39 @@ def run_flow(run: Run, token: str) -> None:
     advance(run.pk)
 
 
-def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None = None) -> list[tuple[str, str]]:
+def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None = None,
+            writes: Writes | None = None) -> list[tuple[str, str]]:
     """Decide the flow's next step from its committed rows; returns the ``(node, token)`` pairs it started.
 
     The node tasks are enqueued when this transaction commits (inline nodes are run by :func:`_drive` then); tests may
     call :func:`execute_node` themselves. ``savepoint=False``: inside a transaction that fails as a whole.
     ``pending``: events of completions committed in the same transaction (an inline wave's), written first.
+    ``writes``: the completions' own writes, their run locked and rows read under that lock (:func:`_complete`);
+    the decision's writes join them, and all go out together at the end.
     """
     started: list[tuple[str, str]] = []
     with transaction.atomic(savepoint=savepoint):
-        run = Run.objects.select_for_update().select_related("tenant", "agent", "version", "session").get(pk=run_id)
-        run._locked_row = True  # type: ignore[attr-defined]  # _append need not lock and read it again
+        if writes is None:
+            run = Run.objects.select_for_update().select_related("tenant", "agent", "version", "session").get(pk=run_id)
+            run._locked_row = True  # type: ignore[attr-defined]  # _append need not lock and read it again
+            writes = Writes(run, _rows(run.pk))
+        run, rows = writes.run, writes.rows
         if pending:
-            publish_after_commit(run, _append(run, pending), run_summary(run))
+            publish_after_commit(run, writes.append(pending), run_summary(run))
         if run.status != RunStatus.RUNNING:
+            writes.flush()
             return []
         if run.cancel_requested:
+            writes.flush()
             finish_without_worker(run, TerminalReason.CANCELLED, "cancelled")
             return []
-        flow = FlowDefinition.model_validate(run.version.definition)
+        flow = _definition(run)
         now = timezone.now()
-        rows = _rows(run.pk)
-        redo = _decided(run, flow, rows, now)  # waiting nodes whose approval was decided meanwhile
-        if redo or any(r.status == NodeStatus.WAITING for r in rows.values()):
+        redo: set[str] = set()
+        if any(r.status == NodeStatus.WAITING for r in rows.values()):
+            writes.flush()
+            rows = _rows(run.pk)  # as committed, with their ids
+            redo = _decided(run, flow, rows, now)  # waiting nodes whose approval was decided meanwhile
             rows = _rows(run.pk)  # _decided may have finished some: read them again
         while True:
             states = {nid: r.status for nid, r in rows.items()}
@@ -293,22 +413,31 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
             items_busy = sum(1 for nid, s in states.items() if s == NodeStatus.RUNNING and nid not in top)
             step = plan(flow, states, chosen, routed=routed, busy=items_busy)
             if step.skip:
+                writes.flush()
                 _skip(run, step.skip, now)
                 rows = _rows(run.pk)
                 continue
-            if _open_maps(run, flow, [n for n in step.ready if flow.node(n).kind == "map"], _scope(run, rows), now):
+            maps = [n for n in step.ready if flow.node(n).kind == "map"]
+            if maps:
+                writes.flush()
+            if _open_maps(run, flow, maps, _scope(run, rows), now):
                 rows = _rows(run.pk)
                 continue
             map_steps = _map_steps(run, flow, rows, states, room=flow.max_parallel)
+            if map_steps:
+                writes.flush()
             if _settle_maps(run, flow, rows, map_steps, _scope(run, rows), now):
                 rows = _rows(run.pk)
                 continue
             break
+        writes.rows = rows
         if step.outcome is not None:
             if step.failed_node:  # a map cut short by another node's failure: it started no more items
+                writes.flush()
                 FlowNodeRun.objects.filter(run=run, kind="map", status=NodeStatus.RUNNING).update(
                     status=NodeStatus.FAILED, error=f"stopped: node {step.failed_node} failed", finished_at=now)
-            _finish(run, flow, step.outcome, step.failed_node, rows)
+            _finish(run, flow, step.outcome, step.failed_node, rows, writes)
+            writes.flush()
             return []
         ready = [n for n in step.ready if flow.node(n).kind != "map"]
         events: list[Event] = []
@@ -316,9 +445,13 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
         item_steps = _map_steps(run, flow, rows, states, room=flow.max_parallel)
         wanted = [(m, i, c) for m, ms in item_steps.items() for i, c in ms.ready] if not step.failed_node else []
         busy = 0  # the tenant's running nodes: counted only when there is something to start (a fan-in waits often)
-        if ready or wanted:
-            busy = FlowNodeRun.objects.filter(tenant_id=run.tenant_id, status=NodeStatus.RUNNING,
-                                              lease_expires_at__gte=now).exclude(run=run, node_id__in=stale).count()
+        if ready or wanted:  # the tenant's other runs' (counted under the lock) and this run's live nodes
+            others = writes.others_busy
+            if others is None:
+                others = FlowNodeRun.objects.filter(tenant_id=run.tenant_id, status=NodeStatus.RUNNING,
+                                                    lease_expires_at__gte=now).exclude(run_id=run.pk).count()
+            busy = others + sum(1 for nid, r in rows.items() if r.status == NodeStatus.RUNNING and nid not in stale
+                                and r.lease_expires_at is not None and r.lease_expires_at >= now)
         room = max(_tenant_bound() - busy, 0)
         held = [n for n in ready if flow.node(n).kind != "approval"][room:]
         ready = [n for n in ready if n not in held]
@@ -327,9 +460,12 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
         item_room = min(flow.max_parallel - running_now - len(ready), room - len(ready))
         held += [item_node_id(m, i, c) for m, i, c in wanted[max(item_room, 0):]]
         items = [(item_node_id(m, i, c), flow.node(m), i, c) for m, i, c in wanted[:max(item_room, 0)]]
-        for nid in [n for n in ready if flow.node(n).kind == "approval"]:  # a person, not a task: wait for them
+        asks = [n for n in ready if flow.node(n).kind == "approval"]
+        if asks:
+            writes.flush()
+        for nid in asks:  # a person, not a task: wait for them
             ready.remove(nid)
-            events.append(_ask(run, flow.node(nid), rows.get(nid), scope, now))
+            events.append(_ask(run, flow.node(nid), rows, scope, now))
             states[nid] = NodeStatus.WAITING
         fresh: list[FlowNodeRun] = []  # first starts: one INSERT for all of them (a fan-out starts ten at once)
         for nid in ready:
@@ -345,14 +481,16 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
                       "inputs": inputs, "span_id": span, "started_at": now, "lease_token": token,
                       "lease_expires_at": now + dt.timedelta(seconds=node.timeout_seconds + _grace())}
             if row is None:
-                fresh.append(FlowNodeRun(run=run, node_id=nid, **fields))
+                rows[nid] = FlowNodeRun(run=run, node_id=nid, **fields)
+                fresh.append(rows[nid])
             else:  # a restart (its worker died) or a waiting tool node run again with its approval's decision
-                FlowNodeRun.objects.filter(pk=row.pk).update(**fields)
+                writes.batch.update(_node_row(run, nid), **fields)
+                for name, value in fields.items():
+                    setattr(row, name, value)
             payload = {"node": nid, "kind": node.kind, "attempt": attempt, "inputs": _summary(inputs)}
             events.append(Event("flow.node.started", payload, span_id=span))
             started.append((nid, token))
-        if fresh:
-            FlowNodeRun.objects.bulk_create(fresh)  # the run's row lock orders this against any other advance()
+        writes.batch.insert(FlowNodeRun, fresh)  # the run's row lock orders this against any other advance()
         fresh_items: list[FlowNodeRun] = []
         for nid, mapnode, index, child in items:
             body = _body_node(mapnode, child)
@@ -367,38 +505,43 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
                       "inputs": inputs, "span_id": span, "started_at": now, "lease_token": token,
                       "lease_expires_at": now + dt.timedelta(seconds=body.timeout_seconds + _grace())}
             if row is None:
-                fresh_items.append(FlowNodeRun(run=run, node_id=nid, **fields))
+                rows[nid] = FlowNodeRun(run=run, node_id=nid, **fields)
+                fresh_items.append(rows[nid])
             else:
-                FlowNodeRun.objects.filter(pk=row.pk).update(**fields)
+                writes.batch.update(_node_row(run, nid), **fields)
+                for name, value in fields.items():
+                    setattr(row, name, value)
             events.append(Event("flow.node.started", {"node": nid, "kind": body.kind, "attempt": attempt, "map": mapnode.id,
                                                       "index": index, "inputs": _summary(inputs)},
                                 span_id=span, parent_span_id=rows[mapnode.id].span_id))
             started.append((nid, token))
-        if fresh_items:
-            FlowNodeRun.objects.bulk_create(fresh_items)
+        writes.batch.insert(FlowNodeRun, fresh_items)
         if held and not started and not any(s == NodeStatus.RUNNING for s in states.values()):
             events.append(Event("flow.throttled", {"waiting": held, "tenant_running_nodes": busy,
                                                    "limit": _tenant_bound()}))
         if events:
-            publish_after_commit(run, _append(run, events), run_summary(run))
+            publish_after_commit(run, writes.append(events), run_summary(run))
         in_flight = bool(started) or any(s == NodeStatus.RUNNING for s in states.values())
         if not in_flight and not held and any(s == NodeStatus.WAITING for s in states.values()):
+            writes.flush()
             _wait(run)
         else:  # nodes in flight (or held): the run's lease expiry follows them, the node tasks renew it
-            Run.objects.filter(pk=run.pk).update(
-                lease_expires_at=now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS))
+            writes.update_run(lease_expires_at=now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS))
+        writes.flush()
         if started:
             inline = [(n, t) for n, t in started if flow.runs_inline(n)]
             tasks = [(n, t) for n, t in started if not flow.runs_inline(n)]
             if tasks:
                 transaction.on_commit(lambda: _enqueue(str(run.pk), tasks))
             if inline:
-                transaction.on_commit(lambda: _drive(str(run.pk), inline))
+                transaction.on_commit(lambda: _drive(str(run.pk), inline, writes))
     return started
 
 
-def _ask(run: Run, node: Node, row: FlowNodeRun | None, scope: dict[str, Any], now: Any) -> Event:
-    """An approval node: one approval request (the approvers' page, rules and audit of tool approvals), the node waits."""
+def _ask(run: Run, node: Node, rows: dict[str, FlowNodeRun], scope: dict[str, Any], now: Any) -> Event:
+    """An approval node: one approval request (the approvers' page, rules and audit of tool approvals), the node waits
+    (its row, in ``rows`` too)."""
+    row = rows.get(node.id)
     from approvals.decisions import publish
     from approvals.models import ApprovalRequest
 
@@ -416,9 +559,10 @@ def _ask(run: Run, node: Node, row: FlowNodeRun | None, scope: dict[str, Any], n
         "expires_at": now + dt.timedelta(seconds=node.expires_in_seconds)})
     publish(request)
     span = row.span_id if row is not None and row.span_id else new_span_id()
-    FlowNodeRun.objects.update_or_create(run=run, node_id=node.id, defaults={
+    waiting, _ = FlowNodeRun.objects.update_or_create(run=run, node_id=node.id, defaults={
         "tenant_id": run.tenant_id, "kind": node.kind, "status": NodeStatus.WAITING, "attempt": 1, "inputs": inputs,
         "span_id": span, "started_at": now, "lease_token": "", "lease_expires_at": None})
+    rows[node.id] = waiting
     return Event("flow.node.waiting", {"node": node.id, "kind": "approval", "approval_id": str(request.pk),
                                        "preview": _summary(text)}, span_id=span)
 
@@ -501,7 +645,7 @@ def execute_node(run_id: Any, node_id: str, token: str) -> None:
         log.info("flow run %s: node %s is not this task's to run (finished, or restarted by another)", run_id, node_id)
         return
     run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
-    flow = FlowDefinition.model_validate(run.version.definition)
+    flow = _definition(run)
     parts = split_item_node_id(node_id)
     node: BodyNode
     if parts is None:
@@ -514,29 +658,85 @@ def execute_node(run_id: Any, node_id: str, token: str) -> None:
     lease = node.timeout_seconds + _grace()
     with LeaseHeartbeat(lambda: _renew(run_id, node_id, token, lease), interval=max(0.5, min(_grace() / 3, 10.0))):
         status, output, chosen, error = _attempts(run, flow, node, row, scope, audit, trace, item=parts is not None)
+    _complete(run, [Done(row.node_id, token, node.kind, audit, trace, status, output, chosen, error)])
+
+
+@dataclass
+class Done:
+    """A node that ran (its retries included), to be committed: ``(status, output, chosen, error)`` and what it
+    left: its audit rows and its trace (model and tool call events)."""
+
+    node_id: str
+    token: str
+    kind: str
+    audit: StepAudit
+    trace: list[Event]
+    status: str
+    output: Any
+    chosen: list[str]
+    error: str
+    inline: bool = False
+
+
+def _complete(run: Run, done: list[Done], last: Writes | None = None) -> None:
+    """Commit finished nodes and advance the flow, in ONE transaction: under the run's lock (one statement with the
+    tenant's audit chain head, see :func:`_lock`) the node rows are read once; a node whose lease was taken meanwhile
+    (restarted elsewhere) is dropped; the others' rows, sealed audit rows and events, and then the next decision's
+    writes (:func:`advance`), go out as one statement. If any of it fails nothing is committed: the nodes keep
+    their leases and run again when those expire.
+
+    ``last``: the transaction that started these nodes (an inline wave's). Its rows are still the committed ones
+    when nothing else wrote since: the run's event sequence is where it left it (every change of a node row but a
+    task's lease renewal appends an event) and no node of the run runs in a task of its own (none renews a lease);
+    then they are not read again."""
     with transaction.atomic():
-        done = FlowNodeRun.objects.filter(pk=row.pk, lease_token=token, status=NodeStatus.RUNNING).update(
-            status=status, output=output, chosen=chosen, error=error, lease_token="", lease_expires_at=None,
-            finished_at=None if status == NodeStatus.WAITING else timezone.now())
-        if not done:  # restarted by another task meanwhile: that one's completion counts
-            log.warning("flow run %s: node %s lost its lease before committing; its result is dropped", run_id, node_id)
+        now = timezone.now()
+        found, others, head = _lock(run, now, with_head=any(len(d.audit) for d in done))
+        if not found:
             return
-        audit.commit(run.tenant_id)
-        payload: dict[str, Any] = {"node": node_id, "kind": node.kind, "status": str(status), "output": _summary(output)}
-        if error:
-            payload["error"] = error
-        if chosen:
-            payload["chosen"] = chosen
-        kind = "flow.node.waiting" if status == NodeStatus.WAITING else "flow.node.finished"
-        events = [*trace, Event(kind, payload, parent_span_id=row.span_id)]
-        calls = [e for e in trace if e.type == "model.call"]
-        if calls:  # the usage goes in under the run's lock before the next step reads the run
-            publish_after_commit(run, _append(run, events), run_summary(run))
-            _add_usage(run, calls)
-            events = []
-        # the next step in the same transaction (one commit per node; the events written under its run lock): the
-        # completion and the next nodes' start commit together or not at all
-        advance(run_id, savepoint=False, pending=events)
+        if last is not None and run.last_seq == last.left_seq and not any(
+                r.status == NodeStatus.RUNNING and not _definition(run).runs_inline(nid) for nid, r in last.rows.items()):
+            rows = last.rows
+        else:
+            rows = _rows(run.pk)
+        writes = Writes(run, rows, others)
+        audit, events, calls = StepAudit(), [], []
+        for d in done:
+            row = rows.get(d.node_id)
+            if row is None or row.lease_token != d.token or row.status != NodeStatus.RUNNING:
+                log.warning("flow run %s: node %s lost its lease before committing; its result is dropped",
+                            run.pk, d.node_id)
+                continue
+            fields = {"status": d.status, "output": d.output, "chosen": d.chosen, "error": d.error, "lease_token": "",
+                      "lease_expires_at": None, "finished_at": None if d.status == NodeStatus.WAITING else now}
+            writes.batch.update(_node_row(run, d.node_id).filter(lease_token=d.token, status=NodeStatus.RUNNING),
+                                **fields)
+            for name, value in fields.items():
+                setattr(row, name, value)
+            for write in d.audit:
+                audit.add(write)
+            payload: dict[str, Any] = {"node": d.node_id, "kind": d.kind, "status": str(d.status),
+                                       "output": _summary(d.output)}
+            if d.inline:
+                payload["inline"] = True
+            if d.error:
+                payload["error"] = d.error
+            if d.chosen:
+                payload["chosen"] = d.chosen
+            kind = "flow.node.waiting" if d.status == NodeStatus.WAITING else "flow.node.finished"
+            events += [*d.trace, Event(kind, payload, parent_span_id=row.span_id)]
+            calls += [e for e in d.trace if e.type == "model.call"]
+        if not events:
+            return
+        audit.commit(run.tenant_id, writes.batch, head)
+        if calls:  # the nodes' model calls into the run's usage (read under the lock), as spend reads it
+            usage = Usage.from_dict(run.usage)
+            for call in calls:
+                usage = usage + Usage(int(call.payload.get("input_tokens", 0)), int(call.payload.get("output_tokens", 0)),
+                                      float(call.payload.get("cost", 0.0)))
+            writes.update_run(usage=usage.to_dict())
+        # the next step in the same transaction: the completions and the next nodes' start commit together or not at all
+        advance(run.pk, savepoint=False, pending=events, writes=writes)
 
 
 def _attempts(run: Run, flow: FlowDefinition, node: BodyNode, row: FlowNodeRun, scope: dict[str, Any], audit: StepAudit,
@@ -591,40 +791,45 @@ class Wave:
         return self.checked[tool.pk]
 
 
-def _drive(run_id: str, started: list[tuple[str, str]]) -> None:
+def _drive(run_id: str, started: list[tuple[str, str]], writes: Writes | None = None) -> None:
     """Run inline nodes a wave at a time in this thread: each wave's completions and the next decision commit in one
-    transaction, whose own inline nodes join the queue here (a loop, not a recursion, however long the graph)."""
+    transaction, whose own inline nodes join the queue here (a loop, not a recursion, however long the graph).
+    ``writes``: the transaction that started the wave; its run and rows are where the wave starts from."""
     queue = getattr(_driving, "queue", None)
     if queue is not None:  # already driving in this thread (the next wave, decided inside a wave): queue it
-        queue.append((run_id, started))
+        queue.append((run_id, started, writes))
         return
-    _driving.queue = [(run_id, started)]
+    _driving.queue = [(run_id, started, writes)]
     shared: dict[str, Wave] = {}
     try:
         while _driving.queue:
-            rid, wave = _driving.queue.pop(0)
+            rid, wave, last = _driving.queue.pop(0)
             try:
-                _run_wave(rid, wave, shared)
+                _run_wave(rid, wave, shared, last)
             except Exception:  # the nodes keep their leases: when they expire, the sweeper's advance starts them again
                 log.exception("flow run %s: an inline wave failed; its nodes restart when their leases expire", rid)
     finally:
         _driving.queue = None
 
 
-def _run_wave(run_id: Any, wave: list[tuple[str, str]], shared: dict[str, Wave]) -> None:
+def _run_wave(run_id: Any, wave: list[tuple[str, str]], shared: dict[str, Wave], last: Writes | None = None) -> None:
     """A wave of inline nodes: run each, then commit all their completions (rows, events, audit) and advance the flow
-    in ONE transaction. A node whose lease was taken meanwhile (restarted elsewhere) is dropped, as in
-    :func:`execute_node`."""
-    rows = _rows(run_id)
-    run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
+    in ONE transaction (:func:`_complete`). The run and node rows are those the transaction that started the wave
+    left (``last``): read from the database only when there is none. A node whose lease was taken meanwhile
+    (restarted elsewhere) is dropped at the commit, as in :func:`execute_node`."""
+    if last is not None:
+        run, rows = last.run, last.rows
+    else:
+        run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
+        rows = _rows(run_id)
     context = shared.get(str(run_id))
     if context is None:
-        flow = FlowDefinition.model_validate(run.version.definition)
+        flow = _definition(run)
         context = shared[str(run_id)] = Wave(flow, _flow_tools(run, flow), session_grants(run))
     context.checked.clear()  # the kill switch is read again for every wave
     flow = context.flow
     scope = _scope(run, rows)
-    results = []
+    done = []
     for node_id, token in wave:
         row = rows.get(node_id)
         if row is None or row.lease_token != token or row.status != NodeStatus.RUNNING:
@@ -632,33 +837,9 @@ def _run_wave(run_id: Any, wave: list[tuple[str, str]], shared: dict[str, Wave])
         node = flow.node(node_id)
         audit, trace = StepAudit(), []
         status, output, chosen, error = _attempts(run, flow, node, row, scope, audit, trace, wave=context)
-        results.append((row, token, node, audit, trace, status, output, chosen, error))
-    if not results:
-        return
-    with transaction.atomic():
-        merged, events = StepAudit(), []
-        now = timezone.now()
-        for row, token, node, audit, trace, status, output, chosen, error in results:
-            done = FlowNodeRun.objects.filter(pk=row.pk, lease_token=token, status=NodeStatus.RUNNING).update(
-                status=status, output=output, chosen=chosen, error=error, lease_token="", lease_expires_at=None,
-                finished_at=None if status == NodeStatus.WAITING else now)
-            if not done:
-                log.warning("flow run %s: node %s lost its lease before committing; its result is dropped",
-                            run_id, row.node_id)
-                continue
-            for write in audit:
-                merged.add(write)
-            payload: dict[str, Any] = {"node": row.node_id, "kind": node.kind, "status": str(status),
-                                       "output": _summary(output), "inline": True}
-            if error:
-                payload["error"] = error
-            if chosen:
-                payload["chosen"] = chosen
-            kind = "flow.node.waiting" if status == NodeStatus.WAITING else "flow.node.finished"
-            events += [*trace, Event(kind, payload, parent_span_id=row.span_id)]  # no model call: inline kinds make none
-        merged.commit(run.tenant_id)
-        # in the wave's transaction: the completions, their events and the next decision commit together
-        advance(run_id, savepoint=False, pending=events)
+        done.append(Done(node_id, token, node.kind, audit, trace, status, output, chosen, error, inline=True))
+    if done:
+        _complete(run, done, last)
 
 
 def _flow_tools(run: Run, flow: FlowDefinition) -> list[Any]:
@@ -666,18 +847,6 @@ def _flow_tools(run: Run, flow: FlowDefinition) -> list[Any]:
     every: list[BodyNode] = [*flow.nodes, *(c for n in flow.nodes if n.body for c in n.body.nodes)]
     names = {n.tool for n in every if n.kind == "tool" and n.tool}
     return list(resolvable_tools(run.tenant_id).filter(name__in=names))
-
-
-def _add_usage(run: Run, calls: list[Event]) -> None:
-    """The node's model calls into the run's usage (the row is locked by ``_append``), as spend reads it."""
-    if not calls:
-        return
-    usage = Usage.from_dict(Run.objects.only("usage").get(pk=run.pk).usage)
-    for call in calls:
-        usage = usage + Usage(int(call.payload.get("input_tokens", 0)), int(call.payload.get("output_tokens", 0)),
-                              float(call.payload.get("cost", 0.0)))
-    Run.objects.filter(pk=run.pk).update(usage=usage.to_dict())
-    run.usage = usage.to_dict()
 
 
 def _retryable(node: BodyNode, run: Run, tools: list[Any] | None = None) -> bool:
@@ -796,7 +965,8 @@ def _wait(run: Run) -> None:
     publish_after_commit(run, rows, run_summary(run))
 
 
-def _finish(run: Run, flow: FlowDefinition, outcome: str, failed_node: str | None, rows: dict[str, FlowNodeRun]) -> None:
+def _finish(run: Run, flow: FlowDefinition, outcome: str, failed_node: str | None, rows: dict[str, FlowNodeRun],
+            writes: Writes) -> None:
     scope = _scope(run, rows)
     if outcome == "succeeded":
         try:
@@ -809,12 +979,9 @@ def _finish(run: Run, flow: FlowDefinition, outcome: str, failed_node: str | Non
     output = _text(value) if outcome == "succeeded" else ""
     events = [Event("run.finished", {"terminal_reason": reason.value, "output": _summary(output) or None,
                                       "reason": error or None})]
-    erows = _append(run, events)
-    changes = {"status": RunStatus.FINISHED, "terminal_reason": reason.value, "phase": "finished", "output": output,
-               "error": error, "finished_at": now, "lease_token": "", "lease_expires_at": None}
-    Run.objects.filter(pk=run.pk).update(**changes)
-    for k, v in changes.items():
-        setattr(run, k, v)
+    erows = writes.append(events)
+    writes.update_run(status=RunStatus.FINISHED, terminal_reason=reason.value, phase="finished", output=output,
+                      error=error, finished_at=now, lease_token="", lease_expires_at=None)
     publish_after_commit(run, erows, run_summary(run))
 
 

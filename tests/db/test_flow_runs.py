@@ -476,8 +476,10 @@ def test_statements_per_node_of_a_fan_out_graph_do_not_grow_back(world: World, s
         waves = drain(Run.objects.get(pk=run_id))
     assert Run.objects.get(pk=run_id).status == RunStatus.FINISHED
     assert sum(len(w) for w in waves) == 20
-    counts = [q["sql"] for q in queries.captured_queries if "COUNT(" in q["sql"].upper()
+    # a count of its own (on PostgreSQL it rides in the statement that locks the run, a round trip made anyway)
+    counts = [q["sql"] for q in queries.captured_queries if q["sql"].upper().startswith("SELECT COUNT(")
               and "flows_flownoderun" in q["sql"]]
     assert len(counts) <= 11, f"{len(counts)} tenant running-node counts for 20 nodes (one per wave that starts nodes)"
     per_node = len(queries) / 20
+    print(f"statements per node: {per_node:.2f}")
     assert per_node <= 20, f"{per_node:.1f} statements per node (19.4 measured on SQLite, the node tasks path)"
