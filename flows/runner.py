@@ -267,6 +267,7 @@ class Writes:
         self.batch = WriteBatch()
         self._run_changes: dict[str, Any] = {}
         self.left_seq: int | None = None  # the run's last event when this transaction's writes went out
+        self.wave: Wave | None = None
 
     def append(self, events: list[Event]) -> list[RunEvent]:
         """The events at the run's next seqs, as :func:`_append` writes them (one step)."""
@@ -678,7 +679,7 @@ class Done:
     inline: bool = False
 
 
-def _complete(run: Run, done: list[Done], last: Writes | None = None) -> None:
+def _complete(run: Run, done: list[Done], last: Writes | None = None, wave: Wave | None = None) -> None:
     """Commit finished nodes and advance the flow, in ONE transaction: under the run's lock (one statement with the
     tenant's audit chain head, see :func:`_lock`) the node rows are read once; a node whose lease was taken meanwhile
     (restarted elsewhere) is dropped; the others' rows, sealed audit rows and events, and then the next decision's
@@ -700,6 +701,7 @@ def _complete(run: Run, done: list[Done], last: Writes | None = None) -> None:
         else:
             rows = _rows(run.pk)
         writes = Writes(run, rows, others)
+        writes.wave = wave  # the next wave of this run, in this thread, starts from it
         audit, events, calls = StepAudit(), [], []
         for d in done:
             row = rows.get(d.node_id)
@@ -800,19 +802,18 @@ def _drive(run_id: str, started: list[tuple[str, str]], writes: Writes | None = 
         queue.append((run_id, started, writes))
         return
     _driving.queue = [(run_id, started, writes)]
-    shared: dict[str, Wave] = {}
     try:
         while _driving.queue:
             rid, wave, last = _driving.queue.pop(0)
             try:
-                _run_wave(rid, wave, shared, last)
+                _run_wave(rid, wave, last)
             except Exception:  # the nodes keep their leases: when they expire, the sweeper's advance starts them again
                 log.exception("flow run %s: an inline wave failed; its nodes restart when their leases expire", rid)
     finally:
         _driving.queue = None
 
 
-def _run_wave(run_id: Any, wave: list[tuple[str, str]], shared: dict[str, Wave], last: Writes | None = None) -> None:
+def _run_wave(run_id: Any, wave: list[tuple[str, str]], last: Writes | None = None) -> None:
     """A wave of inline nodes: run each, then commit all their completions (rows, events, audit) and advance the flow
     in ONE transaction (:func:`_complete`). The run and node rows are those the transaction that started the wave
     left (``last``): read from the database only when there is none. A node whose lease was taken meanwhile
@@ -822,10 +823,10 @@ def _run_wave(run_id: Any, wave: list[tuple[str, str]], shared: dict[str, Wave],
     else:
         run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
         rows = _rows(run_id)
-    context = shared.get(str(run_id))
+    context = last.wave if last is not None else None  # what the run's earlier waves in this thread resolved
     if context is None:
         flow = _definition(run)
-        context = shared[str(run_id)] = Wave(flow, _flow_tools(run, flow), session_grants(run))
+        context = Wave(flow, _flow_tools(run, flow), session_grants(run))
     context.checked.clear()  # the kill switch is read again for every wave
     flow = context.flow
     scope = _scope(run, rows)
@@ -839,7 +840,7 @@ def _run_wave(run_id: Any, wave: list[tuple[str, str]], shared: dict[str, Wave],
         status, output, chosen, error = _attempts(run, flow, node, row, scope, audit, trace, wave=context)
         done.append(Done(node_id, token, node.kind, audit, trace, status, output, chosen, error, inline=True))
     if done:
-        _complete(run, done, last)
+        _complete(run, done, last, context)
 
 
 def _flow_tools(run: Run, flow: FlowDefinition) -> list[Any]:
@@ -877,8 +878,11 @@ def _tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any]
           trace: list[Event], row_id: str, wave: Wave | None = None) -> Any:
     every: list[BodyNode] = [*flow.nodes, *(c for n in flow.nodes if n.body for c in n.body.nodes)]
     names = {n.tool for n in every if n.kind == "tool" and n.tool}
-    tools = wave.tools if wave is not None else _flow_tools(run, flow)
-    grants = wave.grants if wave is not None else session_grants(run)
+    if wave is not None:
+        tools, grants = wave.tools, wave.grants
+    else:  # a node task: its own tool, and the conversation's grants only when the tool asks for scopes
+        tools = list(resolvable_tools(run.tenant_id).filter(name=node.tool))
+        grants = session_grants(run) if any(t.required_scopes for t in tools) else set()
     policy = wave.tool_policy if wave is not None else tool_allowed_for
     gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=grants, approvals=ApprovalGate(run), tool_policy=policy)
     gateway.whitelist = names  # the flow's tool nodes are its tool list

@@ -85,6 +85,51 @@ def test_an_inline_wave_costs_one_statement_per_node_more(world: World, django_c
     assert ten - two <= 8, f"8 more nodes in a wave took {ten - two} more statements: more than their rows' updates"
 
 
+def test_an_inline_wave_writes_its_nodes_in_the_same_statements_however_wide_on_postgresql(
+    world: World, django_capture_on_commit_callbacks: Any, settings: Any
+) -> None:
+    """A wave's completions, audit rows, events and the next decision's writes go out as one statement (runner.Writes,
+    config/batch.py), so ten nodes in a wave cost what two do; on SQLite each write is a statement of its own."""
+    _wave_statements(world, 1, django_capture_on_commit_callbacks, settings)  # creates the audit chain head: not measured
+    two = _wave_statements(world, 2, django_capture_on_commit_callbacks, settings)
+    ten = _wave_statements(world, 10, django_capture_on_commit_callbacks, settings)
+    if connection.vendor == "postgresql":
+        assert ten == two, f"a 10-wide wave took {ten - two} more statements than a 2-wide one"
+        # 26: the run's lease and its first decision (9), the flow's tools and grants once, and per wave the kill
+        # switch, the lock, the writes (the test's savepoints included: 2 a transaction)
+        assert two <= 26, f"{two} statements for a 4-node inline run (start, a 2-wide wave, join)"
+
+
+def test_a_wave_reads_the_rows_again_when_another_writer_changed_the_run_meanwhile(
+    world: World, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wave starts from the rows the transaction that started it left. If something else wrote to the run meanwhile
+    (here: the sweeper restarted a node of the wave, new token, its event appended), the commit reads the rows again
+    and drops that node's result instead of finishing it over the other's lease."""
+    make_flow(world, {**desk(), "inline": True}, slug="raced")
+    real = runner._attempts
+
+    def restarted_meanwhile(run: Any, flow: Any, node: Any, row: Any, *args: Any, **kwargs: Any) -> Any:
+        if node.id == "big":
+            from django.db import transaction
+
+            with transaction.atomic():
+                FlowNodeRun.objects.filter(run_id=run.pk, node_id="big").update(lease_token="someone-else", attempt=2)
+                locked = Run.objects.select_for_update().get(pk=run.pk)
+                runner._append(locked, [runner.Event("flow.node.started", {"node": "big", "attempt": 2})])
+        return real(run, flow, node, row, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "_attempts", restarted_meanwhile)
+    run = _run(world, "raced", django_capture_on_commit_callbacks)
+    big = FlowNodeRun.objects.get(run=run, node_id="big")
+    assert (big.status, big.lease_token) == ("running", "someone-else"), "the other's lease stands"
+    assert run.status == "running", "the flow waits for the restarted node"
+    assert not RunEvent.objects.filter(run=run, type="flow.node.finished", payload__node="big").exists()
+    assert not ToolCallAudit.objects.filter(run_id=run.pk, call_id=call_id(run.pk, "big")).exists(), \
+        "the dropped result left no audit row"
+    assert not FlowNodeRun.objects.filter(run=run, node_id="done").exists(), "nothing after it started"
+
+
 def test_a_wave_that_dies_restarts_its_nodes_and_never_reruns_a_committed_one(
     world: World, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
