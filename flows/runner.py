@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
@@ -219,13 +220,21 @@ def _item_error(rows: dict[str, FlowNodeRun], map_id: str, index: int) -> str:
 
 
 def _definition(run: Run) -> FlowDefinition:
-    """The run's graph, validated once per loaded version (a task's, or an inline driver's for all its waves)."""
+    """The run's graph, validated once per loaded version (a task's, or an inline driver's for all its waves) and once
+    per process for the same document (the many node tasks of one version's runs)."""
     version = run.version
     flow = getattr(version, "_flow_definition", None)
     if flow is None:
-        flow = FlowDefinition.model_validate(version.definition)
+        flow = _parsed(json.dumps(version.definition, sort_keys=True, default=str))
         version._flow_definition = flow  # type: ignore[attr-defined]
     return flow
+
+
+@lru_cache(maxsize=64)
+def _parsed(document: str) -> FlowDefinition:
+    """Keyed by the document itself, not the version's id: whatever happens to a version, a changed graph is parsed
+    again. The result is shared: treat it as read-only (the runner does)."""
+    return FlowDefinition.model_validate(json.loads(document))
 
 
 def _node_row(run: Run, node_id: str) -> Any:
