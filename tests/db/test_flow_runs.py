@@ -481,5 +481,7 @@ def test_statements_per_node_of_a_fan_out_graph_do_not_grow_back(world: World, s
               and "flows_flownoderun" in q["sql"]]
     assert len(counts) <= 11, f"{len(counts)} tenant running-node counts for 20 nodes (one per wave that starts nodes)"
     per_node = len(queries) / 20
-    print(f"statements per node: {per_node:.2f}")
-    assert per_node <= 20, f"{per_node:.1f} statements per node (19.4 measured on SQLite, the node tasks path)"
+    # measured with the test transaction's savepoints: 10.15 on PostgreSQL (a commit's writes are one statement),
+    # 16.8 on SQLite (each write its own)
+    limit = 11 if connection.vendor == "postgresql" else 18
+    assert per_node <= limit, f"{per_node:.1f} statements per node on the node tasks path (at most {limit})"
