@@ -854,9 +854,7 @@ def _run_wave(run_id: Any, wave: list[tuple[str, str]], last: Writes | None = No
 
 def _flow_tools(run: Run, flow: FlowDefinition) -> list[Any]:
     """The tenant's tools a flow's tool nodes name (its tool list), resolved once per task."""
-    every: list[BodyNode] = [*flow.nodes, *(c for n in flow.nodes if n.body for c in n.body.nodes)]
-    names = {n.tool for n in every if n.kind == "tool" and n.tool}
-    return list(resolvable_tools(run.tenant_id).filter(name__in=names))
+    return list(resolvable_tools(run.tenant_id).filter(name__in=flow.tool_names()))
 
 
 def _retryable(node: BodyNode, run: Run, tools: list[Any] | None = None) -> bool:
@@ -885,8 +883,6 @@ def _execute(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, A
 
 def _tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any], audit: StepAudit, span: str,
           trace: list[Event], row_id: str, wave: Wave | None = None) -> Any:
-    every: list[BodyNode] = [*flow.nodes, *(c for n in flow.nodes if n.body for c in n.body.nodes)]
-    names = {n.tool for n in every if n.kind == "tool" and n.tool}
     if wave is not None:
         tools, grants = wave.tools, wave.grants
     else:  # a node task: its own tool, and the conversation's grants only when the tool asks for scopes
@@ -894,7 +890,7 @@ def _tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any]
         grants = session_grants(run) if any(t.required_scopes for t in tools) else set()
     policy = wave.tool_policy if wave is not None else tool_allowed_for
     gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=grants, approvals=ApprovalGate(run), tool_policy=policy)
-    gateway.whitelist = names  # the flow's tool nodes are its tool list
+    gateway.whitelist = flow.tool_names()  # the flow's tool nodes are its tool list
     call = ToolCall(id=call_id(run.pk, row_id), name=node.tool or "", arguments=json.dumps(inputs, default=str))
     began = time.monotonic()
     outcome = gateway.execute(call, ToolContext(run_id=str(run.pk), step=run.step, span_id=span))

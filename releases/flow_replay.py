@@ -62,7 +62,7 @@ def replay_flow(candidate: Candidate, rec: Recording, *, model: Any = None) -> R
     run = candidate.run_for(rec.run)
     flow = FlowDefinition.model_validate(candidate.version.definition)
     tools = CassetteTools(candidate, rec, rec.run, MemoryStore(Checkpoint()), ApprovalGate(run), session_grants(run))
-    tools.whitelist = sorted({n.tool for n in flow.nodes if n.kind == "tool" and n.tool})
+    tools.whitelist = sorted(flow.tool_names())
     tools.by_name = {t.name: t for t in candidate.tools}
     recorded_by_key: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rec.nodes.values():

@@ -29,6 +29,7 @@ from approvals.gate import ApprovalGate
 from audit.unit_of_work import StepAudit
 from releases.recording import Recording, canonical
 from runtime.config import RuntimePolicy, build_runtime, parse_policy
+from runtime.flows import FlowDefinition
 from runtime.loop import AgentConfig
 from runtime.protocols import Checkpoint, StepAck, StepRecord
 from runtime.types import ModelRequest, ModelResponse, ToolCall, ToolContext, ToolOutcome, ToolSpec, ToolStatus, Usage
@@ -61,7 +62,7 @@ class Candidate:
         probe = Run(tenant=version.tenant, agent=version.agent, version=version)
         names = [n for n in version.tools if isinstance(n, str)]
         if version.agent.kind == AgentKind.FLOW:  # a flow's tool nodes are its tool list
-            names += [n.get("tool") for n in (version.definition or {}).get("nodes", []) if isinstance(n, dict) and n.get("tool")]
+            names += sorted(FlowDefinition.model_validate(version.definition).tool_names())
         tools = list(hooks.resolvable_tools(version.tenant_id).filter(name__in=names).order_by("name"))
         policy = parse_policy(effective_document(version.policy, version.tenant.settings), extensions=extension_registry())
         info = model_info_for(probe)

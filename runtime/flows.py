@@ -292,6 +292,11 @@ class FlowDefinition(Document):
     def node(self, node_id: str) -> Node:
         return next(n for n in self.nodes if n.id == node_id)
 
+    def tool_names(self) -> set[str]:
+        """The tools the graph's tool nodes name, in map bodies too: a flow's tool list."""
+        every: list[BodyNode] = [*self.nodes, *(c for n in self.nodes if n.body for c in n.body.nodes)]
+        return {n.tool for n in every if n.kind == "tool" and n.tool}
+
     def runs_inline(self, node_id: str) -> bool:
         """Whether a (top-level) node runs in the task that started it instead of a task of its own."""
         node = next((n for n in self.nodes if n.id == node_id), None)

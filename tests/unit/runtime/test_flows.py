@@ -238,6 +238,12 @@ def test_a_map_body_is_validated_with_its_paths() -> None:
     assert missing[0].startswith("nodes[2].body.nodes[0].tool: no tool 'nope'")
 
 
+def test_a_flows_tool_list_is_the_tools_its_nodes_name_map_bodies_included() -> None:
+    flow = parse(FlowDefinition, _map([{"id": "a", "kind": "tool", "tool": "lookup_logistics"},
+                                       {"id": "b", "kind": "llm", "after": ["a"], "prompt": "{nodes.a}"}]))
+    assert flow.tool_names() == {"query_order", "lookup_logistics"}
+
+
 def test_plan_runs_a_map_after_its_upstream_and_plan_map_bounds_its_items() -> None:
     flow = parse(FlowDefinition, _map([{"id": "a", "kind": "tool", "tool": "t"},
                                        {"id": "b", "kind": "tool", "tool": "t", "after": ["a"]}], max_concurrency=3))
