@@ -149,14 +149,12 @@ def _node(candidate: Candidate, rec: Recording, node: Any, scope: dict[str, Any]
         called.append({"tool": key[0], "arguments": key[1]})
         hits = recorded_by_key.get(key)
         if hits:  # the policy first (refusals, approvals that would be needed), then the recorded answer
-            tools.outcomes[key] = [("ok", "")]
-            outcome = tools.execute(ToolCall(call_id(rec.run.pk, node.id), node.tool or "", json.dumps(inputs)),
-                                    ToolContext(run_id=str(rec.run.pk), step=0, span_id=""))
-            if outcome.status != ToolStatus.OK:
-                return NodeState.FAILED, None, f"{outcome.status}: {outcome.content}"
+            refused, _ = tools.check(ToolCall(call_id(rec.run.pk, node.id), node.tool or "", json.dumps(inputs)))
+            if refused is not None:
+                return NodeState.FAILED, None, f"{refused.status}: {refused.content}"
             row = hits.pop(0) if len(hits) > 1 else hits[0]
             return (NodeState.DONE, row["output"], "") if row["status"] == "done" else (NodeState.FAILED, None, row["error"])
-        tools.outcomes.pop(key, None)
+        tools.outcomes.pop(key, None)  # no node row recorded this call: a miss (the miss policy decides), never an answer
         outcome = tools.execute(ToolCall(call_id(rec.run.pk, node.id), node.tool or "", json.dumps(inputs)),
                                 ToolContext(run_id=str(rec.run.pk), step=0, span_id=""))
         if tools.misses:

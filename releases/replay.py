@@ -127,21 +127,30 @@ class CassetteTools:
         self.misses: list[str] = []
         self.audit = StepAudit()
 
-    def execute(self, call: ToolCall, ctx: ToolContext) -> ToolOutcome:
+    def check(self, call: ToolCall) -> tuple[ToolOutcome | None, bool]:
+        """The candidate's own policy on a call, as the gateway decides it: ``(refusal or None, needs an approval)``.
+        A call its approval rules would hold is listed in ``approvals`` (a replay never waits for a person)."""
         tool = self.by_name.get(call.name)
         if tool is None:
-            return ToolOutcome(call.id, ToolStatus.DENIED, f"This agent may not use the tool {call.name}. Do not retry it.")
+            return ToolOutcome(call.id, ToolStatus.DENIED, f"This agent may not use the tool {call.name}. Do not retry it."), False
         refusal = decisions.switched_off(tool) or decisions.not_authorized(tool, self.whitelist, self.grants)
         if refusal is not None:
-            return ToolOutcome(call.id, ToolStatus.DENIED, refusal.message)
-        key = canonical(call.name, call.arguments)
+            return ToolOutcome(call.id, ToolStatus.DENIED, refusal.message), False
         try:
             arguments = json.loads(call.arguments) if call.arguments else {}
         except ValueError:
             arguments = {}
-        needs = isinstance(arguments, dict) and self.gate.rule(tool, arguments).needed
+        needs = bool(isinstance(arguments, dict) and self.gate.rule(tool, arguments).needed)
         if needs:
             self.approvals.append(tool.name)
+        return None, needs
+
+    def execute(self, call: ToolCall, ctx: ToolContext) -> ToolOutcome:
+        refused, needs = self.check(call)
+        if refused is not None:
+            return refused
+        tool = self.by_name[call.name]
+        key = canonical(call.name, call.arguments)
         recorded = self.outcomes.get(key)
         if recorded:
             status, content = recorded.pop(0) if len(recorded) > 1 else recorded[0]
