@@ -87,6 +87,11 @@ def test_a_prompt_and_tool_change_shows_in_the_diff(world: Any) -> None:
     assert batch.pass_rate is not None and batch.pass_rate < 1.0
     report = releases.batch_report(batch)
     assert report["results"][0]["regression"] is True, "regressions are listed first"
+    tally: dict[str, int] = {}
+    for row in rows.values():
+        for key in row.diff["changed"]:
+            tally[key] = tally.get(key, 0) + 1
+    assert report["changed"] == tally and tally["tools"] >= 1, "how many runs changed in what, over the whole batch"
 
 
 def test_a_write_tool_is_never_called_live_whatever_the_miss_policy(world: Any) -> None:
