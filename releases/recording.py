@@ -12,6 +12,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models import Q
+
+from agents.engine import HISTORY_TURNS
 from agents.models import AgentKind, Run, RunEvent, RunMessage, Turn
 from approvals.models import ApprovalRequest
 from flows.models import FlowNodeRun
@@ -78,9 +81,17 @@ def load(run_ids: list[Any]) -> list[Recording]:
     (seven when flow runs are among them)."""
     runs = {r.pk: r for r in Run.objects.filter(pk__in=run_ids).select_related("tenant", "agent", "version", "session")}
     turn_of = dict(Turn.objects.filter(run_id__in=list(runs)).values_list("run_id", "turn_seq"))
-    sessions = {r.session_id for r in runs.values()}
+    # per session only the turns some run of the chunk saw: up to HISTORY_TURNS before each (not the whole session)
+    spans: dict[Any, tuple[int, int]] = {}
+    for pk, seq in turn_of.items():
+        session = runs[pk].session_id
+        low, high = spans.get(session, (seq, seq))
+        spans[session] = (min(low, seq), max(high, seq))
+    seen = Q(pk__in=[])
+    for session, (low, high) in spans.items():
+        seen |= Q(session_id=session, turn_seq__gte=low - HISTORY_TURNS, turn_seq__lt=high)
     by_session: dict[Any, list[Turn]] = defaultdict(list)
-    for turn in Turn.objects.filter(session_id__in=sessions).order_by("session_id", "-turn_seq"):
+    for turn in Turn.objects.filter(seen).order_by("session_id", "-turn_seq") if spans else []:
         by_session[turn.session_id].append(turn)
     recordings: dict[Any, Recording] = {}
     for pk in run_ids:
@@ -89,7 +100,7 @@ def load(run_ids: list[Any]) -> list[Recording]:
             continue
         rec = recordings[pk] = Recording(run)
         seq = turn_of.get(pk)
-        rec.earlier_turns = [t for t in by_session.get(run.session_id, []) if seq is not None and t.turn_seq < seq]
+        rec.earlier_turns = [t for t in by_session.get(run.session_id, []) if seq is not None and t.turn_seq < seq][:HISTORY_TURNS]
         if run.status != "finished":
             rec.problem = f"the run has not finished (it is {run.status}): only finished runs are replayed"
         elif run.session.erased_at is not None:

@@ -313,3 +313,25 @@ def test_a_member_erased_after_the_set_was_frozen_is_reported_not_dropped(world:
     assert row.status == "skipped" and "erased" in row.error and row.passed is None
     assert batch.passed_count == 2 and batch.pass_rate == 1.0
     assert releases.batch_report(batch)["skipped"] == 1
+
+
+def test_a_recording_holds_the_turns_its_run_saw_and_no_later_one(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs as recorded: each run of a conversation replays with the turns before it, newest first, at most what
+    the context builder reads (HISTORY_TURNS); a later turn of the same session never leaks in."""
+    from agents import engine
+    from releases import recording
+
+    monkeypatch.setattr(engine, "HISTORY_TURNS", 2)
+    monkeypatch.setattr(recording, "HISTORY_TURNS", 2)
+    first = services.start_run(actor=Actor(api_key=world.key), agent=world.agent, text=QUESTIONS[0])
+    services.execute_run(str(first.pk))
+    first.refresh_from_db()
+    runs = [first]
+    for text in QUESTIONS[1:] + QUESTIONS[:1]:
+        run = services.start_run(actor=Actor(api_key=world.key), agent=world.agent, text=text, session=first.session)
+        services.execute_run(str(run.pk))
+        runs.append(run)
+    recs = {r.run.pk: r for r in recording.load([runs[3].pk, runs[1].pk])}
+    assert [t.run_id for t in recs[runs[1].pk].earlier_turns] == [runs[0].pk]
+    assert [t.run_id for t in recs[runs[3].pk].earlier_turns] == [runs[2].pk, runs[1].pk], \
+        "newest first, two at most, none after the run"
