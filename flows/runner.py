@@ -649,14 +649,19 @@ def _renew(run_id: Any, node_id: str, token: str, seconds: float) -> bool:
 
 def execute_node(run_id: Any, node_id: str, token: str) -> None:
     """Run one started node and commit its completion; a duplicate or stale task (its token gone) does nothing."""
-    rows = _rows(run_id)  # one read: this node's row and the outputs its inputs and conditions see
+    run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
+    flow = _definition(run)
+    parts = split_item_node_id(node_id)
+    # one read: this node's row, and the outputs its conditions and prompts see (a tool or agent node's inputs were
+    # evaluated when it started: its own row is all it reads)
+    if parts is None and next((n.kind for n in flow.nodes if n.id == node_id), None) in ("tool", "agent"):
+        rows = {r.node_id: r for r in FlowNodeRun.objects.filter(run_id=run_id, node_id=node_id)}
+    else:
+        rows = _rows(run_id)
     row = rows.get(node_id)
     if row is None or not row.lease_token or row.lease_token != token or row.status != NodeStatus.RUNNING:
         log.info("flow run %s: node %s is not this task's to run (finished, or restarted by another)", run_id, node_id)
         return
-    run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
-    flow = _definition(run)
-    parts = split_item_node_id(node_id)
     node: BodyNode
     if parts is None:
         node, scope = flow.node(node_id), _scope(run, rows)
