@@ -649,7 +649,10 @@ def _renew(run_id: Any, node_id: str, token: str, seconds: float) -> bool:
 
 def execute_node(run_id: Any, node_id: str, token: str) -> None:
     """Run one started node and commit its completion; a duplicate or stale task (its token gone) does nothing."""
-    run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
+    run = Run.objects.select_related("tenant", "agent", "version", "session").filter(pk=run_id).first()
+    if run is None:
+        log.info("flow run %s is gone (deleted): node %s has nothing to run", run_id, node_id)
+        return
     flow = _definition(run)
     parts = split_item_node_id(node_id)
     # one read: this node's row, and the outputs its conditions and prompts see (a tool or agent node's inputs were
