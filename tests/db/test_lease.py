@@ -35,6 +35,27 @@ def test_the_heartbeat_stops_when_the_lease_is_lost() -> None:
     assert len(calls) == 2
 
 
+def test_many_heartbeats_share_one_thread_and_each_beats_on_time() -> None:
+    """A flow's nodes each hold a heartbeat: twenty at once cost no thread each, and every one of them beats."""
+    import contextlib
+    import threading
+
+    beats: dict[int, int] = {i: 0 for i in range(20)}
+
+    def renew(i: int) -> bool:
+        beats[i] += 1
+        return True
+
+    with LeaseHeartbeat(lambda: True, interval=10):
+        before = threading.active_count()  # the shared thread exists now
+    with contextlib.ExitStack() as stack:
+        for i in range(20):
+            stack.enter_context(LeaseHeartbeat(lambda i=i: renew(i), interval=0.05))
+        assert threading.active_count() < before + 5, "no thread per heartbeat"
+        time.sleep(0.35)
+    assert all(count >= 3 for count in beats.values()), beats
+
+
 @pytest.mark.django_db
 def test_renew_extends_only_the_holders_lease() -> None:
     world = make_world()
