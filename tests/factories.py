@@ -48,3 +48,12 @@ def make_world(slug: str | None = None, *, model: str = "demo/planner", max_recu
     agent.save(update_fields=["current_version"])
     key, raw = tenant_services.create_api_key(tenant=tenant, name="test", owner=operator, role=Role.OPERATOR, actor=None)
     return World(tenant, operator, viewer, agent, version, key, raw)
+
+
+def csrf_client(user: Any) -> Any:
+    """A browser-like test client logged in as ``user`` that checks CSRF tokens as the real pages do."""
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    return client

@@ -22,7 +22,7 @@ from approvals.timeleft import humanize_seconds
 from audit.models import ConfigChange
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key, actor_for_user
-from tests.factories import World, make_user, make_world
+from tests.factories import World, csrf_client, make_user, make_world
 from tools.models import Tool, ToolCategory, ToolKind
 
 pytestmark = pytest.mark.django_db
@@ -64,12 +64,6 @@ def _approver(world: World, *, may_reveal: bool) -> Any:
     return user
 
 
-def _client(user: Any) -> Client:
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(user)
-    return client
-
-
 def _csrf(client: Client, url: str) -> str:
     client.get(url)
     return client.cookies["csrftoken"].value
@@ -82,7 +76,7 @@ def _reveals() -> Any:
 def test_the_page_and_the_list_show_time_left_humanized_and_link_the_trace() -> None:
     world = make_world()
     request = _request(world)
-    client = _client(_approver(world, may_reveal=False))
+    client = csrf_client(_approver(world, may_reveal=False))
     page = client.get(f"/approvals/{request.pk}/").content.decode()
     assert "58 min</span> left" in page and "3532 s left" not in page
     assert f'href="/console/runs/{request.run_id}/"' in page
@@ -96,7 +90,7 @@ def test_a_permitted_approver_reveals_a_masked_field_and_it_is_audited(caplog: p
     world = make_world()
     request = _request(world)
     approver = _approver(world, may_reveal=True)
-    client = _client(approver)
+    client = csrf_client(approver)
     url = f"/approvals/{request.pk}/"
     page = client.get(url).content.decode()
     assert REASON not in page and "13812345678" not in page, "masked until revealed"
@@ -124,7 +118,7 @@ def test_without_the_permission_there_is_no_button_and_the_endpoint_refuses() ->
     request = _request(world)
     url = f"/approvals/{request.pk}/"
     for user in (_approver(world, may_reveal=False), world.viewer):
-        client = _client(user)
+        client = csrf_client(user)
         page = client.get(url)
         if user is world.viewer:
             assert page.status_code == 404, "a viewer does not review approvals"
@@ -135,7 +129,7 @@ def test_without_the_permission_there_is_no_button_and_the_endpoint_refuses() ->
     # the permission does not stand in for a deciding role: an operator holding it is refused too
     operator = world.operator
     operator.user_permissions.add(Permission.objects.get(codename="reveal_sensitive_fields"))
-    client = _client(operator)
+    client = csrf_client(operator)
     assert client.post(f"{url}reveal", {"field": "reason", "csrfmiddlewaretoken": _csrf(client, url)}).status_code == 403
     assert not _reveals().exists()
 
@@ -143,7 +137,7 @@ def test_without_the_permission_there_is_no_button_and_the_endpoint_refuses() ->
 def test_a_foreign_tenants_request_is_not_found_even_with_the_permission() -> None:
     mine, theirs = make_world(), make_world()
     foreign = _request(theirs)
-    client = _client(_approver(mine, may_reveal=True))
+    client = csrf_client(_approver(mine, may_reveal=True))
     token = _csrf(client, "/approvals/")
     assert client.get(f"/approvals/{foreign.pk}/").status_code == 404
     response = client.post(f"/approvals/{foreign.pk}/reveal", {"field": "reason", "csrfmiddlewaretoken": token})
@@ -154,7 +148,7 @@ def test_a_foreign_tenants_request_is_not_found_even_with_the_permission() -> No
 def test_reveal_needs_the_csrf_token() -> None:
     world = make_world()
     request = _request(world)
-    client = _client(_approver(world, may_reveal=True))
+    client = csrf_client(_approver(world, may_reveal=True))
     response = client.post(f"/approvals/{request.pk}/reveal", {"field": "reason"})
     assert response.status_code == 403 and REASON not in response.content.decode()
     assert not _reveals().exists()

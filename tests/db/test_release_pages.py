@@ -20,7 +20,7 @@ from marketplace.builtin import order_desk
 from releases import services as releases
 from releases.models import EvaluationSet, ReplayBatch, ReplayRun
 from tenants.scoping import Actor
-from tests.factories import World, make_world
+from tests.factories import World, csrf_client, make_world
 
 pytestmark = pytest.mark.django_db
 
@@ -35,12 +35,6 @@ def world() -> World:
         run = services.start_run(actor=Actor(api_key=w.key), agent=w.agent, text=text)
         services.execute_run(str(run.pk))
     return w
-
-
-def _client(user: Any) -> Client:
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(user)
-    return client
 
 
 def _token(client: Client, url: str = "/console/evaluation-sets/") -> str:
@@ -63,7 +57,7 @@ def _create_set(client: Client, world: World, **fields: Any) -> Any:
 
 
 def test_create_a_set_by_filter_replay_it_and_read_the_diff_page(world: World) -> None:
-    client = _client(world.operator)
+    client = csrf_client(world.operator)
     assert client.post("/console/evaluation-sets/", {"name": "x", "agent": str(world.agent.pk)}).status_code == 403  # CSRF
     created = _create_set(client, world, versions="1")
     assert created.status_code == 302, created.content[:2000]
@@ -104,7 +98,7 @@ def test_a_changed_version_shows_its_regressions_first_with_the_answer_diff(worl
     lean = AgentVersion.objects.create(tenant=world.tenant, agent=world.agent, number=2, model="demo/planner",
                                        system_prompt=world.version.system_prompt,
                                        tools=[t for t in world.version.tools if t != "query_logistics"])
-    client = _client(world.operator)
+    client = csrf_client(world.operator)
     assert _create_set(client, world).status_code == 302
     row = EvaluationSet.objects.get(tenant=world.tenant)
     page = client.get(f"/console/evaluation-sets/{row.pk}/")
@@ -123,7 +117,7 @@ def test_a_changed_version_shows_its_regressions_first_with_the_answer_diff(worl
 def test_pick_runs_by_hand_and_bad_input_is_a_400_naming_the_field(world: World) -> None:
     other = make_world()
     foreign = services.start_run(actor=Actor(api_key=other.key), agent=other.agent, text="hello")
-    client = _client(world.operator)
+    client = csrf_client(world.operator)
     mine = [str(r.pk) for r in Run.objects.filter(tenant=world.tenant)]
     prefilled = client.get("/console/evaluation-sets/", {"run": mine[0], "agent": world.agent.pk}).content.decode()
     assert mine[0] in prefilled  # the runs list's "make a set of these runs" link lands here with them filled in
@@ -162,7 +156,7 @@ def test_another_tenants_sets_and_replays_are_404s_on_pages_json_and_admin(world
     batch = _finish(batch.pk)
     result = ReplayRun.objects.filter(batch=batch).first()
     other = make_world()
-    client = _client(other.operator)
+    client = csrf_client(other.operator)
     token = _token(client)
     for url in (f"/console/evaluation-sets/{row.pk}/", f"/console/replays/{batch.pk}/",
                 f"/console/replays/{batch.pk}/progress.json"):
@@ -179,7 +173,7 @@ def test_another_tenants_sets_and_replays_are_404s_on_pages_json_and_admin(world
         if response.status_code == 302:
             assert response["Location"] == "/admin/", url
     # a viewer of the owning tenant sees the pages but not the replay form
-    viewer = _client(world.viewer)
+    viewer = csrf_client(world.viewer)
     assert 'id="replay-form"' not in viewer.get(f"/console/evaluation-sets/{row.pk}/").content.decode()
 
 
@@ -191,7 +185,7 @@ def test_the_admin_shows_sets_with_frozen_members_and_read_only_results(world: W
     batch = _finish(releases.start_replay(tenant=world.tenant, actor=actor_for_user(world.operator), evaluation_set=row,
                                           candidate=world.version, concurrency=1).pk)
     result = ReplayRun.objects.filter(batch=batch).first()
-    client = _client(world.operator)
+    client = csrf_client(world.operator)
     page = client.get(f"/admin/releases/evaluationset/{row.pk}/change/")
     html = page.content.decode()
     assert page.status_code == 200 and "member runs (frozen" in html.lower() and 'name="_save"' not in html
@@ -219,13 +213,13 @@ def test_a_queued_replay_can_be_cancelled_from_its_page_by_an_operator_only(worl
     batch = releases.start_replay(tenant=world.tenant, actor=actor_for_user(world.operator), evaluation_set=row,
                                   candidate=world.version, concurrency=1)
     url = f"/console/replays/{batch.pk}/"
-    viewer = _client(world.viewer)
+    viewer = csrf_client(world.viewer)
     page = viewer.get(url)
     assert 'id="replay-cancel"' not in page.content.decode()
     assert viewer.post(f"{url}cancel/", {"csrfmiddlewaretoken": page.context["csrf_token"]}).status_code in (302, 403)
     batch.refresh_from_db()
     assert batch.status == "queued"
-    client = _client(world.operator)
+    client = csrf_client(world.operator)
     page = client.get(url)
     assert 'id="replay-cancel"' in page.content.decode()
     assert client.post(f"{url}cancel/").status_code == 403  # CSRF
@@ -254,7 +248,7 @@ def _query_counts(world: World) -> dict[str, list[int]]:
     big = releases.create_evaluation_set(tenant=world.tenant, actor=actor, name="big", agent=world.agent,
                                          filters={"limit": 10})
     assert (small.members.count(), big.members.count()) == (2, 5)
-    client = _client(world.operator)
+    client = csrf_client(world.operator)
     counts: dict[str, list[int]] = {}
     for row in (small, big):
         batch = _finish(releases.start_replay(tenant=world.tenant, actor=actor, evaluation_set=row,

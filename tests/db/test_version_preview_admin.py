@@ -12,7 +12,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.test import Client
 from django.utils import timezone
 
 from agents import services as run_services
@@ -21,7 +20,7 @@ from audit.masking import summarize_arguments
 from audit.models import ConfigChange, ToolCallAudit
 from tenants.scoping import actor_for_api_key
 from tests.db.test_flow_runs import make_flow
-from tests.factories import World, make_world
+from tests.factories import World, csrf_client, make_world
 
 pytestmark = pytest.mark.django_db
 
@@ -43,19 +42,13 @@ def _seed_calls(world: World, n: int = 3) -> Any:
     return run
 
 
-def _client(user: Any) -> Client:
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(user)
-    return client
-
-
 def _url(version: AgentVersion, kind: str = "agentversion") -> str:
     return f"/admin/agents/{kind}/{version.pk}/change/"
 
 
 def test_a_used_versions_form_previews_a_proposed_tool_list_with_csrf_and_saves_nothing(world: World) -> None:
     _seed_calls(world)
-    client = _client(world.operator)
+    client = csrf_client(world.operator)
     page = client.get(_url(world.version))
     assert page.status_code == 200
     html = page.content.decode()
@@ -85,7 +78,7 @@ def test_a_used_versions_form_previews_a_proposed_tool_list_with_csrf_and_saves_
 
 def test_bad_proposals_are_a_400_naming_the_field(world: World) -> None:
     _seed_calls(world, 1)
-    client = _client(world.operator)
+    client = csrf_client(world.operator)
     token = client.get(_url(world.version)).context["csrf_token"]
     base = {"csrfmiddlewaretoken": token, "_preview_impact": "1", "policy": json.dumps(world.version.policy)}
     bad_json = client.post(_url(world.version), {**base, "tools": "[not json"})
@@ -102,7 +95,7 @@ def test_bad_proposals_are_a_400_naming_the_field(world: World) -> None:
 def test_an_unused_versions_form_previews_its_own_unsaved_values(world: World) -> None:
     draft = AgentVersion.objects.create(tenant=world.tenant, agent=world.agent, number=2, model=world.version.model,
                                         tools=list(world.version.tools), policy=world.version.policy)
-    client = _client(world.operator)
+    client = csrf_client(world.operator)
     page = client.get(_url(draft))
     html = page.content.decode()
     assert 'name="_preview_impact"' in html and 'id="id_preview_tools"' not in html  # the form's own tools field
@@ -116,7 +109,7 @@ def test_an_unused_versions_form_previews_its_own_unsaved_values(world: World) -
 def test_a_foreign_tenants_version_is_a_404(world: World) -> None:
     _seed_calls(world, 1)
     other = make_world()
-    client = _client(other.operator)
+    client = csrf_client(other.operator)
     token = client.get(_url(other.version)).context["csrf_token"]
     assert client.get(_url(world.version)).status_code in (302, 404)  # the admin's own answer for a foreign object
     response = client.post(_url(world.version), {"csrfmiddlewaretoken": token, "_preview_impact": "1",
@@ -128,7 +121,7 @@ def test_a_flow_versions_form_has_the_button_for_its_policy(world: World) -> Non
     flow = make_flow(world, {"nodes": [{"id": "order", "kind": "tool", "tool": TOOL, "inputs": {"order_id": "input.order_id"}}],
                              "output": "nodes.order"})
     version = flow.current_version
-    client = _client(world.operator)
+    client = csrf_client(world.operator)
     page = client.get(_url(version, "flowversion"))
     assert page.status_code == 200
     html = page.content.decode()

@@ -14,11 +14,11 @@ import pytest
 from agents.models import AgentVersion
 from releases.models import EvaluationSet, ReplayBatch, ReplayRun
 from tests.e2e.conftest import SCREENSHOTS
+from tests.e2e.test_console_browser import log_in
 from tests.factories import World, make_world
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
-PASSWORD = "correct-horse-battery"
 QUESTIONS = ["Where is my order O202411280001?", "What is in order O202411280002?", "Hello, who are you?"]
 
 
@@ -46,11 +46,7 @@ def test_create_a_set_from_the_runs_list_replay_it_and_read_the_diff_page(
     page: Any, live_stack: Any, world: tuple[World, AgentVersion], unblocked_db: None
 ) -> None:
     w, lean = world
-    page.goto(f"{live_stack.base_url}/accounts/login/")
-    page.fill("#id_username", w.operator.username)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_stack.base_url}/console/runs/")
+    log_in(page, live_stack, w.operator.username)
     # the runs list, filtered to the agent, offers its page of runs as a new evaluation set
     page.goto(f"{live_stack.base_url}/console/runs/?agent={w.agent.pk}")
     page.click("#make-set")
@@ -94,10 +90,6 @@ def test_create_a_set_from_the_runs_list_replay_it_and_read_the_diff_page(
     # a second tenant's operator gets a 404 for the same pages
     other = make_world()
     page.context.clear_cookies()
-    page.goto(f"{live_stack.base_url}/accounts/login/")
-    page.fill("#id_username", other.operator.username)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_stack.base_url}/console/runs/")
+    log_in(page, live_stack, other.operator.username)
     response = page.goto(f"{live_stack.base_url}/console/replays/{batch.pk}/")
     assert response is not None and response.status == 404
