@@ -33,7 +33,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from agents.engine import session_grants
@@ -249,15 +248,12 @@ def _rows(run_id: Any) -> dict[str, FlowNodeRun]:
 def _append(run: Run, events: list[Event]) -> list[RunEvent]:
     """Write events at the run's next seqs (locks the run's row until the caller's transaction ends; a run that
     :func:`advance` locked and read is not read again)."""
-    if getattr(run, "_locked_row", False):
-        last_seq, step = run.last_seq, run.step
-    else:
+    if not getattr(run, "_locked_row", False):
         locked = Run.objects.select_for_update().only("last_seq", "step").get(pk=run.pk)
-        last_seq, step = locked.last_seq, locked.step
-    rows = event_rows(run, last_seq + 1, step, events)
-    RunEvent.objects.bulk_create(rows)
-    Run.objects.filter(pk=run.pk).update(last_seq=F("last_seq") + len(rows), step=F("step") + 1)
-    run.last_seq, run.step = last_seq + len(rows), step + 1
+        run.last_seq, run.step = locked.last_seq, locked.step
+    writes = Writes(run, {})
+    rows = writes.append(events)
+    writes.flush()
     return rows
 
 
@@ -279,7 +275,7 @@ class Writes:
         self.wave: Wave | None = None
 
     def append(self, events: list[Event]) -> list[RunEvent]:
-        """The events at the run's next seqs, as :func:`_append` writes them (one step)."""
+        """The events at the run's next seqs, one step (what :func:`_append` sends at once)."""
         run = self.run
         rows = event_rows(run, run.last_seq + 1, run.step, events)
         self.batch.insert(RunEvent, rows)
