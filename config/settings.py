@@ -256,7 +256,7 @@ REST_FRAMEWORK = {
     ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     # Per API key (or session user), never per address only; run creation has its own budget (tenants/throttles.py).
-    "DEFAULT_THROTTLE_CLASSES": ["tenants.throttles.PerCallerThrottle", "tenants.throttles.ActionThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["tenants.throttles.CallerThrottle"],
     "DEFAULT_THROTTLE_RATES": {
         "api": env_rate("API_THROTTLE_RATE", "1200/min"),
         "run_create": env_rate("RUN_CREATE_THROTTLE_RATE", "300/min"),

@@ -21,7 +21,6 @@ from django.test import Client
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerDown
 from rest_framework.test import APIClient
-from rest_framework.throttling import SimpleRateThrottle
 
 from agents import acceptance, services
 from agents.models import Run, RunStatus, Session
@@ -327,27 +326,26 @@ def test_with_redis_down_runs_are_still_accepted_and_rate_limits_count_in_the_pr
 ) -> None:
     import redis.exceptions
 
-    class DownCache:
+    class DownStore:
         calls = 0
 
-        def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-            DownCache.calls += 1
+        def take(self, buckets: Any) -> Any:
+            DownStore.calls += 1
             raise redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
 
-        get = set = add = _refuse
-
+    from llm.ratelimit import LocalBucketStore
     from tenants import throttles
 
-    monkeypatch.setattr(SimpleRateThrottle, "cache", DownCache())
+    monkeypatch.setattr(throttles, "bucket_store", DownStore)
     monkeypatch.setattr(throttles, "_redis_down_until", 0.0)
-    monkeypatch.setattr(throttles, "_OUTAGE_COUNTERS", throttles.LocMemCache(f"outage-{uuid.uuid4().hex}", {}))
+    monkeypatch.setattr(throttles, "_OUTAGE_STORE", LocalBucketStore())
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
                                "DEFAULT_THROTTLE_RATES": {**settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "run_create": "2/min"}}
     world = make_world()
     client = _api(world)
     assert _post(client, BODY).status_code == 202
     assert client.get("/api/v1/runs").status_code == 200
-    assert DownCache.calls == 1, "Redis is tried once, then left alone for a few seconds"
+    assert DownStore.calls == 1, "Redis is tried once, then left alone for a few seconds"
     assert _post(client, BODY).status_code == 202
     refused = _post(client, BODY)
     assert refused.status_code == 429 and int(refused["Retry-After"]) > 0, "the limit still holds, per process"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,7 +16,9 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 from accounts import services as tenant_services
+from config import buckets
 from config.env import env_rate
+from tenants import throttles
 from tests.factories import World, make_world
 
 pytestmark = pytest.mark.django_db
@@ -22,8 +27,9 @@ RUN = {"agent": "order-assistant", "input": "where is order O202411280001?"}
 
 
 @pytest.fixture(autouse=True)
-def _fresh_counters() -> Iterator[None]:
-    cache.clear()
+def _fresh_counters(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    cache.clear()  # with REDIS_URL: the same Redis database as the buckets, emptied
+    monkeypatch.setattr(buckets, "_store", None)  # embedded: a new in-memory store
     yield
     cache.clear()
 
@@ -99,3 +105,43 @@ def test_rates_come_from_the_environment_and_a_bad_one_names_the_variable(monkey
     monkeypatch.setenv("RUN_CREATE_THROTTLE_RATE", "lots")
     with pytest.raises(ImproperlyConfigured, match="RUN_CREATE_THROTTLE_RATE"):
         env_rate("RUN_CREATE_THROTTLE_RATE", "300/min")
+
+
+def test_a_refused_request_spends_nothing_of_its_other_budget() -> None:
+    api = _api(make_world())
+    with _rates(api="3/min", run_create="1/min"):
+        assert api.post("/api/v1/runs", RUN, format="json").status_code == 202  # api 2 left, run_create 0
+        _throttled(api.post("/api/v1/runs", RUN, format="json"))  # refused by run_create: api still 2
+        assert [api.get("/api/v1/runs").status_code for _ in range(2)] == [200, 200]
+        _throttled(api.get("/api/v1/runs"))
+
+
+def test_both_budgets_of_a_request_are_taken_in_one_call_to_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = buckets.bucket_store()
+    calls: list[list[str]] = []
+
+    def take(taken: list[Any]) -> tuple[float, int]:
+        calls.append([b.key.split(":")[1] for b in taken])
+        return type(store).take(store, taken)
+
+    monkeypatch.setattr(store, "take", take)
+    api = _api(make_world())
+    assert api.post("/api/v1/runs", RUN, format="json").status_code == 202
+    assert api.get("/api/v1/runs").status_code == 200
+    assert calls == [["api", "run_create"], ["api"]]  # one round trip per request (with Redis: one script call)
+
+
+def test_concurrent_requests_never_lose_each_others_count() -> None:
+    """Forty callers at once against a budget of 15 (the old read-modify-write of a pickled list let more through)."""
+    world = make_world()
+    request = SimpleNamespace(auth=world.key, user=world.operator)
+    view = SimpleNamespace(action="list")
+    start = threading.Barrier(8)
+
+    def caller(_: int) -> list[bool]:
+        start.wait()
+        return [throttles.CallerThrottle().allow_request(request, view) for _ in range(5)]
+
+    with _rates(api="15/min"), ThreadPoolExecutor(8) as pool:
+        allowed = [ok for results in pool.map(caller, range(8)) for ok in results]
+    assert allowed.count(True) == 15 and allowed.count(False) == 25
