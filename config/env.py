@@ -45,6 +45,18 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return number
 
 
+def env_count_or_off(name: str, default: int) -> int | None:
+    """A count (0 or more), or ``off`` (``None``)."""
+    value = (_raw(name) or "").strip().lower()
+    if value == "":
+        return default
+    if value == "off":
+        return None
+    if not value.isdigit():
+        raise ImproperlyConfigured(f"{name} must be a number (0 or more) or off, got {value!r}.")
+    return int(value)
+
+
 def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
     value = _raw(name)
     if value is None or value == "":

@@ -17,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from config.env import (
     env_bool,
     env_choice,
+    env_count_or_off,
     env_database,
     env_float,
     env_header,
@@ -66,6 +67,14 @@ else:
     # Django's pool needs CONN_MAX_AGE=0: "closing" a connection returns it to the pool.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # with the pool: each connection is checked as it is lent out
+    # Parameters are bound by the server (psycopg's own cursor, not Django's default of quoting them into the SQL in
+    # Python), so a statement's text is the same on every execution and PostgreSQL can keep it parsed and planned:
+    # psycopg prepares a statement on a connection once it ran DB_PREPARE_THRESHOLD times there (issue #14: the hot
+    # path's lock, policy read and step writes are planned once per pooled connection, not once per execution).
+    # "off" for a pooler in transaction mode without prepared-statement support (PgBouncer < 1.21).
+    DB_PREPARE_THRESHOLD = env_count_or_off("DB_PREPARE_THRESHOLD", 5)
+    DATABASES["default"].setdefault("OPTIONS", {}).update(server_side_binding=True,
+                                                          prepare_threshold=DB_PREPARE_THRESHOLD)
     DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 10, minimum=0)  # 0: no pool, a connection per request (not advised)
     if DB_POOL_MAX_SIZE:
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {

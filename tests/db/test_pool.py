@@ -20,6 +20,7 @@ from django.db.utils import OperationalError
 from rest_framework.test import APIClient
 
 from config import outages
+from tenants.models import Tenant
 from tests.factories import make_world
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ _PRINT_DATABASES = "import json, django; django.setup(); from django.conf import
 
 
 def _settings(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("DB_POOL_") and k != "DATABASE_URL"}
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("DB_POOL_", "DB_PREPARE_")) and k != "DATABASE_URL"}
     full.update(DJANGO_SETTINGS_MODULE="config.settings", DEBUG="false", SECRET_KEY="s" * 40, **env)
     return subprocess.run([sys.executable, "-c", _PRINT_DATABASES], cwd=ROOT, env=full, capture_output=True, text=True,
                           timeout=60)
@@ -56,6 +57,28 @@ def test_the_pool_has_defaults_and_its_minimum_never_exceeds_its_maximum() -> No
                      )["OPTIONS"]["pool"]["min_size"] == 2
 
 
+def test_postgresql_parameters_are_bound_by_the_server_and_hot_statements_prepared() -> None:
+    options = _database({"DATABASE_URL": "postgres://app@db.internal/x"})["OPTIONS"]
+    assert options["server_side_binding"] is True and options["prepare_threshold"] == 5
+    assert _database({"DATABASE_URL": "postgres://app@db.internal/x", "DB_PREPARE_THRESHOLD": "0"}
+                     )["OPTIONS"]["prepare_threshold"] == 0
+    assert _database({"DATABASE_URL": "postgres://app@db.internal/x", "DB_PREPARE_THRESHOLD": "off"}
+                     )["OPTIONS"]["prepare_threshold"] is None  # for a pooler in transaction mode
+
+
+@pytest.mark.django_db
+def test_a_statement_run_often_on_a_connection_is_prepared_there_on_postgresql() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's prepared statements (CI's database suite runs on PostgreSQL)")
+    world = make_world()
+    for _ in range(6):  # past DB_PREPARE_THRESHOLD (5)
+        assert Tenant.objects.filter(pk=world.tenant.pk).values_list("slug", flat=True).first() == world.tenant.slug
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert any('FROM "tenants_tenant"' in text and "$1" in text for text in prepared), prepared
+
+
 def test_sqlite_keeps_its_embedded_settings_without_a_pool() -> None:
     db = _database({})
     assert db["ENGINE"] == "django.db.backends.sqlite3" and "pool" not in db["OPTIONS"]
@@ -63,7 +86,8 @@ def test_sqlite_keeps_its_embedded_settings_without_a_pool() -> None:
 
 
 @pytest.mark.parametrize(("name", "value"), [("DB_POOL_MAX_SIZE", "many"), ("DB_POOL_TIMEOUT", "soon"),
-                                             ("DB_POOL_TIMEOUT", "0"), ("DB_POOL_MAX_WAITING", "-1")])
+                                             ("DB_POOL_TIMEOUT", "0"), ("DB_POOL_MAX_WAITING", "-1"),
+                                             ("DB_PREPARE_THRESHOLD", "sometimes"), ("DB_PREPARE_THRESHOLD", "-1")])
 def test_a_bad_pool_setting_stops_start_up_naming_the_variable(name: str, value: str) -> None:
     result = _settings({"DATABASE_URL": "postgres://app@db.internal/x", name: value})
     assert result.returncode != 0 and name in result.stderr
