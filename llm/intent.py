@@ -14,6 +14,7 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from runtime.types import ToolSpec
 
@@ -179,50 +180,65 @@ for _concept, _words in SYNONYMS.items():
         _WORD_TO_CONCEPTS.setdefault(_key, set()).add(_concept)
 
 
+@lru_cache(maxsize=8192)
 def _normal(word: str) -> str:
     return " ".join(english_words(word)) if word.isascii() else word
 
 
-def _expand(word: str, weight: float) -> list[Keyword]:
+@lru_cache(maxsize=8192)
+def _expand(word: str, weight: float) -> tuple[Keyword, ...]:
     """A word as its own group, or as every concept it belongs to (with all the concept's words)."""
     normal = _normal(word)
     if not normal:
-        return []
+        return ()
     concepts = _WORD_TO_CONCEPTS.get(normal)
     if not concepts:
-        return [Keyword(normal, f"word:{normal}", weight)]
+        return (Keyword(normal, f"word:{normal}", weight),)
     found: list[Keyword] = []
     for concept in sorted(concepts):
         found.extend(Keyword(_normal(w), f"concept:{concept}", weight) for w in SYNONYMS[concept])
-    return found
+    return tuple(found)
+
+
+def _listed_keywords(tool: ToolSpec) -> tuple[str, ...]:
+    listed = tool.parameters.get("x-keywords") if isinstance(tool.parameters, dict) else None
+    return tuple(str(w) for w in listed) if isinstance(listed, list) else ()
 
 
 def explicit_keywords(tool: ToolSpec) -> list[str]:
-    words: list[str] = []
-    listed = tool.parameters.get("x-keywords") if isinstance(tool.parameters, dict) else None
-    if isinstance(listed, list):
-        words.extend(str(w).strip() for w in listed)
-    for match in _KEYWORDS_IN_TEXT.finditer(tool.description or ""):
+    return list(_explicit(_listed_keywords(tool), tool.description or ""))
+
+
+def _explicit(listed: tuple[str, ...], description: str) -> tuple[str, ...]:
+    words = [w.strip() for w in listed]
+    for match in _KEYWORDS_IN_TEXT.finditer(description):
         words.extend(w.strip() for w in _SPLIT_KEYWORDS.split(match.group(1)))
-    return [w for w in words if w]
+    return tuple(w for w in words if w)
 
 
 def tool_keywords(tool: ToolSpec) -> list[Keyword]:
+    """The keywords a tool is matched by: from its name, its listed keywords and its description. Worked out once per
+    distinct (name, description, keywords) in a process — the planner scores every tool on every call."""
+    return list(_keywords(tool.name, tool.description or "", _listed_keywords(tool)))
+
+
+@lru_cache(maxsize=2048)
+def _keywords(name: str, description: str, listed: tuple[str, ...]) -> tuple[Keyword, ...]:
     keywords: list[Keyword] = []
-    for part in split_name(tool.name):
+    for part in split_name(name):
         keywords.extend(_expand(part, NAME_WEIGHT))
-    for word in explicit_keywords(tool):
+    for word in _explicit(listed, description):
         keywords.extend(_expand(word, KEYWORD_WEIGHT))
-    description = _KEYWORDS_IN_TEXT.sub(" ", tool.description or "")
-    for word in english_words(description):
+    text = _KEYWORDS_IN_TEXT.sub(" ", description)
+    for word in english_words(text):
         if word not in STOPWORDS and len(word) > 2:
             keywords.extend(_expand(word, DESCRIPTION_WEIGHT))
     # CJK words of the description that the synonym table knows (there are no spaces to split on).
     for key, concepts in _WORD_TO_CONCEPTS.items():
-        if not key.isascii() and key in description:
+        if not key.isascii() and key in text:
             for concept in concepts:
                 keywords.extend(Keyword(_normal(w), f"concept:{concept}", DESCRIPTION_WEIGHT) for w in SYNONYMS[concept])
-    return keywords
+    return tuple(keywords)
 
 
 @dataclass(frozen=True)

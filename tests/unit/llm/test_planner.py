@@ -192,3 +192,15 @@ def test_summarize_task_condenses_the_conversation(tools: list[ToolSpec], clock:
     response = plan(messages, tools, clock, task="summarize")
     assert response.tool_calls == []
     assert "where is order" in (response.content or "") and "in_transit" in (response.content or "")
+
+
+def test_a_tools_keywords_follow_its_current_description_and_keywords_not_a_stale_copy() -> None:
+    from llm.intent import score_tools
+
+    plain = ToolSpec("lookup", "Look something up.", {"type": "object"})
+    described = ToolSpec("lookup", "Look up the weather forecast.", {"type": "object"})
+    listed = ToolSpec("lookup", "Look something up.", {"type": "object", "x-keywords": ["forecast"]})
+    for _ in range(2):  # the second round is served from the keyword cache
+        assert [s.score > 0 for s in score_tools("what is the forecast", [plain, described, listed])] == [False, True, True]
+    first, second = score_tools("forecast", [listed]), score_tools("forecast", [listed])
+    assert first == second and first[0].matched == ("weather",)  # "forecast" is a word of the weather concept
