@@ -109,6 +109,17 @@ async def drive(base: str, url: str, runs: int, in_flight: int) -> dict[str, Any
     }
 
 
+def wait_workers(base: str, count: int, timeout: float = 60) -> None:
+    """Until the server's health check has seen ``count`` workers (each reports itself a few seconds after start)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        detail = str(httpx.get(f"{base}/healthz", timeout=3).json()["checks"]["workers"].get("detail", ""))
+        if detail.split(" ")[0].isdigit() and int(detail.split(" ")[0]) >= count:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the server did not see {count} workers within {timeout}s")
+
+
 def _stats(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
@@ -121,8 +132,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=120, help="runs per phase (at most 1000)")
     parser.add_argument("--in-flight", type=int, default=20)
     parser.add_argument("--concurrency", default="4,8", help="worker thread counts, a phase each (default 4,8)")
+    parser.add_argument("--worker-processes", type=int, default=1,
+                        help="Celery worker processes per phase, each with --concurrency threads (default 1; at most 4)")
     parser.add_argument("--keep-db", action="store_true")
     args = parser.parse_args()
+    workers = max(1, min(args.worker_processes, 4))
     runs, in_flight = max(1, min(args.runs, 1000)), max(1, min(args.in_flight, 100))
     phases = [max(1, min(int(c), 32)) for c in args.concurrency.split(",") if c.strip()]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -140,26 +154,35 @@ def main() -> int:
             run_manage(env, "seed_demo")
             procs.start("server", [sys.executable, "manage.py", "serve", "--no-worker", "--port", str(port), "--workers", "1"])
             for concurrency in phases:
-                procs.start("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=threads",
+                names = [f"worker{i}" for i in range(workers)]
+                for i, name in enumerate(names):
+                    procs.start(name, [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=threads",
                                        f"--concurrency={concurrency}", "-Q", env["AGENTOPS_QUEUE"], "--without-gossip",
-                                       "--without-mingle", "--loglevel=WARNING", "-n", f"bench-tp-{port}-{concurrency}@%h"])
-                wait_healthy(base, procs)  # the server is up and sees this worker
+                                       "--without-mingle", "--loglevel=WARNING", "-n", f"bench-tp-{port}-{concurrency}-{i}@%h"])
+                wait_healthy(base, procs)  # the server is up and sees a worker
+                wait_workers(base, workers)
                 asyncio.run(drive(base, url, min(5, runs), min(5, in_flight)))  # warm-up
-                server_cpu, worker_cpu = cpu_seconds(procs.procs["server"].pid), cpu_seconds(procs.procs["worker"].pid)
+
+                def worker_cpu_total() -> float:
+                    return sum(cpu_seconds(procs.procs[name].pid) for name in names)  # noqa: B023
+
+                server_cpu, worker_cpu = cpu_seconds(procs.procs["server"].pid), worker_cpu_total()
                 load = os.getloadavg()[0]
                 phase = asyncio.run(drive(base, url, runs, in_flight))
-                phase.update(concurrency=concurrency, load_average=round(load, 1),
+                phase.update(concurrency=concurrency, worker_processes=workers, load_average=round(load, 1),
                              server_cpu_ms_per_run=round((cpu_seconds(procs.procs["server"].pid) - server_cpu) * 1000 / runs, 1),
-                             worker_cpu_ms_per_run=round((cpu_seconds(procs.procs["worker"].pid) - worker_cpu) * 1000 / runs, 1))
+                             worker_cpu_ms_per_run=round((worker_cpu_total() - worker_cpu) * 1000 / runs, 1))
                 procs.check()
-                procs.stop("worker")
+                for name in names:
+                    procs.stop(name)
                 result["phases"].append(phase)
                 log(f"worker threads {concurrency}: {json.dumps(phase)}")
     finally:
         procs.stop_all()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))
-    print(f"\n{'threads':>7} {'runs/s':>7} {'POST->finished p50/p95 ms':>26} {'queue p50/p95 ms':>18} {'exec p50/p95 ms':>17} "
+    print(f"\nworker processes: {workers}")
+    print(f"{'threads':>7} {'runs/s':>7} {'POST->finished p50/p95 ms':>26} {'queue p50/p95 ms':>18} {'exec p50/p95 ms':>17} "
           f"{'worker cpu ms/run':>18}")
     for p in result["phases"]:
         print(f"{p['concurrency']:>7} {p['runs_per_s']:>7} {p['post_to_finished_ms']['p50']:>12} / "
