@@ -180,13 +180,27 @@ for _concept, _words in SYNONYMS.items():
         _WORD_TO_CONCEPTS.setdefault(_key, set()).add(_concept)
 
 
-@lru_cache(maxsize=8192)
+#: What the caches below keep is bounded in entries and in size: a tool's name, description and keywords are a
+#: tenant's input (a description may be megabytes), so longer inputs are worked out on each call and never kept.
+_CACHED_WORD = 64
+_CACHED_TEXT = 4096
+
+
 def _normal(word: str) -> str:
+    return _normal_cached(word) if len(word) <= _CACHED_WORD else _normal_cached.__wrapped__(word)
+
+
+@lru_cache(maxsize=8192)
+def _normal_cached(word: str) -> str:
     return " ".join(english_words(word)) if word.isascii() else word
 
 
-@lru_cache(maxsize=8192)
 def _expand(word: str, weight: float) -> tuple[Keyword, ...]:
+    return _expand_cached(word, weight) if len(word) <= _CACHED_WORD else _expand_cached.__wrapped__(word, weight)
+
+
+@lru_cache(maxsize=8192)
+def _expand_cached(word: str, weight: float) -> tuple[Keyword, ...]:
     """A word as its own group, or as every concept it belongs to (with all the concept's words)."""
     normal = _normal(word)
     if not normal:
@@ -219,10 +233,13 @@ def _explicit(listed: tuple[str, ...], description: str) -> tuple[str, ...]:
 def tool_keywords(tool: ToolSpec) -> list[Keyword]:
     """The keywords a tool is matched by: from its name, its listed keywords and its description. Worked out once per
     distinct (name, description, keywords) in a process — the planner scores every tool on every call."""
-    return list(_keywords(tool.name, tool.description or "", _listed_keywords(tool)))
+    name, description, listed = tool.name, tool.description or "", _listed_keywords(tool)
+    if len(name) + len(description) + sum(len(w) for w in listed) > _CACHED_TEXT:
+        return list(_keywords.__wrapped__(name, description, listed))
+    return list(_keywords(name, description, listed))
 
 
-@lru_cache(maxsize=2048)
+@lru_cache(maxsize=512)
 def _keywords(name: str, description: str, listed: tuple[str, ...]) -> tuple[Keyword, ...]:
     keywords: list[Keyword] = []
     for part in split_name(name):

@@ -204,3 +204,18 @@ def test_a_tools_keywords_follow_its_current_description_and_keywords_not_a_stal
         assert [s.score > 0 for s in score_tools("what is the forecast", [plain, described, listed])] == [False, True, True]
     first, second = score_tools("forecast", [listed]), score_tools("forecast", [listed])
     assert first == second and first[0].matched == ("weather",)  # "forecast" is a word of the weather concept
+
+
+def test_a_huge_tool_description_is_scored_but_never_kept_in_the_keyword_cache() -> None:
+    """A description is a tenant's input: one of megabytes is worked out on each call, not held by the process."""
+    from llm import intent
+
+    huge = ToolSpec("lookup", "Look up the weather forecast. " + "padding " * 20_000, {"type": "object"})
+    before = intent._keywords.cache_info().currsize
+    assert intent.score_tools("what is the forecast", [huge])[0].score > 0
+    assert intent._keywords.cache_info().currsize == before
+    intent.score_tools("anything", [ToolSpec("a", "short", {"type": "object"})])  # "short" is in the caches now
+    sizes = intent._expand_cached.cache_info().currsize, intent._normal_cached.cache_info().currsize
+    intent.score_tools("anything", [ToolSpec("x" * 5_000, "short", {"type": "object"})])
+    assert (intent._expand_cached.cache_info().currsize, intent._normal_cached.cache_info().currsize) == sizes, \
+        "a 5,000-character word is not kept either"
