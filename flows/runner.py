@@ -219,9 +219,12 @@ def _item_error(rows: dict[str, FlowNodeRun], map_id: str, index: int) -> str:
 
 
 def _definition(run: Run) -> FlowDefinition:
-    """The run's graph, validated once per loaded version (a task's, or an inline driver's for all its waves) and once
-    per process for the same document (the many node tasks of one version's runs)."""
-    version = run.version
+    return version_definition(run.version)
+
+
+def version_definition(version: Any) -> FlowDefinition:
+    """A flow version's graph, validated once per loaded version (a task's, an inline driver's for all its waves, a
+    replay's) and once per process for the same document (the many node tasks of one version's runs)."""
     flow = getattr(version, "_flow_definition", None)
     if flow is None:
         flow = _parsed(json.dumps(version.definition, sort_keys=True, default=str))

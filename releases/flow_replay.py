@@ -21,10 +21,10 @@ from typing import Any
 
 from agents.engine import session_grants
 from approvals.gate import ApprovalGate
-from flows.runner import call_id, flow_input
+from flows.runner import call_id, flow_input, version_definition
 from releases.recording import Recording, canonical
 from releases.replay import MISS, Candidate, CassetteTools, MemoryStore, Replayed
-from runtime.flows import FlowDefinition, NodeState, choose, evaluate, node_arguments, plan, render
+from runtime.flows import NodeState, choose, evaluate, node_arguments, plan, render
 from runtime.protocols import Checkpoint
 from runtime.types import ModelRequest, ToolCall, ToolContext, ToolStatus, Usage
 
@@ -60,7 +60,7 @@ def _tool_name(rec: Recording, node_id: str) -> str:
 
 def replay_flow(candidate: Candidate, rec: Recording, *, model: Any = None) -> Replayed:
     run = candidate.run_for(rec.run)
-    flow = FlowDefinition.model_validate(candidate.version.definition)
+    flow = version_definition(candidate.version)
     tools = CassetteTools(candidate, rec, rec.run, MemoryStore(Checkpoint()), ApprovalGate(run), session_grants(run))
     tools.whitelist = sorted(flow.tool_names())
     tools.by_name = {t.name: t for t in candidate.tools}

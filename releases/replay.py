@@ -27,9 +27,9 @@ from agents.models import AgentKind, AgentVersion, Run
 from agents.run_policy import effective_document
 from approvals.gate import ApprovalGate
 from audit.unit_of_work import StepAudit
+from flows.runner import version_definition
 from releases.recording import Recording, canonical
 from runtime.config import RuntimePolicy, build_runtime, parse_policy
-from runtime.flows import FlowDefinition
 from runtime.loop import AgentConfig
 from runtime.protocols import Checkpoint, StepAck, StepRecord
 from runtime.types import ModelRequest, ModelResponse, ToolCall, ToolContext, ToolOutcome, ToolSpec, ToolStatus, Usage
@@ -62,7 +62,7 @@ class Candidate:
         probe = Run(tenant=version.tenant, agent=version.agent, version=version)
         names = [n for n in version.tools if isinstance(n, str)]
         if version.agent.kind == AgentKind.FLOW:  # a flow's tool nodes are its tool list
-            names += sorted(FlowDefinition.model_validate(version.definition).tool_names())
+            names += sorted(version_definition(version).tool_names())
         tools = list(hooks.resolvable_tools(version.tenant_id).filter(name__in=names).order_by("name"))
         policy = parse_policy(effective_document(version.policy, version.tenant.settings), extensions=extension_registry())
         info = model_info_for(probe)

@@ -209,8 +209,10 @@ def test_a_node_whose_worker_died_starts_again_and_a_done_node_never_does(world:
     assert sorted(finished) == ["a", "b", "c"]  # each node's completion committed once
     calls = list(ToolCallAudit.objects.filter(run=run, tool_name="query_order").values_list("call_id", flat=True))
     assert sorted(calls) == sorted(call_id(run.pk, n) for n in "abc")  # the dead attempt never reached the gateway
+    written = (RunEvent.objects.filter(run=run).count(), ToolCallAudit.objects.filter(run=run).count())
     execute_node(run_id, "zz", "no-such-token")  # a task for a node the graph does not have: nothing
     execute_node(str(uuid.uuid4()), "a", token_a)  # a task whose run is gone (deleted): nothing either
+    assert (RunEvent.objects.filter(run=run).count(), ToolCallAudit.objects.filter(run=run).count()) == written
 
 
 def test_a_failing_node_fails_the_run_with_its_reason_unless_it_continues(world: World) -> None:
