@@ -60,6 +60,8 @@ FAN = 10
 CHAIN = 7
 NODES = 1 + FAN + 1 + CHAIN + 1  # start, p0..p9, join, c1..c7, end
 BENCH_DB = "agentops_bench_flow"
+#: Seconds each node's tool takes (``--tool-ms``; the worker of (b) reads it from the environment).
+PAUSE = float(os.environ.get("BENCH_FLOW_TOOL_MS", "0") or 0) / 1000
 PEER_DB = "agentops_bench_flow_peer"
 
 
@@ -93,6 +95,8 @@ def register_echo() -> None:
         @tool(key="bench.echo", category="read")
         def echo(n: int) -> dict[str, Any]:
             """Return the number it is given (a trivial tool for the benchmark)."""
+            if PAUSE:
+                time.sleep(PAUSE)
             return {"n": n}
 
 
@@ -258,6 +262,8 @@ class Peer:
 
         def echo_node(n: int) -> Any:
             def node(state: State) -> dict[str, Any]:
+                if PAUSE:
+                    time.sleep(PAUSE)
                 return {"done": [{"n": n}]}  # the echo tool's answer
             return node
 
@@ -319,9 +325,15 @@ def main() -> None:
     parser.add_argument("--no-worker", action="store_true", help="skip (b), the real Celery worker")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "flow_overhead.json"))
     parser.add_argument("--keep-db", action="store_true")
+    parser.add_argument("--tool-ms", type=float, default=0.0,
+                        help="milliseconds each node's tool takes, ours and the peer's alike (default 0: pure overhead; "
+                             "e.g. 50 shows what running a wave's branches side by side buys)")
     args = parser.parse_args()
     if args.rounds < 3:
         parser.error("--rounds must be at least 3")
+    global PAUSE
+    PAUSE = max(0.0, args.tool_ms) / 1000
+    os.environ["BENCH_FLOW_TOOL_MS"] = str(args.tool_ms)  # the worker process of (b) registers the same tool
 
     url = bench_url(BENCH_DB)
     purl = peer_url(url)
@@ -373,7 +385,8 @@ def main() -> None:
         summary = {k: _spread([r[k] for r in rounds]) for k in keys}
         queries = statistics.median(q for q, _ in counts) / NODES
         transactions = statistics.median(t for _, t in counts) / NODES
-        print(f"\n{NODES}-node flow (start -> {FAN} parallel -> join -> {CHAIN} chained -> end, echo tool nodes), "
+        print(f"\n{NODES}-node flow (start -> {FAN} parallel -> join -> {CHAIN} chained -> end, echo tool nodes"
+              + (f" of {args.tool_ms:g} ms each" if args.tool_ms else "") + "), "
               f"{args.rounds} interleaved rounds of {args.runs} runs, PostgreSQL {server_version}; LangGraph "
               f"{_version('langgraph')} + PostgresSaver {_version('langgraph-checkpoint-postgres')} (durability=sync)\n")
         print(f"{'ms per node':42} | {'min':>7} | {'median':>7} | {'max':>7}")
@@ -398,7 +411,8 @@ def main() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({
             "benchmark": "flow_overhead", "nodes": NODES, "graph": f"start -> {FAN} parallel -> join -> {CHAIN} chain -> end",
-            "node": "tool bench.echo (returns at once)", "rounds": args.rounds, "runs_per_round": args.runs,
+            "node": f"tool bench.echo ({f'takes {args.tool_ms:g} ms' if args.tool_ms else 'returns at once'})",
+            "rounds": args.rounds, "runs_per_round": args.runs,
             "worker_concurrency": None if worker is None else args.concurrency,
             "database": f"PostgreSQL {server_version}",
             "peer": {"langgraph": _version("langgraph"), "langgraph-checkpoint-postgres": _version("langgraph-checkpoint-postgres"),

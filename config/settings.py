@@ -464,6 +464,8 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "agentops@localhost")
 MCP_STDIO_COMMANDS = [c.split() for c in env_str("MCP_STDIO_COMMANDS", "python -m mcp_server_time;mcp-server-time").split(";") if c.strip()]
 #: A write tool called again with the same arguments in the same session within this window is blocked.
 TOOL_DUPLICATE_WINDOW_SECONDS = env_int("TOOL_DUPLICATE_WINDOW_SECONDS", 600, minimum=0)
+#: At most this many calls of one tool (per tenant) run at once in a process (tools/bulkhead.py).
+TOOL_BULKHEAD_SIZE = env_int("TOOL_BULKHEAD_SIZE", 4, minimum=1)
 
 # --- Logging ------------------------------------------------------------------------------
 LOGGING = {

@@ -65,7 +65,7 @@ from runtime.flows import (
 )
 from runtime.types import Event, ModelRequest, TerminalReason, ToolCall, ToolContext, ToolStatus, Usage, new_span_id
 from tenants.models import Tenant
-from tools.gateway import ToolGateway
+from tools.gateway import PendingCall, ToolGateway
 
 log = logging.getLogger(__name__)
 
@@ -758,17 +758,20 @@ def _complete(run: Run, done: list[Done], last: Writes | None = None, wave: Wave
 
 
 def _attempts(run: Run, flow: FlowDefinition, node: BodyNode, row: FlowNodeRun, scope: dict[str, Any], audit: StepAudit,
-              trace: list[Event], *, item: bool = False, wave: Wave | None = None) -> tuple[str, Any, list[str], str]:
-    """Run a started node (its retries included): ``(status, output, chosen, error)``; nothing is committed here."""
+              trace: list[Event], *, item: bool = False, wave: Wave | None = None,
+              started: Started | Exception | None = None) -> tuple[str, Any, list[str], str]:
+    """Run a started node (its retries included): ``(status, output, chosen, error)``; nothing is committed here.
+    ``started``: a tool node's first attempt, already begun (:func:`_start_tools`)."""
     status, output, error = NodeStatus.DONE, None, ""
     chosen: list[str] = []
     tries = 1 + (node.retries if node.kind in ("tool", "llm") else 0)
-    began = time.monotonic()
+    began = started.began if isinstance(started, Started) else time.monotonic()
     for n in range(tries):
         try:
             if "_mapping_error" in row.inputs:
                 raise NodeFailed(f"an input mapping could not be evaluated: {row.inputs['_mapping_error']}")
-            output, chosen = _execute(run, flow, node, row.inputs, scope, audit, row.span_id, trace, row.node_id, wave)
+            output, chosen = _execute(run, flow, node, row.inputs, scope, audit, row.span_id, trace, row.node_id, wave,
+                                      started if n == 0 else None)
             status, error = NodeStatus.DONE, ""
         except NodeWaits as exc:
             status, error = NodeStatus.WAITING, str(exc)
@@ -830,10 +833,11 @@ def _drive(run_id: str, started: list[tuple[str, str]], writes: Writes | None = 
 
 
 def _run_wave(run_id: Any, wave: list[tuple[str, str]], last: Writes | None = None) -> None:
-    """A wave of inline nodes: run each, then commit all their completions (rows, events, audit) and advance the flow
-    in ONE transaction (:func:`_complete`). The run and node rows are those the transaction that started the wave
-    left (``last``): read from the database only when there is none. A node whose lease was taken meanwhile
-    (restarted elsewhere) is dropped at the commit, as in :func:`execute_node`."""
+    """A wave of inline nodes: run them (their tool calls side by side, :func:`_start_tools`), then commit all their
+    completions (rows, events, audit) and advance the flow in ONE transaction (:func:`_complete`). The run and node
+    rows are those the transaction that started the wave left (``last``): read from the database only when there is
+    none. A node whose lease was taken meanwhile (restarted elsewhere) is dropped at the commit, as in
+    :func:`execute_node`."""
     if last is not None:
         run, rows = last.run, last.rows
     else:
@@ -846,17 +850,38 @@ def _run_wave(run_id: Any, wave: list[tuple[str, str]], last: Writes | None = No
     context.checked.clear()  # the kill switch is read again for every wave
     flow = context.flow
     scope = _scope(run, rows)
-    done = []
+    todo = []
     for node_id, token in wave:
         row = rows.get(node_id)
         if row is None or row.lease_token != token or row.status != NodeStatus.RUNNING:
             continue
-        node = flow.node(node_id)
-        audit, trace = StepAudit(), []
-        status, output, chosen, error = _attempts(run, flow, node, row, scope, audit, trace, wave=context)
-        done.append(Done(node_id, token, node.kind, audit, trace, status, output, chosen, error, inline=True))
+        todo.append((row, token, flow.node(node_id), StepAudit(), []))
+    started = _start_tools(run, flow, [(node, row, audit) for row, _, node, audit, _ in todo], context)
+    done = []
+    for row, token, node, audit, trace in todo:
+        status, output, chosen, error = _attempts(run, flow, node, row, scope, audit, trace, wave=context,
+                                                  started=started.get(row.node_id))
+        done.append(Done(row.node_id, token, node.kind, audit, trace, status, output, chosen, error, inline=True))
     if done:
         _complete(run, done, last, context)
+
+
+def _start_tools(run: Run, flow: FlowDefinition, nodes: list[tuple[BodyNode, FlowNodeRun, StepAudit]],
+                 wave: Wave) -> dict[str, Started | Exception]:
+    """Begin the first attempt of a wave's tool nodes, so their tools run side by side: every gateway stage (and a
+    write's ``started`` row) here, in this thread, one node after another; the calls then run on their bulkheads'
+    threads while :func:`_attempts` collects them in order. A beginning that raised is kept and raised there, as
+    if the node had raised it. With one tool node there is nothing to overlap: it runs as in a task."""
+    tools = [(node, row, audit) for node, row, audit in nodes if node.kind == "tool" and "_mapping_error" not in row.inputs]
+    if len(tools) < 2:
+        return {}
+    started: dict[str, Started | Exception] = {}
+    for node, row, audit in tools:
+        try:
+            started[row.node_id] = _start_tool(run, flow, node, row.inputs, audit, row.span_id, row.node_id, wave)
+        except Exception as exc:  # _attempts handles it as the node's own failure
+            started[row.node_id] = exc
+    return started
 
 
 def _flow_tools(run: Run, flow: FlowDefinition) -> list[Any]:
@@ -876,11 +901,12 @@ def _retryable(node: BodyNode, run: Run, tools: list[Any] | None = None) -> bool
 
 
 def _execute(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any], scope: dict[str, Any],
-             audit: StepAudit, span: str, trace: list[Event], row_id: str, wave: Wave | None = None) -> tuple[Any, list[str]]:
+             audit: StepAudit, span: str, trace: list[Event], row_id: str, wave: Wave | None = None,
+             started: Started | Exception | None = None) -> tuple[Any, list[str]]:
     if node.kind == "switch":
         return {"chosen": choose(node, scope)}, choose(node, scope)
     if node.kind == "tool":
-        return _tool(run, flow, node, inputs, audit, span, trace, row_id, wave), []
+        return _tool(run, flow, node, inputs, audit, span, trace, row_id, wave, started), []
     if node.kind == "llm":
         return _llm(run, node, scope, span, trace), []
     if node.kind == "agent":
@@ -888,8 +914,17 @@ def _execute(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, A
     raise NodeFailed(f"{node.kind} nodes do not run yet in this version of the console")
 
 
-def _tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any], audit: StepAudit, span: str,
-          trace: list[Event], row_id: str, wave: Wave | None = None) -> Any:
+@dataclass
+class Started:
+    """A tool node's first attempt, begun before the wave's nodes are collected (:func:`_start_tools`)."""
+
+    call: ToolCall
+    pending: PendingCall
+    began: float
+
+
+def _start_tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any], audit: StepAudit, span: str,
+                row_id: str, wave: Wave | None = None) -> Started:
     if wave is not None:
         tools, grants = wave.tools, wave.grants
     else:  # a node task: its own tool, and the conversation's grants only when the tool asks for scopes
@@ -900,9 +935,18 @@ def _tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any]
     gateway.whitelist = flow.tool_names()  # the flow's tool nodes are its tool list
     call = ToolCall(id=call_id(run.pk, row_id), name=node.tool or "", arguments=json.dumps(inputs, default=str))
     began = time.monotonic()
-    outcome = gateway.execute(call, ToolContext(run_id=str(run.pk), step=run.step, span_id=span))
+    return Started(call, gateway.start(call, ToolContext(run_id=str(run.pk), step=run.step, span_id=span)), began)
+
+
+def _tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any], audit: StepAudit, span: str,
+          trace: list[Event], row_id: str, wave: Wave | None = None, started: Started | Exception | None = None) -> Any:
+    if isinstance(started, Exception):  # beginning it failed (in _start_tools): as if it had failed here
+        raise started
+    if started is None:
+        started = _start_tool(run, flow, node, inputs, audit, span, row_id, wave)
+    call, outcome = started.call, started.pending.result()
     trace.append(Event("tool.call", {"tool": node.tool, "call_id": call.id, "status": str(outcome.status),
-                                     "latency_ms": int((time.monotonic() - began) * 1000), "node": node.id},
+                                     "latency_ms": int((time.monotonic() - started.began) * 1000), "node": node.id},
                        parent_span_id=span))
     if outcome.status == ToolStatus.PENDING_APPROVAL:
         raise NodeWaits(outcome.content)

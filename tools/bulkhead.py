@@ -1,12 +1,12 @@
 """Where tool calls run: on worker threads, inside their tool's bulkhead, until they really end.
 
-A bulkhead lets at most :data:`BULKHEAD_SIZE` calls of one tool (per tenant) run at once in a
-process. A call holds its slot until its thread is done with it, *past its timeout too*: the
+A bulkhead lets at most :func:`size` calls of one tool (per tenant) run at once in a
+process (the setting ``TOOL_BULKHEAD_SIZE``, default 4). A call holds its slot until its thread is done with it, *past its timeout too*: the
 gateway stops waiting at the timeout and sets the call's cancel signal (:mod:`tools.cancel`),
 but a thread cannot be stopped from outside, so a call that ignores the signal keeps its slot
 (and counts in ``agentops_tool_calls_overrunning``) until it returns. Hence:
 
-- a tool that hangs holds at most ``BULKHEAD_SIZE`` threads; every other tool keeps running:
+- a tool that hangs holds at most :func:`size` threads; every other tool keeps running:
   calls run on daemon threads that are reused when idle and started when none is (:class:`Workers`),
   not on a fixed pool that hung calls could fill;
 - when every slot of a tool is held by calls past their timeout, a new call is refused at once
@@ -28,15 +28,22 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from django.conf import settings
 from django.db import connections
 
 from tools.cancel import cancel_scope
 from tools.metrics import TOOL_OVERRUNNING, TOOL_OVERRUNS
 
-__all__ = ["BULKHEAD_SIZE", "Bulkhead", "BulkheadFull", "Slot", "Workers", "admit"]
+__all__ = ["BULKHEAD_SIZE", "Bulkhead", "BulkheadFull", "Slot", "Workers", "admit", "size"]
 
-#: At most this many calls of one tool (per tenant) run at once in a process.
-BULKHEAD_SIZE = 4
+#: At most this many calls of one tool (per tenant) run at once in a process; ``None``: the setting
+#: ``TOOL_BULKHEAD_SIZE`` (tests set a number here).
+BULKHEAD_SIZE: int | None = None
+
+
+def size() -> int:
+    return BULKHEAD_SIZE or int(settings.TOOL_BULKHEAD_SIZE)
+
 #: A worker thread idle this long ends. (It returns its database connection after every call.)
 IDLE_SECONDS = 60.0
 
@@ -200,5 +207,5 @@ def admit(key: str, *, label: str, wait: float) -> Slot:
     with _bulkheads_lock:
         bulkhead = _bulkheads.get(key)
         if bulkhead is None:
-            bulkhead = _bulkheads[key] = Bulkhead(BULKHEAD_SIZE, label[:100])
+            bulkhead = _bulkheads[key] = Bulkhead(size(), label[:100])
     return bulkhead.acquire(wait)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +97,29 @@ class _Call:
         self.trace.append({"type": "tool.stage", "stage": name, "ok": ok, **details})
 
 
+class PendingCall:
+    """A call :meth:`ToolGateway.start` began: refused or answered already (``outcome``), or running on its bulkhead's
+    thread (``future``). :meth:`result` gives its outcome once, audited in the gateway's step."""
+
+    def __init__(self, gateway: ToolGateway, s: _Call, *, outcome: ToolOutcome | None = None,
+                 slot: bulkhead.Slot | None = None, future: Future[Any] | None = None, deadline: float = 0.0,
+                 stopped: bool = False) -> None:
+        self.gateway, self._s, self._outcome, self._stopped = gateway, s, outcome, stopped
+        self._slot, self._future, self._deadline = slot, future, deadline
+        self._audited: ToolOutcome | None = None
+
+    def result(self) -> ToolOutcome:
+        if self._audited is None:
+            outcome = self._outcome
+            if outcome is None:
+                assert self._slot is not None and self._future is not None
+                outcome = self.gateway._collect(self._s, self._slot, self._future, self._deadline)
+            if self._s.edit_note and not self._stopped:  # an approver's edit, told with whatever the run came to
+                outcome.content = f"{self._s.edit_note}\n\n{outcome.content}"
+            self._audited = self.gateway._audit(self._s, outcome)
+        return self._audited
+
+
 class ToolGateway:
     """Implements ``runtime.protocols.ToolExecutor`` for one run."""
 
@@ -123,16 +147,20 @@ class ToolGateway:
     # -- the pipeline ---------------------------------------------------------------------
 
     def execute(self, call: ToolCall, ctx: ToolContext) -> ToolOutcome:
+        return self.start(call, ctx).result()
+
+    def start(self, call: ToolCall, ctx: ToolContext) -> PendingCall:
+        """The pipeline up to the tool running: every stage, the write's ``started`` row, the call handed to its
+        bulkhead's thread; :meth:`PendingCall.result` waits for it (at most its timeout from when it was handed over) and audits it.
+        Everything that reads or writes the database happens here, in the caller's thread, so a caller may start
+        several calls and then collect them: they run side by side (a flow's inline wave does)."""
         s = _Call(call, ctx)
         stages = (self._resolve, self._authorize, self._validate, self._guard_duplicates, self._rate_limit, self._approval_gate)
         for stage in stages:
             outcome = stage(s)
             if outcome is not None:
-                return self._audit(s, outcome)
-        outcome = self._execute(s)
-        if s.edit_note:
-            outcome.content = f"{s.edit_note}\n\n{outcome.content}"
-        return self._audit(s, outcome)
+                return PendingCall(self, s, outcome=outcome, stopped=True)
+        return self._launch(s)
 
     def _resolve(self, s: _Call) -> ToolOutcome | None:
         tool = self.tools.get(s.call.name)
@@ -273,13 +301,13 @@ class ToolGateway:
             return None
         return self._fail(s, decision.status, decision.message)
 
-    def _execute(self, s: _Call) -> ToolOutcome:
+    def _launch(self, s: _Call) -> PendingCall:
         tool = s.tool
         assert tool is not None
         if tool.category == ToolCategory.WRITE:
             unknown = self._begin_write(s)
             if unknown is not None:
-                return unknown
+                return PendingCall(self, s, outcome=unknown)
         # The call runs on a worker thread holding a slot of its tool's bulkhead until it really ends, past its
         # timeout too (tools/bulkhead.py); at the timeout its cancel signal is set and the model is told at once.
         timeout = float(tool.timeout_seconds)
@@ -288,10 +316,10 @@ class ToolGateway:
             slot = bulkhead.admit(f"{tool.tenant_id}:{tool.name}", label=tool.name, wait=timeout)
         except bulkhead.BulkheadFull as full:
             s.stage("execute", False, reason=f"bulkhead full ({full.reason})", running=full.running, overrunning=full.overrunning)
-            return self._fail(s, ToolStatus.ERROR, full.model_message(tool.name, timeout))
+            return PendingCall(self, s, outcome=self._fail(s, ToolStatus.ERROR, full.model_message(tool.name, timeout)))
         except ToolFailure as exc:
             s.stage("execute", False, reason=exc.status)
-            return self._fail(s, ToolStatus(exc.status), str(exc))
+            return PendingCall(self, s, outcome=self._fail(s, ToolStatus(exc.status), str(exc)))
         context = ExecContext(
             tenant_id=self.run.tenant_id,
             run=self.run,
@@ -302,9 +330,14 @@ class ToolGateway:
             cancel=slot.cancel,
             deadline=time.monotonic() + timeout,
         )
-        future = slot.run(executor, tool, s.arguments, context)
+        return PendingCall(self, s, slot=slot, future=slot.run(executor, tool, s.arguments, context), deadline=context.deadline)
+
+    def _collect(self, s: _Call, slot: bulkhead.Slot, future: Future[Any], deadline: float) -> ToolOutcome:
+        """The running call's result, waited for until its deadline (its timeout from when it was handed over)."""
+        tool = s.tool
+        assert tool is not None
         try:
-            result = future.result(timeout=timeout)
+            result = future.result(timeout=max(0.0, deadline - time.monotonic()))
         except FutureTimeout:
             slot.overran()
             s.stage("execute", False, reason="timeout", timeout_seconds=tool.timeout_seconds)

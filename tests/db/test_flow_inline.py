@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -20,6 +21,9 @@ from flows.models import FlowNodeRun
 from flows.runner import advance, call_id
 from tests.db.test_flow_runs import ORDER, desk, lookup, make_flow, start
 from tests.factories import World, make_world
+from tools.models import Tool
+from tools.pyfunc import registry, tool
+from tools.services import install_python_tool
 
 pytestmark = pytest.mark.django_db
 
@@ -159,3 +163,71 @@ def test_a_wave_that_dies_restarts_its_nodes_and_never_reruns_a_committed_one(
     attempts = dict(FlowNodeRun.objects.filter(run=run).values_list("node_id", "attempt"))
     assert attempts == {"order": 1, "logistics": 1, "route": 1, "big": 1, "small": 0, "done": 2}
     assert ToolCallAudit.objects.filter(run_id=run.pk, call_id=call_id(run.pk, "big")).count() == 1
+
+
+#: The meeting point of test_an_inline_waves_tool_calls_run_side_by_side's nodes (a fresh one per test).
+MEETING: dict[str, threading.Barrier] = {}
+
+if "test_flow.meet" not in registry:
+
+    @tool(key="test_flow.meet", category="read")
+    def meet(who: str) -> dict[str, Any]:
+        """Wait until every node of the wave is here (test tool): only calls that run at the same time all meet."""
+        MEETING["barrier"].wait(timeout=3)  # BrokenBarrierError: the calls ran one after another
+        return {"who": who, "met": True}
+
+
+def _meeting_flow(world: World, width: int, slug: str, extra: list[dict[str, Any]] | None = None) -> None:
+    install_python_tool(tenant=world.tenant, key="test_flow.meet", actor=None)
+    wide = [{"id": f"m{i}", "kind": "tool", "tool": "meet", "after": ["start"], "values": {"who": f"m{i}"}}
+            for i in range(width)]
+    wide += extra or []
+    make_flow(world, {"nodes": [lookup("start"), *wide, lookup("join", [n["id"] for n in wide])], "max_parallel": 10,
+                      "inline": True, "output": "nodes"}, slug=slug)
+
+
+def test_an_inline_waves_tool_calls_run_side_by_side(world: World, django_capture_on_commit_callbacks: Any) -> None:
+    """Ready nodes run in parallel inline too: the wave's three calls each wait for the other two (run one after
+    another, the first waits alone for 3 s and fails the barrier for all)."""
+    MEETING["barrier"] = threading.Barrier(3)
+    _meeting_flow(world, 3, "meet")
+    run = _run(world, "meet", django_capture_on_commit_callbacks)
+    assert run.terminal_reason == "final_answer", run.error
+    rows = {r.node_id: r for r in FlowNodeRun.objects.filter(run=run)}
+    assert {n: (r.status, r.output) for n, r in rows.items() if n.startswith("m")} == {
+        f"m{i}": ("done", {"who": f"m{i}", "met": True}) for i in range(3)}
+    audit = dict(ToolCallAudit.objects.filter(run_id=run.pk, tool_name="meet").values_list("call_id", "status"))
+    assert audit == {call_id(run.pk, f"m{i}"): "ok" for i in range(3)}, "one audit row per call, each ok"
+    finished = [e.payload for e in RunEvent.objects.filter(run=run, type="tool.call") if e.payload["tool"] == "meet"]
+    assert sorted(p["node"] for p in finished) == ["m0", "m1", "m2"]
+
+
+def test_a_refused_call_in_a_side_by_side_wave_fails_only_its_node(world: World, django_capture_on_commit_callbacks: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused before it runs (here a switched-off tool) or failing as it begins, a node's call fails that node (its
+    on_error decides) while the wave's others run together; each call has its audit row."""
+    MEETING["barrier"] = threading.Barrier(2)
+    off = {"id": "off", "kind": "tool", "tool": "sum_order_totals", "after": ["start"], "values": {"order_ids": [ORDER]},
+           "on_error": "continue"}
+    broken = {"id": "broken", "kind": "tool", "tool": "query_logistics", "after": ["start"],
+              "inputs": {"order_id": "input.order_id"}, "on_error": "continue"}
+    _meeting_flow(world, 2, "refused", [off, broken])
+    Tool.objects.filter(tenant=world.tenant, name="sum_order_totals").update(enabled=False)
+    real = runner._start_tool
+
+    def fails_to_begin(run: Any, flow: Any, node: Any, *args: Any, **kwargs: Any) -> Any:
+        if node.id == "broken":
+            raise RuntimeError("could not begin")
+        return real(run, flow, node, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "_start_tool", fails_to_begin)
+    run = _run(world, "refused", django_capture_on_commit_callbacks)
+    assert run.terminal_reason == "final_answer", run.error
+    rows = {r.node_id: r for r in FlowNodeRun.objects.filter(run=run)}
+    assert rows["m0"].output == {"who": "m0", "met": True} and rows["m1"].output == {"who": "m1", "met": True}
+    assert rows["off"].status == "failed" and "switched off" in rows["off"].error
+    assert rows["broken"].status == "failed" and rows["broken"].error == "internal error: RuntimeError"
+    assert rows["join"].status == "done"
+    statuses = dict(ToolCallAudit.objects.filter(run_id=run.pk).values_list("call_id", "status"))
+    assert statuses[call_id(run.pk, "off")] == "denied"
+    assert call_id(run.pk, "broken") not in statuses, "a call that never began has no audit row"

@@ -147,7 +147,7 @@ def test_a_worker_killed_mid_branch_finishes_the_flow_with_each_node_once(
 def test_a_worker_killed_mid_inline_wave_finishes_the_flow_with_each_node_once(
     stacks: list[LiveStack], world: World, unblocked_db: None
 ) -> None:
-    """``inline: true``: the three nodes after ``ticket`` run one after another in one task; killed in that wave, the
+    """``inline: true``: the three nodes after ``ticket`` run in one task (their calls side by side); killed in that wave, the
     successor runs the wave again (attempt 2) and never the committed ``ticket``."""
     victim = _own(stacks)
     _flow(victim, world, "killed-inline", {**BRANCHES, "inline": True})

@@ -147,6 +147,21 @@ def test_a_call_waits_for_a_slot_held_by_a_call_still_within_its_time(monkeypatc
         first.join(5)
 
 
+def test_the_bulkheads_size_is_the_deployments_setting(settings: Any) -> None:
+    """``TOOL_BULKHEAD_SIZE`` (default 4): a new tool's bulkhead holds that many calls; one more is refused when it
+    may not wait."""
+    assert bulkhead.size() == 4
+    settings.TOOL_BULKHEAD_SIZE = 6
+    key = f"0:sized-{uuid.uuid4().hex}"
+    slots = [bulkhead.admit(key, label="sized", wait=0) for _ in range(6)]
+    with pytest.raises(bulkhead.BulkheadFull) as full:
+        bulkhead.admit(key, label="sized", wait=0)
+    assert full.value.reason == "busy" and full.value.running == 6
+    for slot in slots:
+        slot.run(lambda: None).result(timeout=5)
+    bulkhead.admit(key, label="sized", wait=1).run(lambda: None).result(timeout=5)  # the slots were handed back
+
+
 def test_hung_calls_of_one_tool_cannot_take_the_threads_of_another() -> None:
     hung, other, tag = python_tool("test_hung.hang", timeout=0.2), python_tool("test_hung.hang", timeout=1.0), uuid.uuid4().hex
     callers = 20  # more than the 16 threads the gateway's shared pool had
@@ -157,9 +172,9 @@ def test_hung_calls_of_one_tool_cannot_take_the_threads_of_another() -> None:
             took = time.monotonic() - started
         statuses = Counter(o.status for o in outcomes)
         # as many as the bulkhead holds time out and run on; the rest are refused once they are all overrunning
-        assert statuses == {ToolStatus.TIMEOUT: bulkhead.BULKHEAD_SIZE, ToolStatus.ERROR: callers - bulkhead.BULKHEAD_SIZE}
+        assert statuses == {ToolStatus.TIMEOUT: bulkhead.size(), ToolStatus.ERROR: callers - bulkhead.size()}
         assert took < 1.0
-        assert overrunning(hung) == bulkhead.BULKHEAD_SIZE
+        assert overrunning(hung) == bulkhead.size()
 
         # another tool still runs at once
         outcome, took = timed(lambda: call(other, {"tag": f"{tag}-other", "seconds": 0}))
