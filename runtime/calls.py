@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runtime.budgets import CallGuard, GuardContext, Stop, estimate_request, price
 from runtime.interceptors import ModelInterceptor, ToolInterceptor, chain_model, chain_tool
-from runtime.protocols import ModelClient, ToolExecutor
+from runtime.protocols import ModelClient, PendingTool, ToolExecutor
 from runtime.step import StepBuffer, StopRun
 from runtime.types import (
     ModelRequest,
@@ -136,8 +136,38 @@ class CallRunner:
                 call, ToolContext(run_id=run_id, step=step.number, span_id=span)
             )
         except Exception as exc:  # an executor must not raise; if it does, the model still gets an answer
-            log.exception("tool executor raised for run %s call %s", run_id, call.id)
-            outcome = ToolOutcome(call.id, ToolStatus.ERROR, f"The tool {call.name} failed unexpectedly: {exc}")
+            outcome = self._raised(run_id, call, exc)
+        self._emit(step, call, span, started, outcome)
+        return outcome
+
+    def can_overlap(self) -> bool:
+        """Whether a turn's calls may run side by side: the executor can begin a call and answer later, and no tool
+        interceptor wraps the calls (an interceptor sees one whole call at a time)."""
+        return not self.tool_interceptors and callable(getattr(self.tools, "start", None))
+
+    def start_tool(self, run_id: str, step: StepBuffer, call: ToolCall) -> Begun:
+        """Begin a call (:meth:`can_overlap`); :meth:`finish_tool` collects it."""
+        span = new_span_id()
+        started = self.clock()
+        try:
+            pending: Any = self.tools.start(call, ToolContext(run_id=run_id, step=step.number, span_id=span))  # type: ignore[attr-defined]
+        except Exception as exc:
+            pending = _Decided(self._raised(run_id, call, exc))
+        return Begun(call, span, started, pending)
+
+    def finish_tool(self, run_id: str, step: StepBuffer, begun: Begun) -> ToolOutcome:
+        try:
+            outcome = begun.pending.result()
+        except Exception as exc:
+            outcome = self._raised(run_id, begun.call, exc)
+        self._emit(step, begun.call, begun.span, begun.started, outcome)
+        return outcome
+
+    def _raised(self, run_id: str, call: ToolCall, exc: Exception) -> ToolOutcome:
+        log.exception("tool executor raised for run %s call %s", run_id, call.id)
+        return ToolOutcome(call.id, ToolStatus.ERROR, f"The tool {call.name} failed unexpectedly: {exc}")
+
+    def _emit(self, step: StepBuffer, call: ToolCall, span: str, started: float, outcome: ToolOutcome) -> None:
         for extra in outcome.trace:
             step.emit(str(extra.get("type", "tool.stage")), extra, parent=span)
         step.emit(
@@ -151,4 +181,32 @@ class CallRunner:
             },
             span_id=span,
         )
-        return outcome
+
+
+@dataclass
+class Begun:
+    """A call :meth:`CallRunner.start_tool` began."""
+
+    call: ToolCall
+    span: str
+    started: float
+    pending: PendingTool
+
+    def settled(self) -> ToolOutcome | None:
+        try:
+            return self.pending.settled()
+        except Exception:  # result() will say what went wrong
+            return None
+
+
+class _Decided:
+    """A call that could not begin: its outcome is known."""
+
+    def __init__(self, outcome: ToolOutcome) -> None:
+        self.outcome = outcome
+
+    def settled(self) -> ToolOutcome | None:
+        return self.outcome
+
+    def result(self) -> ToolOutcome:
+        return self.outcome

@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from runtime.budgets import CallGuard, Stop
-from runtime.calls import CallRunner
+from runtime.calls import Begun, CallRunner
 from runtime.compaction import CompactionContext, Compactor, render_view, request_tokens
 from runtime.hooks import END, Hook, HookConfigError, HookContext, HookPosition, check_hook_names, check_result
 from runtime.interceptors import ModelInterceptor, ToolInterceptor
@@ -50,6 +50,7 @@ from runtime.types import (
     Phase,
     TerminalReason,
     ToolCall,
+    ToolOutcome,
     ToolSpec,
     ToolStatus,
     Usage,
@@ -263,17 +264,43 @@ class AgentLoop:
             )
 
     def _act(self, run: _Run, step: StepBuffer, calls: list[ToolCall]) -> None:
+        """The turn's tool calls, their results appended in the model's order. Several calls run side by side when
+        the executor allows it (:meth:`CallRunner.can_overlap`): each is begun in order — its checks, an approval
+        request — and then they are collected in order. Beginning stops at a call that waits for an approval (it
+        and the calls after it wait, as one after another) or is rejected with ``stop_on_rejection``, and at a
+        guard's stop (the calls begun before it are collected first)."""
+        begun: list[Begun] | None = None
+        stop: StopRun | None = None
+        if len(calls) > 1 and self.calls.can_overlap():
+            begun = []
+            try:
+                for call in calls:
+                    self.calls.check_guards(step, None, self._elapsed(run))
+                    begun.append(self.calls.start_tool(run.run_id, step, call))
+                    settled = begun[-1].settled()
+                    if settled is not None and (settled.pending or self._stops_run(settled)):
+                        break
+            except StopRun as exc:
+                stop = exc
         pending: list[ToolCall] = []
         for index, call in enumerate(calls):
-            self.calls.check_guards(step, None, self._elapsed(run))
-            outcome = self.calls.call_tool(run.run_id, step, call)
+            if begun is None:
+                self.calls.check_guards(step, None, self._elapsed(run))
+                outcome = self.calls.call_tool(run.run_id, step, call)
+            elif index < len(begun):
+                outcome = self.calls.finish_tool(run.run_id, step, begun[index])
+            else:
+                assert stop is not None, "a call was neither begun nor held back"
+                raise stop
             if outcome.pending:
                 pending = calls[index:]
+                self._finish_begun(run, step, begun, index + 1)
                 break
             step.appended.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": outcome.content})
             failed = outcome.status in FAILED_TOOL_STATUSES
             step.state[TOOL_FAILURE_STREAK] = int(step.state.get(TOOL_FAILURE_STREAK, 0)) + 1 if failed else 0
-            if outcome.status == ToolStatus.REJECTED and self.config.stop_on_rejection:
+            if self._stops_run(outcome):
+                self._finish_begun(run, step, begun, index + 1)
                 message = f"The action {call.name} was not approved, so I did not carry it out and stopped here."
                 raise StopRun(Stop(TerminalReason.REJECTED, message, f"tool call {call.name} was rejected by an approver"))
         if pending:
@@ -281,6 +308,15 @@ class AgentLoop:
             step.transition(Phase.WAITING, f"tool call {pending[0].name} waits for approval")
             return
         step.transition(Phase.OBSERVING, "tool results observed")
+
+    def _stops_run(self, outcome: ToolOutcome) -> bool:
+        return outcome.status == ToolStatus.REJECTED and self.config.stop_on_rejection
+
+    def _finish_begun(self, run: _Run, step: StepBuffer, begun: list[Begun] | None, after: int) -> None:
+        """Calls begun past the one that ends the turn (only one that was not settled when begun can, and only an
+        executor breaking its word would give one): collected, so each ends and leaves its audit row and trace."""
+        for rest in (begun or [])[after:]:
+            self.calls.finish_tool(run.run_id, step, rest)
 
     def _call_model(self, run: _Run, step: StepBuffer, request: ModelRequest) -> ModelResponse:
         return self.calls.call_model(run.run_id, step, request, lambda: self._elapsed(run))

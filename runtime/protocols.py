@@ -27,6 +27,23 @@ class ToolExecutor(Protocol):
     def execute(self, call: ToolCall, ctx: ToolContext) -> ToolOutcome: ...
 
 
+class PendingTool(Protocol):
+    """A call an executor began (``start``): its outcome comes from ``result``, once."""
+
+    def settled(self) -> ToolOutcome | None:
+        """The outcome when the call was decided without running (refused, or waiting for an approval); else None."""
+        ...
+
+    def result(self) -> ToolOutcome: ...
+
+
+class StartsTools(Protocol):
+    """A :class:`ToolExecutor` that can also begin a call and answer for it later, so that the calls of one model
+    turn run side by side (the Django layer's tool gateway does)."""
+
+    def start(self, call: ToolCall, ctx: ToolContext) -> PendingTool: ...
+
+
 @dataclass
 class Checkpoint:
     """Everything needed to resume a run at a step boundary.

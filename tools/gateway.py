@@ -99,7 +99,8 @@ class _Call:
 
 class PendingCall:
     """A call :meth:`ToolGateway.start` began: refused or answered already (``outcome``), or running on its bulkhead's
-    thread (``future``). :meth:`result` gives its outcome once, audited in the gateway's step."""
+    thread (``future``). :meth:`result` gives its outcome once, audited in the gateway's step
+    (``runtime.protocols.PendingTool``)."""
 
     def __init__(self, gateway: ToolGateway, s: _Call, *, outcome: ToolOutcome | None = None,
                  slot: bulkhead.Slot | None = None, future: Future[Any] | None = None, deadline: float = 0.0,
@@ -107,6 +108,11 @@ class PendingCall:
         self.gateway, self._s, self._outcome, self._stopped = gateway, s, outcome, stopped
         self._slot, self._future, self._deadline = slot, future, deadline
         self._audited: ToolOutcome | None = None
+
+    def settled(self) -> ToolOutcome | None:
+        """The outcome when the call was decided without running (refused by a stage, waiting for an approval, no
+        slot); None while it runs."""
+        return self.result() if self._future is None else None
 
     def result(self) -> ToolOutcome:
         if self._audited is None:
@@ -121,7 +127,7 @@ class PendingCall:
 
 
 class ToolGateway:
-    """Implements ``runtime.protocols.ToolExecutor`` for one run."""
+    """Implements ``runtime.protocols.ToolExecutor`` (and ``StartsTools``) for one run."""
 
     def __init__(
         self,
