@@ -82,6 +82,11 @@ bench-step: $(VENV)/.dev-installed
 bench-flow: $(VENV)/.bench-installed
 	$(PY) bench/flow_overhead.py $(BENCH_ARGS)
 
+# One model turn of several slow tool calls (run side by side), beside LangGraph's create_react_agent (bench/README.md).
+.PHONY: bench-turn
+bench-turn: $(VENV)/.bench-installed
+	$(PY) bench/turn_calls.py $(BENCH_ARGS)
+
 # Replaying 1,000 recorded runs in recorded mode (issue #16): runs/s and ms per replayed step beside the original
 # run's, on PostgreSQL (bench/README.md). Own database. BENCH_ARGS e.g. "--runs 1000 --rounds 3".
 .PHONY: bench-replay
