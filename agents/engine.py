@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+
 from agents import hooks
 from agents.extensions import registry as extension_registry
 from agents.models import Run, Turn
@@ -99,6 +101,7 @@ def build_loop(run: Run, lease_token: str) -> AgentLoop:
         input_price_per_million=info.price_in_per_1m if info else 0.0,
         output_price_per_million=info.price_out_per_1m if info else 0.0,
         context_window=info.context_window if info else 128_000,
+        tool_calls_at_once=int(settings.TOOL_CALLS_AT_ONCE),
     )
     runtime = build_runtime(policy, config, extensions=extensions)  # instantiates the policy's hooks and interceptors
     audit = StepAudit()  # the step's audit rows: the gateway adds them, the store commits them with the step

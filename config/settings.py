@@ -466,6 +466,8 @@ MCP_STDIO_COMMANDS = [c.split() for c in env_str("MCP_STDIO_COMMANDS", "python -
 TOOL_DUPLICATE_WINDOW_SECONDS = env_int("TOOL_DUPLICATE_WINDOW_SECONDS", 600, minimum=0)
 #: At most this many calls of one tool (per tenant) run at once in a process (tools/bulkhead.py).
 TOOL_BULKHEAD_SIZE = env_int("TOOL_BULKHEAD_SIZE", 4, minimum=1)
+#: At most this many of one model turn's tool calls under way at once (runtime AgentConfig.tool_calls_at_once).
+TOOL_CALLS_AT_ONCE = env_int("TOOL_CALLS_AT_ONCE", 8, minimum=1)
 
 # --- Logging ------------------------------------------------------------------------------
 LOGGING = {

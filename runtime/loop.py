@@ -87,6 +87,8 @@ class AgentConfig:
     context_window: int = 128_000
     #: An approver's rejection ends the run as ``rejected`` (else the model reads it and goes on).
     stop_on_rejection: bool = False
+    #: At most this many of a turn's tool calls under way at once (when the executor can run them side by side).
+    tool_calls_at_once: int = 8
 
 
 @dataclass(frozen=True)
@@ -264,43 +266,45 @@ class AgentLoop:
             )
 
     def _act(self, run: _Run, step: StepBuffer, calls: list[ToolCall]) -> None:
-        """The turn's tool calls, their results appended in the model's order. Several calls run side by side when
-        the executor allows it (:meth:`CallRunner.can_overlap`): each is begun in order — its checks, an approval
-        request — and then they are collected in order. Beginning stops at a call that waits for an approval (it
-        and the calls after it wait, as one after another) or is rejected with ``stop_on_rejection``, and at a
-        guard's stop (the calls begun before it are collected first)."""
-        begun: list[Begun] | None = None
-        stop: StopRun | None = None
-        if len(calls) > 1 and self.calls.can_overlap():
-            begun = []
-            try:
-                for call in calls:
-                    self.calls.check_guards(step, None, self._elapsed(run))
-                    begun.append(self.calls.start_tool(run.run_id, step, call))
-                    settled = begun[-1].settled()
-                    if settled is not None and (settled.pending or self._stops_run(settled)):
-                        break
-            except StopRun as exc:
-                stop = exc
+        """The turn's tool calls, their results appended in the model's order. When the executor allows it
+        (:meth:`CallRunner.can_overlap`) up to ``tool_calls_at_once`` calls are under way together: each is begun in
+        the model's order — its checks, an approval request — and they are collected in that order. Beginning stops
+        at a call that waits for an approval (it and the calls after it wait, as one after another) or is rejected
+        with ``stop_on_rejection``, and at a guard's stop (the calls begun before it are collected first)."""
+        width = max(1, self.config.tool_calls_at_once) if len(calls) > 1 and self.calls.can_overlap() else 1
+        begun: dict[int, Begun] = {}
+        ahead = 0  # the next call to begin
+        held: StopRun | None = None  # a guard's stop, met while beginning ahead
+        hold = False  # a begun call holds back the rest (an approval wait, a rejection that stops the run)
         pending: list[ToolCall] = []
         for index, call in enumerate(calls):
-            if begun is None:
+            if width == 1:
                 self.calls.check_guards(step, None, self._elapsed(run))
                 outcome = self.calls.call_tool(run.run_id, step, call)
-            elif index < len(begun):
-                outcome = self.calls.finish_tool(run.run_id, step, begun[index])
             else:
-                assert stop is not None, "a call was neither begun nor held back"
-                raise stop
+                while not hold and held is None and ahead < min(len(calls), index + width):
+                    try:
+                        self.calls.check_guards(step, None, self._elapsed(run))
+                    except StopRun as exc:
+                        held = exc
+                        break
+                    begun[ahead] = self.calls.start_tool(run.run_id, step, calls[ahead])
+                    settled = begun[ahead].settled()
+                    hold = settled is not None and (settled.pending or self._stops_run(settled))
+                    ahead += 1
+                if index not in begun:
+                    assert held is not None, "a call was neither begun nor held back"
+                    raise held
+                outcome = self.calls.finish_tool(run.run_id, step, begun.pop(index))
             if outcome.pending:
                 pending = calls[index:]
-                self._finish_begun(run, step, begun, index + 1)
+                self._finish_begun(run, step, begun)
                 break
             step.appended.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": outcome.content})
             failed = outcome.status in FAILED_TOOL_STATUSES
             step.state[TOOL_FAILURE_STREAK] = int(step.state.get(TOOL_FAILURE_STREAK, 0)) + 1 if failed else 0
             if self._stops_run(outcome):
-                self._finish_begun(run, step, begun, index + 1)
+                self._finish_begun(run, step, begun)
                 message = f"The action {call.name} was not approved, so I did not carry it out and stopped here."
                 raise StopRun(Stop(TerminalReason.REJECTED, message, f"tool call {call.name} was rejected by an approver"))
         if pending:
@@ -312,11 +316,11 @@ class AgentLoop:
     def _stops_run(self, outcome: ToolOutcome) -> bool:
         return outcome.status == ToolStatus.REJECTED and self.config.stop_on_rejection
 
-    def _finish_begun(self, run: _Run, step: StepBuffer, begun: list[Begun] | None, after: int) -> None:
+    def _finish_begun(self, run: _Run, step: StepBuffer, begun: dict[int, Begun]) -> None:
         """Calls begun past the one that ends the turn (only one that was not settled when begun can, and only an
         executor breaking its word would give one): collected, so each ends and leaves its audit row and trace."""
-        for rest in (begun or [])[after:]:
-            self.calls.finish_tool(run.run_id, step, rest)
+        for index in sorted(begun):
+            self.calls.finish_tool(run.run_id, step, begun.pop(index))
 
     def _call_model(self, run: _Run, step: StepBuffer, request: ModelRequest) -> ModelResponse:
         return self.calls.call_model(run.run_id, step, request, lambda: self._elapsed(run))

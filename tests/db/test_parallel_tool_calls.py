@@ -76,3 +76,15 @@ def test_a_turns_tool_calls_run_side_by_side_through_the_gateway(world: World, m
     assert write.idempotency_key == f"{run.pk}:1:{ids[1]}", "the write's started row was committed before it ran"
     traced = [e.payload["call_id"] for e in RunEvent.objects.filter(run=run, type="tool.call").order_by("seq")]
     assert traced == ids
+
+
+def test_tool_calls_at_once_1_runs_a_turns_calls_one_after_another(world: World, monkeypatch: pytest.MonkeyPatch,
+                                                                    settings: Any) -> None:
+    """The deployment's bound reaches the runtime (agents/engine.py): at 1 the two calls never meet (the first waits
+    alone until its barrier breaks, the second finds it broken)."""
+    settings.TOOL_CALLS_AT_ONCE = 1
+    MEETING["barrier"] = threading.Barrier(2)
+    turn = calls([("turn_meet", {"who": "a"}), ("turn_meet", {"who": "b"})])
+    run = _run(world, monkeypatch, ScriptedModel([turn, say("nobody met")]))
+    assert run.terminal_reason == "final_answer", run.error
+    assert sorted(ToolCallAudit.objects.filter(run_id=run.pk).values_list("status", flat=True)) == ["error", "error"]

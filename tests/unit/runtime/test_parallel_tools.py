@@ -166,3 +166,27 @@ def test_an_executor_raising_as_a_call_begins_or_ends_gives_the_model_an_error(w
     assert h.run().terminal_reason == TerminalReason.FINAL_ANSWER
     contents = [m["content"] for m in h.messages() if m["role"] == "tool"]
     assert contents[0] == "found {'q': 1}" and "failed unexpectedly" in contents[1]
+
+
+def test_at_most_tool_calls_at_once_are_under_way_together() -> None:
+    """Four calls, two at a time: each pair meets at a barrier of two; never more than two run at once."""
+    lock, running, most = threading.Lock(), [0], [0]
+    barrier = threading.Barrier(2)
+
+    def pair(args: dict[str, Any]) -> str:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            barrier.wait(timeout=3)
+        finally:
+            with lock:
+                running[0] -= 1
+        return f"paired {args['n']}"
+
+    h = harness([calls([("pair", {"n": i}) for i in range(4)]), say("done")], functions={"pair": pair})
+    h.loop.config.tool_calls_at_once = 2
+    _threaded(h)
+    assert h.run().terminal_reason == TerminalReason.FINAL_ANSWER
+    assert [m["content"] for m in h.messages() if m["role"] == "tool"] == [f"paired {i}" for i in range(4)]
+    assert most[0] == 2
