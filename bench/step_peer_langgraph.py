@@ -72,13 +72,32 @@ def drop_database(url: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def scripted_chat_model(reply: Any) -> Any:
+    """A zero-latency langchain chat model whose every answer is ``reply(messages)`` (an ``AIMessage``), for the
+    peers' ``create_react_agent`` (``bench/turn_calls.py`` uses it too)."""
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langchain_core.messages import BaseMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+
+    class ScriptedChatModel(BaseChatModel):
+        @property
+        def _llm_type(self) -> str:
+            return "scripted"
+
+        def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+            return self
+
+        def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+            return ChatResult(generations=[ChatGeneration(message=reply(messages))])
+
+    return ScriptedChatModel()
+
+
 class Peer:
     """A compiled ReAct agent on PostgresSaver; ``measure_run`` times one 10-step run, cut at each model call."""
 
     def __init__(self, url: str, history_messages: int = 10) -> None:
-        from langchain_core.language_models.chat_models import BaseChatModel
         from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-        from langchain_core.outputs import ChatGeneration, ChatResult
         from langchain_core.tools import tool
         from langgraph.checkpoint.postgres import PostgresSaver
         from langgraph.prebuilt import create_react_agent
@@ -88,25 +107,14 @@ class Peer:
         self.cuts: list[float] = []
         cuts = self.cuts
 
-        class ScriptedChatModel(BaseChatModel):
-            """Zero latency: asks for ``echo`` until it has seen nine tool results, then answers."""
-
-            @property
-            def _llm_type(self) -> str:
-                return "scripted"
-
-            def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
-                return self
-
-            def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
-                cuts.append(time.perf_counter())
-                seen = sum(1 for m in messages if isinstance(m, ToolMessage))
-                if seen < STEPS - 1:
-                    call = {"name": "echo", "args": {"n": seen}, "id": f"call_{seen}", "type": "tool_call"}
-                    reply = AIMessage(content="", tool_calls=[call])
-                else:
-                    reply = AIMessage(content="done")
-                return ChatResult(generations=[ChatGeneration(message=reply)])
+        def reply(messages: list[BaseMessage]) -> AIMessage:
+            """Asks for ``echo`` until it has seen nine tool results, then answers."""
+            cuts.append(time.perf_counter())
+            seen = sum(1 for m in messages if isinstance(m, ToolMessage))
+            if seen < STEPS - 1:
+                return AIMessage(content="", tool_calls=[{"name": "echo", "args": {"n": seen}, "id": f"call_{seen}",
+                                                          "type": "tool_call"}])
+            return AIMessage(content="done")
 
         @tool
         def echo(n: int) -> dict[str, Any]:
@@ -117,7 +125,7 @@ class Peer:
         self.conn = Connection.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row)
         self.saver = PostgresSaver(self.conn)
         self.saver.setup()
-        self.agent = create_react_agent(ScriptedChatModel(), [echo], prompt="You are a benchmark.", checkpointer=self.saver)
+        self.agent = create_react_agent(scripted_chat_model(reply), [echo], prompt="You are a benchmark.", checkpointer=self.saver)
         history: list[BaseMessage] = []
         for i in range(history_messages // 2):
             history += [HumanMessage(f"earlier question {i}"), AIMessage(f"earlier answer {i}: " + "lorem ipsum " * 8)]

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.step_overhead import _version, bench_url, drop_database, recreate_database, setup_django  # noqa: E402
+from bench.step_peer_langgraph import scripted_chat_model  # noqa: E402
 
 PAUSE = 0.05
 
@@ -85,33 +86,19 @@ class Ours:
 
 class Peer:
     def __init__(self, url: str, calls: int) -> None:
-        from collections.abc import Sequence
-
-        from langchain_core.language_models.chat_models import BaseChatModel
         from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-        from langchain_core.outputs import ChatGeneration, ChatResult
         from langchain_core.tools import tool
         from langgraph.checkpoint.postgres import PostgresSaver
         from langgraph.prebuilt import create_react_agent
         from psycopg import Connection
         from psycopg.rows import dict_row
 
-        class ScriptedChatModel(BaseChatModel):
-            @property
-            def _llm_type(self) -> str:
-                return "scripted"
-
-            def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
-                return self
-
-            def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
-                          **kwargs: Any) -> ChatResult:
-                if any(isinstance(m, ToolMessage) for m in messages):
-                    reply = AIMessage(content="done")
-                else:
-                    reply = AIMessage(content="", tool_calls=[
-                        {"name": "slow_echo", "args": {"n": i}, "id": f"call_{i}", "type": "tool_call"} for i in range(calls)])
-                return ChatResult(generations=[ChatGeneration(message=reply)])
+        def reply(messages: list[BaseMessage]) -> AIMessage:
+            """All the calls in the first turn, then the answer."""
+            if any(isinstance(m, ToolMessage) for m in messages):
+                return AIMessage(content="done")
+            return AIMessage(content="", tool_calls=[
+                {"name": "slow_echo", "args": {"n": i}, "id": f"call_{i}", "type": "tool_call"} for i in range(calls)])
 
         @tool
         def slow_echo(n: int) -> dict[str, Any]:
@@ -122,7 +109,7 @@ class Peer:
         self.conn = Connection.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row)
         self.saver = PostgresSaver(self.conn)
         self.saver.setup()
-        self.agent = create_react_agent(ScriptedChatModel(), [slow_echo], prompt="You are a benchmark.",
+        self.agent = create_react_agent(scripted_chat_model(reply), [slow_echo], prompt="You are a benchmark.",
                                         checkpointer=self.saver)
         self.human = HumanMessage
 
