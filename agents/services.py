@@ -227,8 +227,10 @@ def execute_run(run_id: str) -> None:
                 finish_without_worker(current, TerminalReason.ERROR, why)
     finally:
         release_lease(run_id, token)
-    # A decision may have landed while this worker was still committing the pause: pick it up now.
-    resume_run(run_id)
+    # A decision may have landed while this worker was still committing the pause: pick it up now. Only a waiting
+    # run can be resumed, so a run that finished or is still queued costs one read here, not resume_run's four.
+    if Run.objects.filter(pk=run_id, status=RunStatus.WAITING).exists():
+        resume_run(run_id)
     if (run.facts or {}).get("parent_run"):  # a sub-agent's run that ended wakes the supervisor waiting for it
         resume_parent(Run.objects.only("status", "facts").get(pk=run_id))
 
