@@ -759,13 +759,13 @@ def _complete(run: Run, done: list[Done], last: Writes | None = None, wave: Wave
 
 def _attempts(run: Run, flow: FlowDefinition, node: BodyNode, row: FlowNodeRun, scope: dict[str, Any], audit: StepAudit,
               trace: list[Event], *, item: bool = False, wave: Wave | None = None,
-              started: Started | Exception | None = None) -> tuple[str, Any, list[str], str]:
+              started: Started | None = None) -> tuple[str, Any, list[str], str]:
     """Run a started node (its retries included): ``(status, output, chosen, error)``; nothing is committed here.
     ``started``: a tool node's first attempt, already begun (:func:`_start_tools`)."""
     status, output, error = NodeStatus.DONE, None, ""
     chosen: list[str] = []
     tries = 1 + (node.retries if node.kind in ("tool", "llm") else 0)
-    began = started.began if isinstance(started, Started) else time.monotonic()
+    began = started.began if started is not None else time.monotonic()
     for n in range(tries):
         try:
             if "_mapping_error" in row.inputs:
@@ -856,7 +856,7 @@ def _run_wave(run_id: Any, wave: list[tuple[str, str]], last: Writes | None = No
         if row is None or row.lease_token != token or row.status != NodeStatus.RUNNING:
             continue
         todo.append((row, token, flow.node(node_id), StepAudit(), []))
-    started = _start_tools(run, flow, [(node, row, audit) for row, _, node, audit, _ in todo], context)
+    started = _start_tools(run, flow, todo, context)
     done = []
     for row, token, node, audit, trace in todo:
         status, output, chosen, error = _attempts(run, flow, node, row, scope, audit, trace, wave=context,
@@ -866,22 +866,17 @@ def _run_wave(run_id: Any, wave: list[tuple[str, str]], last: Writes | None = No
         _complete(run, done, last, context)
 
 
-def _start_tools(run: Run, flow: FlowDefinition, nodes: list[tuple[BodyNode, FlowNodeRun, StepAudit]],
-                 wave: Wave) -> dict[str, Started | Exception]:
+def _start_tools(run: Run, flow: FlowDefinition,
+                 todo: list[tuple[FlowNodeRun, str, BodyNode, StepAudit, list[Event]]], wave: Wave) -> dict[str, Started]:
     """Begin the first attempt of a wave's tool nodes, so their tools run side by side: every gateway stage (and a
     write's ``started`` row) here, in this thread, one node after another; the calls then run on their bulkheads'
-    threads while :func:`_attempts` collects them in order. A beginning that raised is kept and raised there, as
-    if the node had raised it. With one tool node there is nothing to overlap: it runs as in a task."""
-    tools = [(node, row, audit) for node, row, audit in nodes if node.kind == "tool" and "_mapping_error" not in row.inputs]
+    threads while :func:`_attempts` collects them in order (a beginning that raised raises there, as if the node
+    had raised it). With one tool node there is nothing to overlap: it runs as in a task."""
+    tools = [(node, row, audit) for row, _, node, audit, _ in todo if node.kind == "tool" and "_mapping_error" not in row.inputs]
     if len(tools) < 2:
         return {}
-    started: dict[str, Started | Exception] = {}
-    for node, row, audit in tools:
-        try:
-            started[row.node_id] = _start_tool(run, flow, node, row.inputs, audit, row.span_id, row.node_id, wave)
-        except Exception as exc:  # _attempts handles it as the node's own failure
-            started[row.node_id] = exc
-    return started
+    return {row.node_id: _start_tool(run, flow, node, row.inputs, audit, row.span_id, row.node_id, wave)
+            for node, row, audit in tools}
 
 
 def _flow_tools(run: Run, flow: FlowDefinition) -> list[Any]:
@@ -902,7 +897,7 @@ def _retryable(node: BodyNode, run: Run, tools: list[Any] | None = None) -> bool
 
 def _execute(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any], scope: dict[str, Any],
              audit: StepAudit, span: str, trace: list[Event], row_id: str, wave: Wave | None = None,
-             started: Started | Exception | None = None) -> tuple[Any, list[str]]:
+             started: Started | None = None) -> tuple[Any, list[str]]:
     if node.kind == "switch":
         return {"chosen": choose(node, scope)}, choose(node, scope)
     if node.kind == "tool":
@@ -914,34 +909,50 @@ def _execute(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, A
     raise NodeFailed(f"{node.kind} nodes do not run yet in this version of the console")
 
 
+class _Raises:
+    """A call whose beginning raised: collecting it raises the same error, as if it had been raised there."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def result(self) -> Any:
+        raise self.error
+
+
 @dataclass
 class Started:
-    """A tool node's first attempt, begun before the wave's nodes are collected (:func:`_start_tools`)."""
+    """A tool node's call, begun (:func:`_start_tool`) and collected by :func:`_tool`: in a wave, every first
+    attempt is begun before any is collected (:func:`_start_tools`)."""
 
     call: ToolCall
-    pending: PendingCall
+    pending: PendingCall | _Raises
     began: float
 
 
 def _start_tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any], audit: StepAudit, span: str,
                 row_id: str, wave: Wave | None = None) -> Started:
-    if wave is not None:
-        tools, grants = wave.tools, wave.grants
-    else:  # a node task: its own tool, and the conversation's grants only when the tool asks for scopes
-        tools = list(resolvable_tools(run.tenant_id).filter(name=node.tool))
-        grants = session_grants(run) if any(t.required_scopes for t in tools) else set()
-    policy = wave.tool_policy if wave is not None else tool_allowed_for
-    gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=grants, approvals=ApprovalGate(run), tool_policy=policy)
-    gateway.whitelist = flow.tool_names()  # the flow's tool nodes are its tool list
-    call = ToolCall(id=call_id(run.pk, row_id), name=node.tool or "", arguments=json.dumps(inputs, default=str))
-    began = time.monotonic()
-    return Started(call, gateway.start(call, ToolContext(run_id=str(run.pk), step=run.step, span_id=span)), began)
+    """Every gateway stage of the node's call, a write's ``started`` row and the hand-off to its bulkhead. An error
+    on the way is kept and raised when the call is collected (:func:`_tool`), as if the node had raised it there."""
+    try:
+        if wave is not None:
+            tools, grants = wave.tools, wave.grants
+        else:  # a node task: its own tool, and the conversation's grants only when the tool asks for scopes
+            tools = list(resolvable_tools(run.tenant_id).filter(name=node.tool))
+            grants = session_grants(run) if any(t.required_scopes for t in tools) else set()
+        policy = wave.tool_policy if wave is not None else tool_allowed_for
+        gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=grants, approvals=ApprovalGate(run),
+                              tool_policy=policy)
+        gateway.whitelist = flow.tool_names()  # the flow's tool nodes are its tool list
+        call = ToolCall(id=call_id(run.pk, row_id), name=node.tool or "", arguments=json.dumps(inputs, default=str))
+        began = time.monotonic()
+        return Started(call, gateway.start(call, ToolContext(run_id=str(run.pk), step=run.step, span_id=span)), began)
+    except Exception as exc:
+        return Started(ToolCall(id=call_id(run.pk, row_id), name=node.tool or "", arguments="{}"), _Raises(exc),
+                       time.monotonic())
 
 
 def _tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, Any], audit: StepAudit, span: str,
-          trace: list[Event], row_id: str, wave: Wave | None = None, started: Started | Exception | None = None) -> Any:
-    if isinstance(started, Exception):  # beginning it failed (in _start_tools): as if it had failed here
-        raise started
+          trace: list[Event], row_id: str, wave: Wave | None = None, started: Started | None = None) -> Any:
     if started is None:
         started = _start_tool(run, flow, node, inputs, audit, span, row_id, wave)
     call, outcome = started.call, started.pending.result()

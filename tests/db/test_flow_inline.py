@@ -213,14 +213,14 @@ def test_a_refused_call_in_a_side_by_side_wave_fails_only_its_node(world: World,
               "inputs": {"order_id": "input.order_id"}, "on_error": "continue"}
     _meeting_flow(world, 2, "refused", [off, broken])
     Tool.objects.filter(tenant=world.tenant, name="sum_order_totals").update(enabled=False)
-    real = runner._start_tool
 
-    def fails_to_begin(run: Any, flow: Any, node: Any, *args: Any, **kwargs: Any) -> Any:
-        if node.id == "broken":
-            raise RuntimeError("could not begin")
-        return real(run, flow, node, *args, **kwargs)
+    class FailsToBegin(runner.ToolGateway):
+        def start(self, call: Any, ctx: Any) -> Any:
+            if call.name == "query_logistics":  # the "broken" node's tool
+                raise RuntimeError("could not begin")
+            return super().start(call, ctx)
 
-    monkeypatch.setattr(runner, "_start_tool", fails_to_begin)
+    monkeypatch.setattr(runner, "ToolGateway", FailsToBegin)
     run = _run(world, "refused", django_capture_on_commit_callbacks)
     assert run.terminal_reason == "final_answer", run.error
     rows = {r.node_id: r for r in FlowNodeRun.objects.filter(run=run)}
