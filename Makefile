@@ -98,6 +98,11 @@ bench-replay: $(VENV)/.dev-installed
 bench-gateway: $(VENV)/.dev-installed
 	$(PY) bench/gateway_overhead.py $(BENCH_ARGS)
 
+# What masking costs per string and per event payload, with its gates and with every pattern run (bench/README.md).
+.PHONY: bench-masking
+bench-masking: $(VENV)/.installed
+	$(PY) bench/masking.py $(BENCH_ARGS)
+
 # The API under load: 200 reads/s + 20 creates/s against server + worker, and a bare ASGI peer (bench/README.md). Own database.
 .PHONY: bench-api
 bench-api: $(VENV)/.dev-installed
