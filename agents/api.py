@@ -114,6 +114,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         except acceptance.KeyInvalid as exc:
             raise serializers.ValidationError({acceptance.IDEMPOTENCY_HEADER: [str(exc)]}) from None
         if isinstance(request.data, dict) and "flow" in request.data:
+            if "agent" in request.data:
+                raise serializers.ValidationError({"flow": ['Give "agent" (an agent\'s run, "input" a message) or '
+                                                            '"flow" (a flow run, "input" a JSON object), not both.']})
             return self._create_flow_run(request, key)
         body = RunCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import uuid
 from typing import Any
@@ -25,6 +26,7 @@ from audit.services import record_change
 from config.errors import Conflict, Refused, only_fields
 from runtime.approval_policy import OVERRIDE_FLAG, flagged
 from runtime.config import PolicyError, raw_input_patterns
+from runtime.flows import input_problems
 from runtime.types import Event, TerminalReason
 from tenants.scoping import Actor
 from tools.guardrails import InjectionRefused, screen_facts
@@ -86,6 +88,8 @@ def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None 
         raise RunRefused("This session already has a run in progress; wait for it to finish or cancel it.", field="session")
     session_id = session.pk if session is not None else uuid.uuid4()
     version = version if version is not None else version_for_new_run(agent, session_id=session_id)
+    if agent.kind == AgentKind.FLOW:
+        check_flow_input(agent, version, text)
     # Personal data and secrets are masked before anything is stored or reaches the model (the events' rules);
     # a version may keep named patterns raw (an audited opt-in); cards and secrets are always masked.
     raw = raw_input_patterns(version.policy)
@@ -101,6 +105,21 @@ def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None 
     if enqueue:
         enqueue_run(run.pk)
     return run
+
+
+def check_flow_input(flow: Agent, version: AgentVersion, text: str) -> None:
+    """A flow run's input (``text``, a JSON object) against its version's ``input_schema``, before anything is stored:
+    the run is refused (400 naming ``input``) with every problem, each naming its field."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise RunRefused("A flow's input is a JSON object (its keys are read as input.<key>).", field="input")
+    problems = input_problems((version.definition or {}).get("input_schema"), value)
+    if problems:
+        raise RunRefused(f"The input does not match the flow {flow.slug!r} (version {version.number}): "
+                         f"{'; '.join(problems)}.", field="input")
 
 
 def enqueue_run(run_id: Any) -> None:

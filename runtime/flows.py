@@ -39,6 +39,8 @@ from typing import Annotated, Any
 
 import jmespath
 from jmespath.exceptions import JMESPathError
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from pydantic import ValidationInfo, model_validator
 
 from runtime.documents import (
@@ -87,13 +89,22 @@ Expression = Annotated[str, Leaf(_expression, {"type": "string", "description": 
 
 def referenced_nodes(expression: str) -> set[str]:
     """The node ids an expression reads (``nodes.<id>...``)."""
+    return _referenced("nodes", expression)
+
+
+def referenced_inputs(expression: str) -> set[str]:
+    """The keys of the flow's input an expression reads (``input.<key>...``)."""
+    return _referenced("input", expression)
+
+
+def _referenced(root: str, expression: str) -> set[str]:
     found: set[str] = set()
 
     def walk(ast: Mapping[str, Any]) -> None:
         children = ast.get("children") or []
         if ast.get("type") == "subexpression" and len(children) >= 2:
             head, second = children[0], children[1]
-            if head.get("type") == "field" and head.get("value") == "nodes" and second.get("type") == "field":
+            if head.get("type") == "field" and head.get("value") == root and second.get("type") == "field":
                 found.add(str(second.get("value")))
         for child in children:
             if isinstance(child, dict):
@@ -276,10 +287,13 @@ class FlowDefinition(Document):
     max_parallel: Annotated[int, integer(1, maximum=32)] = 4
     #: cheap in-process nodes (tool and switch) run inline: see ``Node.inline`` and README "Flows"
     inline: Annotated[bool, flag()] = False
+    #: what a run's input must be (a JSON Schema, Draft 2020-12, of an object): checked before the run is created
+    input_schema: Annotated[dict[str, Any] | None, json_object("must be a JSON Schema of an object, or null",
+                                                               nullable=True)] = None
 
     @model_validator(mode="after")
     def _graph(self, info: ValidationInfo) -> FlowDefinition:
-        found = graph_problems(self)
+        found = input_schema_problems(self.input_schema) or graph_problems(self) or undeclared_input_problems(self)
         catalog = (info.context or {}).get("catalog")
         if not found and isinstance(catalog, FlowCatalog):
             found = catalog_problems(self, catalog)
@@ -345,6 +359,81 @@ class _Level:
             return f"reads node {ref!r}, which does not exist; the nodes are {ids}"
         return (f"reads node {ref!r}, which is not a body node nor a flow node that runs before the map {self.map_id!r}; "
                 f"the body's nodes are {ids}, the map's upstream nodes {sorted(self.upstream)}")
+
+
+def input_schema_problems(schema: dict[str, Any] | None) -> list[str]:
+    """Why ``schema`` cannot check a flow's input: not a JSON Schema (Draft 2020-12), or not one of an object."""
+    if schema is None:
+        return []
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in exc.absolute_path)
+        return [f"$.input_schema{where}: not a valid JSON Schema ({exc.message})"]
+    if schema.get("type") != "object":
+        return ['$.input_schema.type: must be "object": a flow\'s input is a JSON object (its keys are read as '
+                f"input.<key>); got {json.dumps(schema.get('type'))}"]
+    return []
+
+
+def input_problems(schema: dict[str, Any] | None, value: Any) -> list[str]:
+    """What is wrong with a run's ``value`` for a flow whose ``input_schema`` is ``schema``, each naming its field
+    (``input.order_id: ...``), in the fields' order; at most ten."""
+    if not schema:
+        return []
+    found: set[str] = set()
+    for error in Draft202012Validator(schema).iter_errors(value):
+        where = "input" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        if error.validator == "required" and isinstance(error.instance, dict):
+            missing = [str(k) for k in error.validator_value if k not in error.instance]
+            found.update(f"{where}.{key}: required" + _described(error.schema, key) for key in missing)
+        elif error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            declared = sorted((error.schema.get("properties") or {}).keys())
+            extra = sorted(k for k in error.instance if k not in declared)
+            found.add(f"{where}: unknown key(s) {', '.join(map(repr, extra))}; the flow takes {declared}")
+        elif error.validator == "type":
+            wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+            found.add(f"{where}: expected {' or '.join(map(str, wanted))}, got {_json_kind(error.instance)}")
+        else:
+            found.add(f"{where}: {error.message}")
+    return sorted(found)[:10]
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {json.dumps(value)}"
+    kinds = ((dict, "an object"), (list, "an array"), (str, "a string"), (int, "an integer"), (float, "a number"))
+    kind = next((name for cls, name in kinds if isinstance(value, cls)), type(value).__name__)
+    shown = json.dumps(value, default=str)
+    return kind if isinstance(value, dict | list) or len(shown) > 40 else f"{kind} {shown}"
+
+
+def undeclared_input_problems(flow: FlowDefinition) -> list[str]:
+    """Expressions that read a key of the input that the flow's ``input_schema`` rules out (its ``properties``
+    with ``additionalProperties: false``): such a mapping could never find a value."""
+    schema = flow.input_schema or {}
+    declared = schema.get("properties")
+    if not isinstance(declared, dict) or schema.get("additionalProperties") is not False:
+        return []
+    where = _where(flow)
+    located: list[tuple[str, BodyNode]] = [(where[n.id], n) for n in flow.nodes]
+    located += [(f"{where[n.id]}.body.nodes[{i}]", c) for n in flow.nodes if n.kind == "map" and n.body
+                for i, c in enumerate(n.body.nodes)]
+    reads = [(f"{at}{path}", expression) for at, node in located for path, expression in node.expressions()]
+    reads += [("$.output", flow.output)] if flow.output else []
+    found = []
+    for at, expression in reads:
+        for key in sorted(referenced_inputs(expression) - set(declared)):
+            found.append(f"{at}: reads input.{key}, which the flow's input_schema does not allow (its properties are "
+                         f"{sorted(declared)}); declare it or read another key")
+    return found
+
+
+def _described(schema: Mapping[str, Any], key: str) -> str:
+    spec = (schema.get("properties") or {}).get(key)
+    return f" ({spec['description']})" if isinstance(spec, dict) and isinstance(spec.get("description"), str) else ""
 
 
 def graph_problems(flow: FlowDefinition) -> list[str]:

@@ -36,6 +36,17 @@ REFUND_DESK: dict[str, Any] = {
     "description": "Refund an order: look it up, ask a manager above the threshold, refund, summarize.",
     "scopes": ["orders:read", "orders:refund"],
     "max_parallel": 4,
+    "input_schema": {
+        "type": "object",
+        "required": ["order_id", "amount", "reason"],
+        "additionalProperties": False,
+        "properties": {
+            "order_id": {"type": "string", "pattern": "^O\\d{12}$", "description": "the order number, e.g. O202411280001"},
+            "amount": {"type": ["string", "number"], "pattern": "^\\d+(\\.\\d{1,2})?$", "minimum": 0.01,
+                       "description": "the amount to refund, e.g. \"30.00\""},
+            "reason": {"type": "string", "minLength": 1, "maxLength": 500, "description": "why, e.g. \"damaged cup\""},
+        },
+    },
     "nodes": [
         {"id": "order", "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}},
         {"id": "logistics", "kind": "tool", "tool": "query_logistics", "inputs": {"order_id": "input.order_id"}},
