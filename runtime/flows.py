@@ -68,6 +68,10 @@ INLINE_KINDS = ("tool", "switch")
 ITEM_ERRORS = ("fail", "continue")
 #: The longest list a map node takes; a longer one fails the node.
 MAP_MAX_ITEMS = 100
+#: The most nodes a flow (or a map's body) holds, and the longest expression: a graph an operator can read, draw and
+#: follow, whose checks and scheduling stay cheap. A longer chain is several flows (an agent node runs one).
+MAX_NODES = 100
+MAX_EXPRESSION_CHARS = 2000
 ON_ERROR = ("fail", "continue", "route")
 _ID = r"^[a-z][a-z0-9_]{0,62}$"
 NodeId = Annotated[str, pattern(_ID, "must be a node id: lower-case letters, digits and _ (e.g. lookup_order)")]
@@ -77,6 +81,8 @@ _TEMPLATE_FIELD = re.compile(r"\{([^{}]+)\}")
 def _expression(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise problem('must be a JMESPath expression over {"input": ..., "nodes": ...}, e.g. "input.order_id"', value)
+    if len(value) > MAX_EXPRESSION_CHARS:
+        raise problem(f"must be at most {MAX_EXPRESSION_CHARS} characters; got {len(value)}")
     try:
         jmespath.compile(value)
     except JMESPathError as exc:
@@ -232,6 +238,9 @@ class FlowCatalog:
 def _parse_nodes(model: type[BodyNode], value: Any, what: str) -> list[Any]:
     if not isinstance(value, list) or not value:
         raise problem(f"must be a non-empty list of {what}", value)
+    if len(value) > MAX_NODES:
+        raise problem(f"must hold at most {MAX_NODES} nodes; got {len(value)} (split the work into flows that an agent "
+                      "node or a client chains)")
     parsed, found = [], []
     for index, item in enumerate(value):
         node, errors = problems(model, item, path=f"$[{index}]")

@@ -89,3 +89,19 @@ def test_each_problem_with_an_input_names_its_field() -> None:
     nested = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "integer"}}}}
     assert input_problems(nested, {"items": [1, "two"]}) == ["input.items[1]: expected integer, got a string \"two\""]
     assert input_problems(None, {"anything": True}) == []
+
+
+def test_a_flow_is_at_most_max_nodes_and_an_expression_at_most_max_expression_chars() -> None:
+    from runtime.flows import MAX_EXPRESSION_CHARS, MAX_NODES
+
+    chain = [{"id": f"n{i}", "kind": "tool", "tool": "t", "after": [f"n{i - 1}"] if i else []} for i in range(MAX_NODES)]
+    assert len(parse(FlowDefinition, {"nodes": chain}).nodes) == MAX_NODES
+    longer = [*chain, {"id": "one_more", "kind": "tool", "tool": "t"}]
+    assert _errors({"nodes": longer}) == [
+        f"nodes: must hold at most {MAX_NODES} nodes; got {MAX_NODES + 1} (split the work into flows that an agent node "
+        "or a client chains)"]
+    body = {"id": "m", "kind": "map", "over": "input.items", "body": {"nodes": longer}}
+    assert _errors({"nodes": [body]})[0].startswith(f"nodes[0].body.nodes: must hold at most {MAX_NODES} nodes")
+    deep = "input" + ".a" * MAX_EXPRESSION_CHARS
+    assert _errors({"nodes": [{"id": "x", "kind": "tool", "tool": "t", "inputs": {"v": deep}}]}) == [
+        f"nodes[0].inputs.v: must be at most {MAX_EXPRESSION_CHARS} characters; got {len(deep)}"]
