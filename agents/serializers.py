@@ -6,9 +6,10 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
-from agents.models import Agent, AgentVersion, Run, RunEvent
+from agents.models import Agent, AgentKind, AgentVersion, Run, RunEvent
 from config.documents import document_field
 from runtime.flows import FlowDefinition
 from runtime.policy_document import Policy
@@ -207,11 +208,26 @@ class AgentSerializer(serializers.ModelSerializer):
         fields = ["slug", "kind", "name", "description", "current_version", "created_at", "updated_at"]
         read_only_fields = fields
 
+    @extend_schema_field(inline_serializer("CurrentVersion", {
+        "number": serializers.IntegerField(),
+        "model": serializers.CharField(),
+        "tools": serializers.ListField(child=serializers.CharField(),
+                                       help_text="The version's tools; for a flow, the tools its tool nodes call."),
+        "input_schema": serializers.DictField(required=False, allow_null=True,
+                                              help_text="A flow's only: the JSON Schema its input must match, or null."),
+    }, allow_null=True))
     def get_current_version(self, agent: Agent) -> dict[str, Any] | None:
         version: AgentVersion | None = agent.current_version
         if version is None:
             return None
-        return {"number": version.number, "model": version.model, "tools": version.tools}
+        if agent.kind != AgentKind.FLOW:
+            return {"number": version.number, "model": version.model, "tools": version.tools}
+        definition = version.definition or {}
+        nodes = [*definition.get("nodes", []),
+                 *(child for node in definition.get("nodes", []) for child in ((node.get("body") or {}).get("nodes") or []))]
+        tools = sorted({str(n["tool"]) for n in nodes if n.get("kind") == "tool" and n.get("tool")})
+        return {"number": version.number, "model": version.model, "tools": tools,
+                "input_schema": definition.get("input_schema")}
 
 
 class AgentCreateSerializer(serializers.Serializer):

@@ -107,3 +107,13 @@ def test_the_demo_refund_desk_declares_its_input(settings: Any, tmp_path: Any) -
     ok = api.post("/api/v1/runs", {"flow": "refund-desk", "input": {"order_id": "O202411280001", "amount": "30.00",
                                                                      "reason": "damaged cup"}}, format="json")
     assert ok.status_code == 202, ok.content
+
+
+def test_a_flows_current_version_lists_its_tools_and_its_input_schema(world: World) -> None:
+    api = client_for(world)
+    _desk(api)
+    current = api.get("/api/v1/flows/desk").json()["current_version"]
+    assert current == {"number": 1, "model": "demo/planner", "tools": ["query_logistics", "query_order"],
+                       "input_schema": SCHEMA}
+    agent = api.get("/api/v1/agents/order-assistant").json()["current_version"]
+    assert "input_schema" not in agent and agent["tools"] == world.version.tools
