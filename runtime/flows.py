@@ -403,8 +403,9 @@ def input_problems(schema: dict[str, Any] | None, value: Any) -> list[str]:
         elif error.validator == "type":
             wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
             found.add(f"{where}: expected {' or '.join(map(str, wanted))}, got {_json_kind(error.instance)}")
-        else:
-            found.add(f"{where}: {error.message}")
+        else:  # jsonschema's message quotes the value: a long one is cut
+            message = error.message if len(error.message) <= 300 else f"{error.message[:300]}… (cut)"
+            found.add(f"{where}: {message}")
     return sorted(found)[:10]
 
 

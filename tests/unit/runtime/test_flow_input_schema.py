@@ -89,6 +89,8 @@ def test_each_problem_with_an_input_names_its_field() -> None:
     nested = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "integer"}}}}
     assert input_problems(nested, {"items": [1, "two"]}) == ["input.items[1]: expected integer, got a string \"two\""]
     assert input_problems(None, {"anything": True}) == []
+    (long,) = input_problems({"type": "object", "properties": {"note": {"maxLength": 5}}}, {"note": "x" * 10_000})
+    assert long.startswith("input.note: 'xxxx") and long.endswith("… (cut)") and len(long) < 400
 
 
 def test_a_flow_is_at_most_max_nodes_and_an_expression_at_most_max_expression_chars() -> None:
