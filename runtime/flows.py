@@ -382,7 +382,18 @@ def input_schema_problems(schema: dict[str, Any] | None) -> list[str]:
     if schema.get("type") != "object":
         return ['$.input_schema.type: must be "object": a flow\'s input is a JSON object (its keys are read as '
                 f"input.<key>); got {json.dumps(schema.get('type'))}"]
-    return []
+    return [f"$.input_schema: {key} {ref!r} points outside the schema; only references within it (#/...) are allowed"
+            for key, ref in _references(schema) if not ref.startswith("#")]
+
+
+def _references(node: Any) -> list[tuple[str, str]]:
+    """Every ``$ref`` / ``$dynamicRef`` in a schema (tenant input: it must not name another document)."""
+    if isinstance(node, list):
+        return [r for item in node for r in _references(item)]
+    if not isinstance(node, dict):
+        return []
+    own = [(k, str(v)) for k, v in node.items() if k in ("$ref", "$dynamicRef")]
+    return own + [r for v in node.values() for r in _references(v)]
 
 
 def input_problems(schema: dict[str, Any] | None, value: Any) -> list[str]:
@@ -391,7 +402,12 @@ def input_problems(schema: dict[str, Any] | None, value: Any) -> list[str]:
     if not schema:
         return []
     found: set[str] = set()
-    for error in Draft202012Validator(schema).iter_errors(value):
+    try:
+        errors = list(Draft202012Validator(schema).iter_errors(value))
+    except Exception:  # a schema saved before references were checked, whose $ref cannot be resolved
+        return ["input: the flow's input_schema cannot be applied (a reference in it does not resolve); an operator "
+                "must fix the flow's version"]
+    for error in errors:
         where = "input" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
         if error.validator == "required" and isinstance(error.instance, dict):
             missing = [str(k) for k in error.validator_value if k not in error.instance]

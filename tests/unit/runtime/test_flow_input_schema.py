@@ -107,3 +107,16 @@ def test_a_flow_is_at_most_max_nodes_and_an_expression_at_most_max_expression_ch
     deep = "input" + ".a" * MAX_EXPRESSION_CHARS
     assert _errors({"nodes": [{"id": "x", "kind": "tool", "tool": "t", "inputs": {"v": deep}}]}) == [
         f"nodes[0].inputs.v: must be at most {MAX_EXPRESSION_CHARS} characters; got {len(deep)}"]
+
+
+def test_a_schema_may_only_reference_itself() -> None:
+    remote = {"type": "object", "properties": {"a": {"$ref": "http://169.254.169.254/latest/meta-data"}}}
+    assert _errors(_with(remote)) == ["input_schema: $ref 'http://169.254.169.254/latest/meta-data' points outside "
+                                      "the schema; only references within it (#/...) are allowed"]
+    local = {"type": "object", "$defs": {"id": {"type": "string"}}, "properties": {"order_id": {"$ref": "#/$defs/id"}}}
+    assert _errors(_with(local)) == []
+    assert input_problems(local, {"order_id": 1}) == ["input.order_id: expected string, got an integer 1"]
+    # a schema stored before the check: its input is refused with a problem, never an exception (a 500)
+    assert input_problems(remote, {"a": 1}) == [
+        "input: the flow's input_schema cannot be applied (a reference in it does not resolve); an operator must fix "
+        "the flow's version"]
