@@ -131,11 +131,14 @@ def test_a_worker_killed_mid_branch_finishes_the_flow_with_each_node_once(
     _flow(victim, world, "killed")
     run_id = _start(victim, world, "killed")
     deadline = time.monotonic() + 30
-    while not FlowNodeRun.objects.filter(run_id=run_id, node_id="confirm", status="running").exists():
+    # both slow branches are separate tasks: wait until each has begun (each holds a 2-second call), then kill
+    while FlowNodeRun.objects.filter(run_id=run_id, node_id__in=["confirm", "again"], status="running").count() < 2:
         assert time.monotonic() < deadline, "the branches never started"
         time.sleep(0.05)
     victim.kill_executor()  # production: the worker process; embedded: the server and its worker thread
     assert Run.objects.get(pk=run_id).status == "running"
+    assert not FlowNodeRun.objects.filter(run_id=run_id, node_id__in=["confirm", "again"], status="done").exists(), (
+        "a branch finished before the kill: the test killed too late to check a restart")
     successor = replace_executor(victim, stacks, FAST)
     body = successor.wait_for_run(world.raw_key, run_id, timeout=90)
     assert body["terminal_reason"] == "final_answer", body

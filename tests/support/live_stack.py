@@ -67,6 +67,15 @@ class LiveStack:
                     raise AssertionError(f"run {run_id} still {body['status']} after {timeout}s; logs in {self.logdir}")
                 time.sleep(0.1)
 
+    def log_lines(self, *needles: str, limit: int = 40) -> str:
+        """The last ``limit`` lines of this stack's process logs that hold one of ``needles`` (for a failure message)."""
+        found: list[str] = []
+        for path in sorted(self.logdir.glob("*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                if any(needle in line for needle in needles):
+                    found.append(f"{path.stem}: {line}")
+        return "\n".join(found[-limit:])
+
     def start_worker(self) -> subprocess.Popen[bytes]:
         workers = sum(1 for name in self.processes if name.startswith("worker"))
         name = f"worker-{workers + 1}" if workers else "worker"  # one log file and one entry per process
