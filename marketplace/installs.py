@@ -13,7 +13,6 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
-from jsonschema import Draft202012Validator
 
 from agents.models import Agent, AgentVersion
 from audit.services import record_change
@@ -31,6 +30,7 @@ from marketplace.models import (
     PluginInstall,
     PresetAgent,
 )
+from runtime import patterns
 from tenants.models import Tenant
 from tenants.scoping import Actor
 from tools.models import Tool, ToolKind
@@ -41,9 +41,14 @@ log = logging.getLogger(__name__)
 
 def config_errors(schema: Mapping[str, Any], config: Any) -> list[str]:
     """Readable schema violations, each naming the field (``refund_limit: -1 is less than the minimum of 0``)."""
-    validator = Draft202012Validator(dict(schema))
+    validator = patterns.schema_validator(dict(schema))
+    try:
+        with patterns.budget():
+            found = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
+    except patterns.PatternError as exc:
+        return [f"(configuration): could not be checked against the plugin's settings schema: {exc}."]
     errors = []
-    for error in sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path]):
+    for error in found:
         where = ".".join(str(p) for p in error.absolute_path)
         if error.validator == "additionalProperties" and isinstance(error.instance, dict):
             allowed = sorted((error.schema.get("properties") or {}).keys())

@@ -18,15 +18,18 @@ its tool results; the most recent tool results are never cleared.
 
 from __future__ import annotations
 
-import re
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from runtime import patterns as bounded
 from runtime.interceptors import ModelCall
 from runtime.state import CONTEXT
 from runtime.tokens import count_messages, count_tools
 from runtime.types import Message, ModelRequest, ModelResponse, ToolSpec
+
+logger = logging.getLogger(__name__)
 
 SUMMARY_PREFIX = "Summary of the earlier conversation (older messages were condensed to save space):\n"
 PINNED_PREFIX = "Key facts (pinned, still valid):\n"
@@ -167,17 +170,26 @@ def _transcript(messages: Sequence[Message], per_message_chars: int = 2000) -> s
 
 
 def extract_identifiers(messages: Sequence[Message], patterns: Sequence[str], limit: int = 30) -> list[str]:
+    """What the patterns (the version's ``identifier_patterns``, tenant input) find in the messages, newest last. A
+    pattern that cannot be matched in time is dropped for the rest of the pass (and logged), not waited on."""
     found: list[str] = []
-    compiled = [re.compile(p) for p in patterns]
-    for message in messages:
-        text = str(message.get("content") or "")
-        for call in message.get("tool_calls") or []:
-            text += " " + str(call.get("function", {}).get("arguments", ""))
-        for regex in compiled:
-            for match in regex.findall(text):
-                value = match if isinstance(match, str) else match[0]
-                if value not in found:
-                    found.append(value)
+    live = list(patterns)
+    with bounded.budget():
+        for message in messages:
+            text = str(message.get("content") or "")
+            for call in message.get("tool_calls") or []:
+                text += " " + str(call.get("function", {}).get("arguments", ""))
+            for pattern in list(live):
+                try:
+                    matches = bounded.findall(pattern, text)
+                except bounded.PatternError as exc:
+                    logger.warning("identifier pattern dropped from this summary: %s", exc)
+                    live.remove(pattern)
+                    continue
+                for match in matches:
+                    value = match if isinstance(match, str) else match[0]
+                    if value not in found:
+                        found.append(value)
     return found[-limit:]
 
 

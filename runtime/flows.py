@@ -43,6 +43,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationInfo, model_validator
 
+from runtime import patterns
 from runtime.documents import (
     Document,
     Leaf,
@@ -403,7 +404,11 @@ def input_problems(schema: dict[str, Any] | None, value: Any) -> list[str]:
         return []
     found: set[str] = set()
     try:
-        errors = list(Draft202012Validator(schema).iter_errors(value))
+        with patterns.budget():
+            errors = list(patterns.schema_validator(schema).iter_errors(value))
+    except patterns.PatternError as exc:
+        return [f"input: could not be checked against the flow's input_schema: {exc}; an operator must fix the "
+                "flow's version"]
     except Exception:  # a schema saved before references were checked, whose $ref cannot be resolved
         return ["input: the flow's input_schema cannot be applied (a reference in it does not resolve); an operator "
                 "must fix the flow's version"]

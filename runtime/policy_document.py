@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import ValidationInfo, field_validator, model_validator
 
+from runtime import patterns
 from runtime.approval_policy import ApprovalOverride
 from runtime.approval_policy import policy_errors as approval_policy_errors
 from runtime.compaction import DEFAULT_IDENTIFIER_PATTERNS
@@ -201,10 +202,8 @@ class CompressionPolicy(Document):
     def _compiles(cls, value: list[str]) -> list[str]:
         found = []
         for index, source in enumerate(value):
-            try:
-                re.compile(source)
-            except re.error as exc:
-                found.append(f"$[{index}]: is not a valid regular expression ({exc}), got {source!r}")
+            if (problem := patterns.compile_problem(source)) is not None:
+                found.append(f"$[{index}]: {problem}")
         if found:
             raise problems_of(found)
         return value

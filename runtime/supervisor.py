@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import model_validator
 
+from runtime import patterns
 from runtime.documents import Document, Names, choice, pattern, problems_of, text
 from runtime.types import ModelResponse, ToolSpec
 
@@ -55,11 +56,8 @@ class RouteRule(Document):
             found.append("$: must name at least one of intent, keywords or regex")
         if self.regex is not None and len(self.regex) > MAX_REGEX_CHARS:
             found.append(f"$.regex: must be at most {MAX_REGEX_CHARS} characters, got {len(self.regex)}")
-        elif self.regex is not None:
-            try:
-                re.compile(self.regex)
-            except re.error as exc:
-                found.append(f"$.regex: is not a valid regular expression ({exc}), got {self.regex!r}")
+        elif self.regex is not None and (problem := patterns.compile_problem(self.regex)) is not None:
+            found.append(f"$.regex: {problem}")
         if found:
             raise problems_of(found)
         return self
@@ -129,20 +127,28 @@ def rule_match(rule: RouteRule, message: str, intent: IntentMatcher | None = Non
     for keyword in rule.keywords:
         if _keyword_in(keyword, lower):
             return {"keyword": keyword}
-    if rule.regex is not None:
-        found = re.search(rule.regex, message[:MAX_MATCH_CHARS])
+    if rule.regex is not None:  # a tenant's pattern: matched within a time bound (PatternError past it)
+        found = patterns.search(rule.regex, message[:MAX_MATCH_CHARS])
         if found is not None:
             return {"regex": rule.regex, "matched": found.group(0)[:80]}
     return None
 
 
 def route_by_rules(policy: SupervisorPolicy, message: str, intent: IntentMatcher | None = None) -> Route:
-    """The first matching rule's sub-agent, else the fallback: deterministic, no model call."""
-    for index, rule in enumerate(policy.rules):
-        matched = rule_match(rule, message, intent)
-        if matched is not None:
-            return Route(rule.agent, "rule", {"rule": index, **matched})
-    return fallback_route(policy, "no rule matched")
+    """The first matching rule's sub-agent, else the fallback: deterministic, no model call. A rule whose regex cannot
+    be matched in time is passed over, and the route says so (``skipped``)."""
+    skipped: list[str] = []
+    with patterns.budget():
+        for index, rule in enumerate(policy.rules):
+            try:
+                matched = rule_match(rule, message, intent)
+            except patterns.PatternError as exc:
+                skipped.append(f"rule {index}: {exc}")
+                continue
+            if matched is not None:
+                return Route(rule.agent, "rule", {"rule": index, **matched, **({"skipped": skipped} if skipped else {})})
+    route = fallback_route(policy, "no rule matched")
+    return Route(route.agent, route.reason, {**route.detail, "skipped": skipped}) if skipped else route
 
 
 def fallback_route(policy: SupervisorPolicy, why: str) -> Route:

@@ -12,14 +12,17 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import json_repair
-from jsonschema import Draft202012Validator, FormatChecker
+from jsonschema import FormatChecker
 from jsonschema.exceptions import ValidationError
+
+from runtime import patterns
 
 __all__ = [
     "ArgumentProblem",
@@ -32,6 +35,8 @@ __all__ = [
 ]
 
 ARGUMENTS_FIELD = "(arguments)"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -612,8 +617,17 @@ def parse_arguments(
     problems: list[ArgumentProblem] = []
     if unknown_fields == "error":
         problems.extend(_unknown_fields(value, schema, unknown_fields))
-    validator = Draft202012Validator(schema, format_checker=_FORMAT_CHECKER)
-    errors = sorted(validator.iter_errors(value), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+    validator = patterns.schema_validator(schema, format_checker=_FORMAT_CHECKER)
+    try:
+        with patterns.budget():
+            errors = sorted(validator.iter_errors(value), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+    except patterns.PatternError as exc:  # the tool's schema (tenant input) has a pattern that cannot be matched
+        log.warning("tool %s: its argument schema cannot be checked: %s", tool_name, exc)
+        errors = []
+        problems.append(ArgumentProblem(
+            ARGUMENTS_FIELD, "arguments the tool's schema can check", _short(value),
+            f"these arguments could not be checked: {exc}. This is a fault in the tool's schema, not in your "
+            "arguments; calling it again will fail the same way, so go on without this tool or tell the user"))
     for error in errors:
         problems.extend(_problem_for(error, schema))
     seen: set[str] = set()

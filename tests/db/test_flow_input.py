@@ -55,6 +55,21 @@ def test_an_input_that_does_not_match_is_refused_naming_each_field_and_nothing_i
     assert accepted.status_code == 202, accepted.content
 
 
+def test_an_input_schema_whose_pattern_backtracks_refuses_the_input_instead_of_holding_the_server(world: World) -> None:
+    """A tenant's pattern such as (a|aa)+$ would hold the API's thread for minutes under Python's re; the check stops
+    at its time bound and the run is refused with the pattern named (runtime/patterns.py)."""
+    api = client_for(world)
+    slow = {"type": "object", "properties": {"order_id": {"type": "string", "pattern": "(a|aa)+$"}}}
+    assert _desk(api, schema=slow).status_code == 201
+    runs = Run.objects.count()
+    answer = api.post("/api/v1/runs", {"flow": "desk", "input": {"order_id": "a" * 34 + "!"}}, format="json")
+    assert answer.status_code == 400, answer.content
+    message = answer.json()["input"][0]
+    assert "could not be checked against the flow's input_schema" in message and "(a|aa)+$" in message, message
+    assert Run.objects.count() == runs
+    assert api.post("/api/v1/runs", {"flow": "desk", "input": {"order_id": "aaaa"}}, format="json").status_code == 202
+
+
 def test_a_flow_without_a_schema_takes_any_object(world: World) -> None:
     api = client_for(world)
     assert _desk(api, schema=None).status_code == 201

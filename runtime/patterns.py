@@ -1,0 +1,148 @@
+"""Regular expressions a tenant wrote, matched with a time bound.
+
+Tenants write patterns in several places: JSON Schema ``pattern`` and ``patternProperties`` (tool argument schemas,
+a flow's ``input_schema``, a plugin's settings schema), a supervisor's routing rules and the context policy's
+identifier patterns. Python's ``re`` backtracks without limit, so one pattern such as ``(a|aa)+$`` against forty
+characters holds a server or worker thread for minutes. Every match of such a pattern goes through here instead: it
+runs on the ``regex`` engine (the same syntax as ``re``) with a timeout per match, and a whole validation or routing
+pass can share one budget (``budget()``). Past either, ``PatternError`` says which pattern and why; callers turn it
+into a problem for the caller, the model or the trace, never a hung thread or a 500.
+
+JSON Schema validation goes through ``schema_validator``: jsonschema's keywords call ``re.search``, and this module
+points the two jsonschema modules that do (``_keywords`` and ``_utils``, pinned version) at the bounded search. The
+guard is installed when this module is imported; ``tests/unit/test_patterns.py`` fails if jsonschema stops using it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from functools import lru_cache
+from typing import Any
+
+import jsonschema._keywords
+import jsonschema._utils
+import regex
+from jsonschema import Draft202012Validator, FormatChecker
+
+#: The longest one match may take.
+MATCH_SECONDS = 0.05
+#: What a pass (one validation, one routing decision) may spend on all its matches together.
+BUDGET_SECONDS = 0.25
+#: Patterns longer than this are compiled on each use and never kept (a pattern is tenant input).
+MAX_CACHED_CHARS = 1000
+
+_deadline: ContextVar[float | None] = ContextVar("pattern_deadline", default=None)
+
+
+class PatternError(ValueError):
+    """A pattern that could not be matched: it does not compile, or it took too long (it backtracks)."""
+
+    def __init__(self, pattern: str, reason: str) -> None:
+        self.pattern = pattern
+        shown = pattern if len(pattern) <= 80 else f"{pattern[:80]}…"
+        super().__init__(f"the pattern {shown!r} {reason}")
+
+
+def _slow(pattern: str) -> PatternError:
+    return PatternError(pattern, f"took longer than {MATCH_SECONDS * 1000:g} ms to match (or the check's "
+                                 f"{BUDGET_SECONDS * 1000:g} ms for all its patterns ran out): it backtracks, as "
+                                 "nested or overlapping repeats such as (a+)+ or (a|aa)+ do, and must be simplified")
+
+
+@contextmanager
+def budget(seconds: float = BUDGET_SECONDS) -> Iterator[None]:
+    """Every match inside shares ``seconds`` (an enclosing budget that ends sooner still applies)."""
+    deadline = time.monotonic() + seconds
+    outer = _deadline.get()
+    token = _deadline.set(deadline if outer is None else min(outer, deadline))
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def _timeout(pattern: str) -> float:
+    deadline = _deadline.get()
+    if deadline is None:
+        return MATCH_SECONDS
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _slow(pattern)
+    return min(MATCH_SECONDS, left)
+
+
+@lru_cache(maxsize=512)
+def _cached(pattern: str, flags: int) -> Any:
+    return regex.compile(pattern, flags)
+
+
+def _compile(pattern: str, flags: int = 0) -> Any:
+    return _cached(pattern, flags) if len(pattern) <= MAX_CACHED_CHARS else regex.compile(pattern, flags)
+
+
+def compiled(pattern: str, flags: int = 0) -> Any:
+    """``pattern`` compiled by the ``regex`` engine; ``PatternError`` if it does not compile."""
+    try:
+        return _compile(pattern, flags)
+    except (regex.error, ValueError, OverflowError, RecursionError) as exc:
+        raise PatternError(pattern, f"is not a valid regular expression ({exc})") from None
+
+
+def compile_problem(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be used, for checks at save (``is not a valid regular expression (...), got '('``), or
+    None."""
+    try:
+        _compile(pattern)
+    except (regex.error, ValueError, OverflowError, RecursionError) as exc:
+        return f"is not a valid regular expression ({exc}), got {pattern!r}"
+    return None
+
+
+def search(pattern: str, text: str, flags: int = 0) -> Any:
+    """``re.search`` within the time bound; ``PatternError`` past it."""
+    try:
+        return compiled(pattern, flags).search(text, timeout=_timeout(pattern))
+    except TimeoutError:
+        raise _slow(pattern) from None
+
+
+def findall(pattern: str, text: str, flags: int = 0) -> list[Any]:
+    """``re.findall`` within the time bound; ``PatternError`` past it."""
+    try:
+        return list(compiled(pattern, flags).findall(text, timeout=_timeout(pattern)))
+    except TimeoutError:
+        raise _slow(pattern) from None
+
+
+class _BoundedRe:
+    """What jsonschema's keyword modules use of ``re``: ``search``, bounded."""
+
+    error = regex.error
+
+    @staticmethod
+    def search(pattern: str, string: str, flags: int = 0) -> Any:
+        return search(pattern, string, flags)
+
+
+def _guard_jsonschema() -> None:
+    jsonschema._keywords.re = _BoundedRe
+    jsonschema._utils.re = _BoundedRe
+
+
+def jsonschema_guarded() -> bool:
+    """Whether jsonschema's pattern keywords go through the bounded search (checked by the tests)."""
+    return jsonschema._keywords.re is _BoundedRe and jsonschema._utils.re is _BoundedRe
+
+
+def schema_validator(schema: Any, format_checker: FormatChecker | None = None) -> Draft202012Validator:
+    """A Draft 2020-12 validator for a tenant's schema whose patterns match within the time bound; run its
+    ``iter_errors`` inside ``budget()`` and catch ``PatternError``."""
+    if not jsonschema_guarded():
+        _guard_jsonschema()
+    return Draft202012Validator(schema, format_checker=format_checker)
+
+
+_guard_jsonschema()

@@ -1,0 +1,112 @@
+"""Tenant-written regular expressions are matched with a time bound (runtime/patterns.py): a backtracking pattern is
+refused with a problem naming it, where Python's ``re`` would hold the thread (here ~3 s; with a few more characters,
+minutes). Each check below would return after seconds without a ``PatternError`` if the guard were gone."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from marketplace.installs import config_errors
+from runtime import patterns
+from runtime.compaction import extract_identifiers
+from runtime.config import parse_policy
+from runtime.flows import input_problems
+from runtime.supervisor import route_by_rules
+from tools.arguments import parse_arguments
+
+#: Catastrophic backtracking: Python's re takes ~3 s on EVIL, the regex engine longer; both far past the bound.
+SLOW = r"(a|aa)+$"
+EVIL = "a" * 34 + "!"
+
+
+def test_jsonschema_matches_patterns_through_the_bounded_search() -> None:
+    assert patterns.jsonschema_guarded()
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"q": {"type": "string", "pattern": SLOW}}},
+    {"type": "object", "patternProperties": {SLOW: {"type": "string"}}},
+    {"type": "object", "patternProperties": {SLOW: {"type": "string"}}, "additionalProperties": False},
+    {"type": "object", "patternProperties": {SLOW: {"type": "string"}}, "unevaluatedProperties": False},
+], ids=["pattern", "patternProperties", "additionalProperties", "unevaluatedProperties"])
+def test_every_keyword_that_matches_a_pattern_stops_at_the_bound(schema: dict[str, Any]) -> None:
+    instance = {"q": EVIL} if "properties" in schema else {EVIL: "x"}
+    with pytest.raises(patterns.PatternError) as caught, patterns.budget():
+        list(patterns.schema_validator(schema).iter_errors(instance))
+    assert caught.value.pattern == SLOW
+    assert "backtracks" in str(caught.value) and "(a|aa)+$" in str(caught.value)
+
+
+def test_patterns_match_as_re_does_within_the_bound() -> None:
+    validator = patterns.schema_validator({"type": "string", "pattern": r"^O\d{3}$"})
+    assert validator.is_valid("O123") and not validator.is_valid("O12")
+    assert patterns.search(r"\bINV-(\d{4})\b", "see INV-2024 now").group(1) == "2024"
+    assert patterns.findall(r"O\d{3}", "O123 and O456") == re.findall(r"O\d{3}", "O123 and O456")
+    assert patterns.search("x", "y") is None
+
+
+def test_a_spent_budget_refuses_the_next_match_at_once() -> None:
+    with patterns.budget(0), pytest.raises(patterns.PatternError):
+        patterns.search("a", "a")
+    with patterns.budget(10), patterns.budget(0), pytest.raises(patterns.PatternError):
+        patterns.search("a", "a")  # the inner, sooner deadline applies
+    assert patterns.search("a", "a") is not None  # outside any budget: the per-match bound only
+
+
+def test_a_pattern_that_does_not_compile_is_named() -> None:
+    assert patterns.compile_problem("(") is not None and patterns.compile_problem("(").startswith(
+        "is not a valid regular expression")
+    assert patterns.compile_problem(r"^\d+$") is None
+    with pytest.raises(patterns.PatternError, match="is not a valid regular expression"):
+        patterns.search("(", "x")
+
+
+def test_a_long_pattern_is_not_kept() -> None:
+    before = patterns._cached.cache_info().currsize
+    long = "a" * (patterns.MAX_CACHED_CHARS + 1)
+    assert patterns.search(long, long) is not None
+    assert patterns._cached.cache_info().currsize == before
+
+
+def test_a_flow_input_checked_against_a_slow_pattern_gets_a_problem() -> None:
+    schema = {"type": "object", "properties": {"order_id": {"type": "string", "pattern": SLOW}}}
+    found = input_problems(schema, {"order_id": EVIL})
+    assert len(found) == 1 and found[0].startswith("input: could not be checked against the flow's input_schema")
+    assert "(a|aa)+$" in found[0]
+    assert input_problems(schema, {"order_id": "aa"}) == []
+
+
+def test_tool_arguments_against_a_slow_pattern_tell_the_model_the_schema_is_at_fault() -> None:
+    schema = {"type": "object", "properties": {"q": {"type": "string", "pattern": SLOW}}, "required": ["q"]}
+    result = parse_arguments({"q": EVIL}, schema, tool_name="search")
+    assert not result.ok
+    assert "fault in the tool's schema" in result.model_message
+    assert parse_arguments({"q": "aaa"}, schema, tool_name="search").ok
+
+
+def test_plugin_settings_against_a_slow_pattern_get_an_error() -> None:
+    schema = {"type": "object", "properties": {"prefix": {"type": "string", "pattern": SLOW}}}
+    errors = config_errors(schema, {"prefix": EVIL})
+    assert len(errors) == 1 and "could not be checked" in errors[0] and "backtracks" in errors[0]
+
+
+def test_a_routing_rule_whose_regex_backtracks_is_passed_over_and_said() -> None:
+    section = {"sub_agents": [{"agent": "billing", "description": "Money"}, {"agent": "general", "description": "Else"}],
+               "mode": "rules", "fallback": "general",
+               "rules": [{"agent": "billing", "regex": SLOW}, {"agent": "general", "keywords": ["parcel"]}]}
+    policy = parse_policy({"supervisor": section}).policy.supervisor
+    assert policy is not None
+    route = route_by_rules(policy, EVIL + " parcel")
+    assert (route.agent, route.reason, route.detail["rule"]) == ("general", "rule", 1)
+    assert route.detail["skipped"][0].startswith("rule 0: the pattern '(a|aa)+$' took longer than")
+    route = route_by_rules(policy, EVIL)
+    assert (route.agent, route.reason) == ("general", "fallback") and len(route.detail["skipped"]) == 1
+    assert "skipped" not in route_by_rules(policy, "a parcel").detail
+
+
+def test_a_slow_identifier_pattern_is_dropped_and_the_others_still_find() -> None:
+    messages = [{"role": "user", "content": f"{EVIL} order O123"}, {"role": "user", "content": f"{EVIL} order O456"}]
+    assert extract_identifiers(messages, [SLOW, r"O\d{3}"]) == ["O123", "O456"]
