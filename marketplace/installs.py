@@ -45,7 +45,7 @@ def config_errors(schema: Mapping[str, Any], config: Any) -> list[str]:
     try:
         with patterns.budget():
             found = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
-    except patterns.PatternError as exc:
+    except patterns.CheckError as exc:
         return [f"(configuration): could not be checked against the plugin's settings schema: {exc}."]
     errors = []
     for error in found:

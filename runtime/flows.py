@@ -406,7 +406,7 @@ def input_problems(schema: dict[str, Any] | None, value: Any) -> list[str]:
     try:
         with patterns.budget():
             errors = list(patterns.schema_validator(schema).iter_errors(value))
-    except patterns.PatternError as exc:
+    except patterns.CheckError as exc:
         return [f"input: could not be checked against the flow's input_schema: {exc}; an operator must fix the "
                 "flow's version"]
     except Exception:  # a schema saved before references were checked, whose $ref cannot be resolved

@@ -621,7 +621,7 @@ def parse_arguments(
     try:
         with patterns.budget():
             errors = sorted(validator.iter_errors(value), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
-    except patterns.PatternError as exc:  # the tool's schema (tenant input) has a pattern that cannot be matched
+    except patterns.CheckError as exc:  # the tool's schema (tenant input) cannot check them in time
         log.warning("tool %s: its argument schema cannot be checked: %s", tool_name, exc)
         errors = []
         problems.append(ArgumentProblem(

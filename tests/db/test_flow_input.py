@@ -70,6 +70,21 @@ def test_an_input_schema_whose_pattern_backtracks_refuses_the_input_instead_of_h
     assert api.post("/api/v1/runs", {"flow": "desk", "input": {"order_id": "aaaa"}}, format="json").status_code == 202
 
 
+def test_an_input_too_slow_for_its_schema_is_refused_within_the_budget(world: World) -> None:
+    """No pattern, but anyOf branches that each descend through a $ref: unbounded, a nested list of depth 16 takes
+    seconds (depth 20, half an hour); the check stops at its budget and says why."""
+    from tests.unit.runtime.test_patterns import BRANCHY, NESTED
+
+    api = client_for(world)
+    schema = {"type": "object", "properties": {"order_id": {"type": "string"}, "items": {"$ref": "#/$defs/n"}},
+              "$defs": BRANCHY["$defs"]}
+    saved = _desk(api, schema=schema)
+    assert saved.status_code == 201, saved.content
+    answer = api.post("/api/v1/runs", {"flow": "desk", "input": {"order_id": "O1", "items": NESTED}}, format="json")
+    assert answer.status_code == 400, answer.content
+    assert "took longer than its 250 ms" in answer.json()["input"][0]
+
+
 def test_a_flow_without_a_schema_takes_any_object(world: World) -> None:
     api = client_for(world)
     assert _desk(api, schema=None).status_code == 201

@@ -21,6 +21,23 @@ from tools.arguments import parse_arguments
 SLOW = r"(a|aa)+$"
 EVIL = "a" * 34 + "!"
 
+#: No pattern, yet 4 ** depth: each level tries a branch that descends twice (items and contains) and fails at the
+#: bottom before the one that holds. Unbounded, NESTED takes about 6 s (depth 16; depth 20 would take half an hour).
+BRANCHY: dict[str, Any] = {"$defs": {"n": {"anyOf": [
+    {"type": "array", "items": {"$ref": "#/$defs/n"}, "contains": {"const": "never"}},
+    {"type": "array", "items": {"$ref": "#/$defs/n"}},
+    {"type": "integer"}]}}, "$ref": "#/$defs/n"}
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+NESTED = _nested(16)
+
 
 def test_jsonschema_matches_patterns_through_the_bounded_search() -> None:
     assert patterns.jsonschema_guarded()
@@ -38,6 +55,15 @@ def test_every_keyword_that_matches_a_pattern_stops_at_the_bound(schema: dict[st
         list(patterns.schema_validator(schema).iter_errors(instance))
     assert caught.value.pattern == SLOW
     assert "backtracks" in str(caught.value) and "(a|aa)+$" in str(caught.value)
+
+
+def test_a_schema_whose_branches_multiply_stops_at_the_budget() -> None:
+    with pytest.raises(patterns.SchemaTooSlow) as caught, patterns.budget():
+        list(patterns.schema_validator(BRANCHY).iter_errors(NESTED))
+    assert "anyOf" in str(caught.value) and "must be simplified" in str(caught.value)
+    with patterns.budget():
+        assert patterns.schema_validator(BRANCHY).is_valid(_nested(3))  # a shallow value is checked as usual
+        assert not patterns.schema_validator(BRANCHY).is_valid(_nested(3) + ["x"])
 
 
 def test_patterns_match_as_re_does_within_the_bound() -> None:
@@ -77,6 +103,19 @@ def test_a_flow_input_checked_against_a_slow_pattern_gets_a_problem() -> None:
     assert len(found) == 1 and found[0].startswith("input: could not be checked against the flow's input_schema")
     assert "(a|aa)+$" in found[0]
     assert input_problems(schema, {"order_id": "aa"}) == []
+
+
+def test_a_flow_input_too_slow_for_its_schema_gets_a_problem() -> None:
+    schema = {"type": "object", "properties": {"items": BRANCHY["$defs"]["n"]}, "$defs": BRANCHY["$defs"]}
+    found = input_problems(schema, {"items": NESTED})
+    assert len(found) == 1 and "took longer than its 250 ms" in found[0], found
+    assert input_problems(schema, {"items": _nested(2)}) == []
+
+
+def test_tool_arguments_too_slow_for_the_tools_schema_tell_the_model_the_schema_is_at_fault() -> None:
+    schema = {"type": "object", "properties": {"items": BRANCHY["$defs"]["n"]}, "$defs": BRANCHY["$defs"]}
+    result = parse_arguments({"items": NESTED}, schema, tool_name="search")
+    assert not result.ok and "fault in the tool's schema" in result.model_message
 
 
 def test_tool_arguments_against_a_slow_pattern_tell_the_model_the_schema_is_at_fault() -> None:
