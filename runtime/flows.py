@@ -43,7 +43,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationInfo, model_validator
 
-from runtime import patterns
+from runtime import expressions, patterns
 from runtime.documents import (
     Document,
     Leaf,
@@ -671,8 +671,9 @@ def _all_finished_except_handlers(flow: FlowDefinition, state: Mapping[str, Node
 
 
 def evaluate(expression: str, scope: Mapping[str, Any]) -> Any:
-    """An expression's value over ``{"input": ..., "nodes": ...}``."""
-    return jmespath.search(expression, dict(scope))
+    """An expression's value over ``{"input": ..., "nodes": ...}``; ``expressions.ValueTooLarge`` (a ``ValueError``)
+    when it would make a value past the bound (``runtime/expressions.py``)."""
+    return expressions.search(expression, dict(scope))
 
 
 def node_arguments(node: BodyNode, scope: Mapping[str, Any]) -> dict[str, Any]:

@@ -234,6 +234,22 @@ def test_a_failing_node_fails_the_run_with_its_reason_unless_it_continues(world:
     assert FlowNodeRun.objects.get(run=run, node_id="after").status == "done"
 
 
+def test_a_mapping_that_repeats_its_data_fails_its_node_instead_of_the_worker(world: World) -> None:
+    """A tenant's mapping that doubles a list at every step (``[@, @][]``): unbounded, 40 steps are 3 * 2 ** 40 items
+    and the worker dies of it; bounded (runtime/expressions.py), the node fails naming the expression and the run
+    ends."""
+    grows = "|".join(["input.items"] + ["[@, @][]"] * 40)
+    node = {"id": "sum", "kind": "tool", "tool": "sum_order_totals", "inputs": {"order_ids": grows}}
+    make_flow(world, {"nodes": [node]})
+    run_id = start(world, {"flow": "desk", "input": {"items": [ORDER, ORDER, ORDER]}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    drain(run)
+    assert run.terminal_reason == "error" and run.error.startswith("node sum failed:"), run.error
+    assert "makes lists of more than 200000 items" in run.error and "[@, @][]" in run.error, run.error
+    assert not ToolCallAudit.objects.filter(run_id=run_id).exists()  # the tool was never called
+
+
 def test_an_llm_node_makes_one_model_call_over_its_rendered_prompt(world: World) -> None:
     make_flow(world, {"nodes": [lookup("order"), {"id": "summary", "kind": "llm", "after": ["order"],
                                                    "prompt": "Order {input.order_id} costs {nodes.order.total}."}],

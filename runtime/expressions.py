@@ -1,0 +1,125 @@
+"""A flow's JMESPath expressions (tenant input), evaluated within a size bound.
+
+An expression of a few hundred characters can make a value far larger than its data: ``[@, @][]`` doubles a list,
+``join('', [@, @])`` a string, and ``{a: @, b: @}`` a tree whose JSON doubles (the tree shares its halves in memory,
+its JSON does not), each at every ``|``. Thirty steps are a billion times the input: the worker runs out of memory
+storing it, and every worker that picks the node up again does too. Here the lists that flattening makes and the
+strings ``join`` and ``to_string`` make count against one allowance per evaluation, and the value is measured as JSON
+(stopping as soon as it is too large) before anyone stores or sends it. Past either, ``ValueTooLarge``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jmespath
+from jmespath import functions
+from jmespath.visitor import TreeInterpreter
+
+#: The largest value an expression may give, as JSON (roughly: the size of its strings, keys and punctuation).
+MAX_VALUE_BYTES = 2 * 1024 * 1024
+#: List items flattening may make during one evaluation, and characters ``join``/``to_string`` may make.
+MAX_MADE_ITEMS = 200_000
+MAX_MADE_CHARS = MAX_VALUE_BYTES
+
+
+class ValueTooLarge(ValueError):
+    """An expression whose value (or a value made on the way) is larger than the bound."""
+
+
+def _too_large(expression: str, what: str) -> ValueTooLarge:
+    shown = expression if len(expression) <= 80 else f"{expression[:80]}…"
+    return ValueTooLarge(f"the expression {shown!r} {what}; an expression that repeats its data ([@, @][], "
+                         "{a: @, b: @}, join('', [@, @]) after a |) grows it at every step, so rewrite it to select "
+                         "what the node needs")
+
+
+def json_size_within(value: Any, limit: int) -> bool:
+    """Whether ``value``'s JSON is at most about ``limit`` bytes; stops as soon as it is not (a tree that shares its
+    branches is measured as its JSON would be, without writing it)."""
+    left = limit
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            left -= 2 + sum(len(str(k)) + 4 for k in item)
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            left -= 2 + len(item)
+            stack.extend(item)
+        elif isinstance(item, str):
+            left -= len(item) + 2
+        else:
+            left -= 8
+        if left < 0:
+            return False
+    return True
+
+
+class _Functions(functions.Functions):  # type: ignore[misc]  # jmespath has no types
+    """JMESPath's functions, with ``join`` and ``to_string`` counting the characters they make."""
+
+    def __init__(self, allowance: _Allowance) -> None:
+        super().__init__()
+        self.allowance = allowance
+
+    @functions.signature({"types": []})  # type: ignore[untyped-decorator]
+    def _func_to_string(self, arg: Any) -> str:
+        if isinstance(arg, str):
+            return arg
+        if not json_size_within(arg, self.allowance.chars_left()):
+            raise self.allowance.exceeded("makes a string (to_string) larger than the bound")
+        text = super()._func_to_string(arg)
+        self.allowance.spend_chars(len(text))
+        return str(text)
+
+    @functions.signature({"types": ["string"]}, {"types": ["array-string"]})  # type: ignore[untyped-decorator]
+    def _func_join(self, separator: str, array: list[str]) -> str:
+        size = len(separator) * max(len(array) - 1, 0) + sum(len(s) for s in array)
+        self.allowance.spend_chars(size)
+        return separator.join(array)
+
+
+class _Allowance:
+    def __init__(self, expression: str) -> None:
+        self.expression = expression
+        self.items = MAX_MADE_ITEMS
+        self.chars = MAX_MADE_CHARS
+
+    def exceeded(self, what: str) -> ValueTooLarge:
+        return _too_large(self.expression, what)
+
+    def chars_left(self) -> int:
+        return self.chars
+
+    def spend_chars(self, count: int) -> None:
+        self.chars -= count
+        if self.chars < 0:
+            raise self.exceeded(f"makes strings of more than {MAX_MADE_CHARS} characters")
+
+    def spend_items(self, count: int) -> None:
+        self.items -= count
+        if self.items < 0:
+            raise self.exceeded(f"makes lists of more than {MAX_MADE_ITEMS} items")
+
+
+class _Interpreter(TreeInterpreter):  # type: ignore[misc]
+    def __init__(self, allowance: _Allowance) -> None:
+        super().__init__(jmespath.Options(custom_functions=_Functions(allowance)))
+        self.allowance = allowance
+
+    def visit_flatten(self, node: dict[str, Any], value: Any) -> Any:
+        merged = super().visit_flatten(node, value)
+        if isinstance(merged, list):
+            self.allowance.spend_items(len(merged))
+        return merged
+
+
+def search(expression: str, data: Any) -> Any:
+    """``jmespath.search(expression, data)`` within the bounds; ``ValueTooLarge`` past them (JMESPath's own errors as
+    they are)."""
+    allowance = _Allowance(expression)
+    value = _Interpreter(allowance).visit(jmespath.compile(expression).parsed, data)
+    if not json_size_within(value, MAX_VALUE_BYTES):
+        raise _too_large(expression, f"gives a value larger than {MAX_VALUE_BYTES // (1024 * 1024)} MiB as JSON")
+    return value
