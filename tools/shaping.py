@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import re
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,6 +97,11 @@ def apply_whitelist(data: Any, paths: Sequence[str]) -> tuple[Any, list[str]]:
 # --------------------------------------------------------------------------- template
 
 
+#: The largest width or precision a summary template's format spec may ask for (the template is a tenant's input).
+MAX_SPEC_NUMBER = 200
+_SPEC_NUMBER = re.compile(r"\d+")
+
+
 class _SummaryFormatter(string.Formatter):
     def __init__(self) -> None:
         super().__init__()
@@ -122,6 +128,8 @@ class _SummaryFormatter(string.Formatter):
             return f"[{NOT_PROVIDED}]"
         if isinstance(value, dict | list):
             return _serialise(value)
+        if any(len(n) > 3 or int(n) > MAX_SPEC_NUMBER for n in _SPEC_NUMBER.findall(format_spec)):
+            return str(value)  # a width or precision such as {count:>999999999} would make a gigabyte
         try:
             return super().format_field(value, format_spec)
         except (ValueError, TypeError):

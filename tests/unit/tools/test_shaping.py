@@ -82,3 +82,13 @@ def test_text_results_pass_through() -> None:
     assert shape_result("plain text", field_whitelist=None, size_cap=100, summary_template=None).content == "plain text"
     shaped = shape_result('{"a": 1, "b": 2}', field_whitelist=["a"], size_cap=100, summary_template=None)
     assert json.loads(shaped.content) == {"a": 1}
+
+
+def test_a_summary_templates_width_or_precision_past_the_bound_is_ignored() -> None:
+    """A tenant's template such as {count:>999999999} made a gigabyte string on every call of the tool."""
+    assert render_summary("{count:0>5} rows", [1, 2]) == ("00002 rows", [])
+    assert render_summary("{count:>200}", [1, 2])[0] == " " * 199 + "2"
+    for template in ("{count:>999999999}", "{count:>201}", "{first:.999999999f}", "{count:>{first}}",
+                     "{count:>" + "9" * 5000 + "}"):
+        text, _ = render_summary(template, [1_000_000_000, 2])
+        assert len(text) <= 20, (template, len(text))
