@@ -30,7 +30,7 @@ from marketplace.models import (
     PluginInstall,
     PresetAgent,
 )
-from runtime import patterns
+from runtime import schemas
 from tenants.models import Tenant
 from tenants.scoping import Actor
 from tools.models import Tool, ToolKind
@@ -41,11 +41,9 @@ log = logging.getLogger(__name__)
 
 def config_errors(schema: Mapping[str, Any], config: Any) -> list[str]:
     """Readable schema violations, each naming the field (``refund_limit: -1 is less than the minimum of 0``)."""
-    validator = patterns.schema_validator(dict(schema))
     try:
-        with patterns.budget():
-            found = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
-    except patterns.CheckError as exc:
+        found = sorted(schemas.problems_of(dict(schema), config), key=lambda e: [str(p) for p in e.absolute_path])
+    except schemas.CheckError as exc:
         return [f"(configuration): could not be checked against the plugin's settings schema: {exc}."]
     errors = []
     for error in found:

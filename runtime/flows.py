@@ -43,7 +43,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationInfo, model_validator
 
-from runtime import expressions, patterns
+from runtime import expressions, schemas
 from runtime.documents import (
     Document,
     Leaf,
@@ -383,18 +383,8 @@ def input_schema_problems(schema: dict[str, Any] | None) -> list[str]:
     if schema.get("type") != "object":
         return ['$.input_schema.type: must be "object": a flow\'s input is a JSON object (its keys are read as '
                 f"input.<key>); got {json.dumps(schema.get('type'))}"]
-    return [f"$.input_schema: {key} {ref!r} points outside the schema; only references within it (#/...) are allowed"
-            for key, ref in _references(schema) if not ref.startswith("#")]
-
-
-def _references(node: Any) -> list[tuple[str, str]]:
-    """Every ``$ref`` / ``$dynamicRef`` in a schema (tenant input: it must not name another document)."""
-    if isinstance(node, list):
-        return [r for item in node for r in _references(item)]
-    if not isinstance(node, dict):
-        return []
-    own = [(k, str(v)) for k, v in node.items() if k in ("$ref", "$dynamicRef")]
-    return own + [r for v in node.values() for r in _references(v)]
+    return [f"$.input_schema: {ref} points outside the schema; only references within it (#/...) are allowed"
+            for ref in schemas.outside_references(schema)]
 
 
 def input_problems(schema: dict[str, Any] | None, value: Any) -> list[str]:
@@ -404,14 +394,10 @@ def input_problems(schema: dict[str, Any] | None, value: Any) -> list[str]:
         return []
     found: set[str] = set()
     try:
-        with patterns.budget():
-            errors = list(patterns.schema_validator(schema).iter_errors(value))
-    except patterns.CheckError as exc:
+        errors = schemas.problems_of(schema, value)
+    except schemas.CheckError as exc:  # too slow, or a reference that does not resolve (saved before they were checked)
         return [f"input: could not be checked against the flow's input_schema: {exc}; an operator must fix the "
                 "flow's version"]
-    except Exception:  # a schema saved before references were checked, whose $ref cannot be resolved
-        return ["input: the flow's input_schema cannot be applied (a reference in it does not resolve); an operator "
-                "must fix the flow's version"]
     for error in errors:
         where = "input" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
         if error.validator == "required" and isinstance(error.instance, dict):

@@ -1,24 +1,22 @@
-"""Tenants' regular expressions and JSON Schemas, checked with a time bound.
+"""Tenants' regular expressions, matched with a time bound.
 
 Tenants write patterns in several places: JSON Schema ``pattern`` and ``patternProperties`` (tool argument schemas,
 a flow's ``input_schema``, a plugin's settings schema), a supervisor's routing rules and the context policy's
 identifier patterns. Python's ``re`` backtracks without limit, so one pattern such as ``(a|aa)+$`` against forty
 characters holds a server or worker thread for minutes. Every match of such a pattern goes through here instead: it
-runs on the ``regex`` engine (the same syntax as ``re``) with a timeout per match, and a whole validation or routing
-pass shares one budget (``budget()``). A schema need not have a pattern to be slow: ``anyOf`` branches that each
-descend through a ``$ref`` cost branches ** depth, so a forty-byte nested list can take hours. The validator from
-``schema_validator`` checks the budget at every keyword it applies. Past either bound, ``CheckError`` says what and
-why; callers turn it into a problem for the caller, the model or the trace, never a hung thread or a 500.
+runs on the ``regex`` engine (the same syntax as ``re``) with a timeout per match, and a whole check (a validation,
+a routing decision) shares one budget (``budget()``). Past either, ``PatternError`` (a ``CheckError``) says which
+pattern and why; callers turn it into a problem for the caller, the model or the trace, never a hung thread or a 500.
 
 jsonschema's keywords call ``re.search``; this module points the two jsonschema modules that do (``_keywords`` and
-``_utils``, pinned version) at the bounded search when it is imported. ``tests/unit/runtime/test_patterns.py`` fails
-if jsonschema stops using it.
+``_utils``, pinned version) at the bounded search when it is imported (``runtime/schemas.py`` applies tenant schemas).
+``tests/unit/runtime/test_patterns.py`` fails if jsonschema stops using it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache
@@ -27,7 +25,6 @@ from typing import Any
 import jsonschema._keywords
 import jsonschema._utils
 import regex
-from jsonschema import Draft202012Validator, FormatChecker, validators
 
 #: The longest one match may take.
 MATCH_SECONDS = 0.05
@@ -41,15 +38,6 @@ _deadline: ContextVar[float | None] = ContextVar("pattern_deadline", default=Non
 
 class CheckError(ValueError):
     """A check by a tenant's pattern or schema that could not be made: it does not compile, or it took too long."""
-
-
-class SchemaTooSlow(CheckError):
-    """A schema check that ran out of its budget (nested ``anyOf``/``oneOf``/``$ref``, many slow patterns, …)."""
-
-    def __init__(self) -> None:
-        super().__init__(f"the check against the schema took longer than its {BUDGET_SECONDS * 1000:g} ms: branches "
-                         "(anyOf, oneOf, $ref) that descend into each other, or slow patterns, make it too slow for "
-                         "this value, and the schema must be simplified")
 
 
 class PatternError(CheckError):
@@ -77,6 +65,12 @@ def budget(seconds: float = BUDGET_SECONDS) -> Iterator[None]:
         yield
     finally:
         _deadline.reset(token)
+
+
+def spent() -> bool:
+    """Whether the enclosing ``budget()`` has run out (False outside any)."""
+    deadline = _deadline.get()
+    return deadline is not None and time.monotonic() > deadline
 
 
 def _timeout(pattern: str) -> float:
@@ -152,27 +146,10 @@ def jsonschema_guarded() -> bool:
     return jsonschema._keywords.re is _BoundedRe and jsonschema._utils.re is _BoundedRe
 
 
-def _on_budget(keyword: Callable[..., Any]) -> Callable[..., Any]:
-    def apply(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
-        deadline = _deadline.get()
-        if deadline is not None and time.monotonic() > deadline:
-            raise SchemaTooSlow()
-        return keyword(validator, value, instance, schema)
-
-    return apply
-
-
-#: Draft 2020-12 with every keyword checking the budget before it applies.
-_BoundedValidator = validators.extend(
-    Draft202012Validator, {name: _on_budget(keyword) for name, keyword in Draft202012Validator.VALIDATORS.items()})
-
-
-def schema_validator(schema: Any, format_checker: FormatChecker | None = None) -> Any:
-    """A Draft 2020-12 validator for a tenant's schema: its patterns match within the time bound and the whole check
-    stops when the budget is spent. Run its ``iter_errors`` inside ``budget()`` and catch ``CheckError``."""
+def guard_jsonschema() -> None:
+    """Point jsonschema's pattern keywords at the bounded search (done on import; again if something undid it)."""
     if not jsonschema_guarded():
         _guard_jsonschema()
-    return _BoundedValidator(schema, format_checker=format_checker)
 
 
 _guard_jsonschema()

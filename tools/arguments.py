@@ -22,7 +22,7 @@ import json_repair
 from jsonschema import FormatChecker
 from jsonschema.exceptions import ValidationError
 
-from runtime import patterns
+from runtime import schemas
 
 __all__ = [
     "ArgumentProblem",
@@ -617,11 +617,10 @@ def parse_arguments(
     problems: list[ArgumentProblem] = []
     if unknown_fields == "error":
         problems.extend(_unknown_fields(value, schema, unknown_fields))
-    validator = patterns.schema_validator(schema, format_checker=_FORMAT_CHECKER)
     try:
-        with patterns.budget():
-            errors = sorted(validator.iter_errors(value), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
-    except patterns.CheckError as exc:  # the tool's schema (tenant input) cannot check them in time
+        errors = sorted(schemas.problems_of(schema, value, _FORMAT_CHECKER),
+                        key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+    except schemas.CheckError as exc:  # the tool's schema (tenant input) cannot check them: too slow, a bad $ref
         log.warning("tool %s: its argument schema cannot be checked: %s", tool_name, exc)
         errors = []
         problems.append(ArgumentProblem(

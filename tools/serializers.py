@@ -14,6 +14,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from rest_framework import serializers
 
+from runtime import schemas
 from runtime.documents import openapi_schema
 from tools import kinds, rate_limits
 from tools.isolation import isolation_problems
@@ -45,7 +46,8 @@ def schema_problems(schema: Any, *, root_object: bool = True) -> list[str]:
         return [f"not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else "")]
     if root_object and schema.get("type") != "object":
         return ['the arguments are an object: the schema needs "type": "object" at the top']
-    return []
+    return [f"{ref} points outside the schema; only references within it (#/...) are allowed"
+            for ref in schemas.outside_references(schema)]
 
 
 def _allow_hosts(config: Any) -> list[Any]:

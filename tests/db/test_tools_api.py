@@ -67,6 +67,12 @@ def test_parameters_must_be_a_json_schema_and_errors_name_the_place(api: APIClie
     not_object = {**HTTP_TOOL, "parameters": {"type": "array"}}
     assert '"type": "object"' in _errors(api.post("/api/v1/tools", not_object, format="json"))["parameters"][0]
     assert api.post("/api/v1/tools", {**HTTP_TOOL, "name": "bad name!"}, format="json").json()["name"]
+    # a reference to another document would fail every call (jsonschema resolves none): refused at save
+    remote = {**HTTP_TOOL, "parameters": {"type": "object", "properties": {"order_id": {
+        "$ref": "http://169.254.169.254/latest/meta-data"}}}}
+    assert _errors(api.post("/api/v1/tools", remote, format="json"))["parameters"] == [
+        "$ref 'http://169.254.169.254/latest/meta-data' points outside the schema; only references within it (#/...) "
+        "are allowed"]
 
 
 def test_names_are_unique_per_tenant(world: World, api: APIClient) -> None:

@@ -1,4 +1,5 @@
-"""Tenant-written regular expressions are matched with a time bound (runtime/patterns.py): a backtracking pattern is
+"""Tenant-written regular expressions are matched with a time bound (runtime/patterns.py), and a tenant's JSON Schema
+is applied within a budget (runtime/schemas.py): a backtracking pattern is
 refused with a problem naming it, where Python's ``re`` would hold the thread (here ~3 s; with a few more characters,
 minutes). Each check below would return after seconds without a ``PatternError`` if the guard were gone."""
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from marketplace.installs import config_errors
-from runtime import patterns
+from runtime import patterns, schemas
 from runtime.compaction import extract_identifiers
 from runtime.config import parse_policy
 from runtime.flows import input_problems
@@ -52,22 +53,22 @@ def test_jsonschema_matches_patterns_through_the_bounded_search() -> None:
 def test_every_keyword_that_matches_a_pattern_stops_at_the_bound(schema: dict[str, Any]) -> None:
     instance = {"q": EVIL} if "properties" in schema else {EVIL: "x"}
     with pytest.raises(patterns.PatternError) as caught, patterns.budget():
-        list(patterns.schema_validator(schema).iter_errors(instance))
+        list(schemas.validator(schema).iter_errors(instance))
     assert caught.value.pattern == SLOW
     assert "backtracks" in str(caught.value) and "(a|aa)+$" in str(caught.value)
 
 
 def test_a_schema_whose_branches_multiply_stops_at_the_budget() -> None:
-    with pytest.raises(patterns.SchemaTooSlow) as caught, patterns.budget():
-        list(patterns.schema_validator(BRANCHY).iter_errors(NESTED))
+    with pytest.raises(schemas.SchemaTooSlow) as caught, patterns.budget():
+        list(schemas.validator(BRANCHY).iter_errors(NESTED))
     assert "anyOf" in str(caught.value) and "must be simplified" in str(caught.value)
     with patterns.budget():
-        assert patterns.schema_validator(BRANCHY).is_valid(_nested(3))  # a shallow value is checked as usual
-        assert not patterns.schema_validator(BRANCHY).is_valid([*_nested(3), "x"])
+        assert schemas.validator(BRANCHY).is_valid(_nested(3))  # a shallow value is checked as usual
+        assert not schemas.validator(BRANCHY).is_valid([*_nested(3), "x"])
 
 
 def test_patterns_match_as_re_does_within_the_bound() -> None:
-    validator = patterns.schema_validator({"type": "string", "pattern": r"^O\d{3}$"})
+    validator = schemas.validator({"type": "string", "pattern": r"^O\d{3}$"})
     assert validator.is_valid("O123") and not validator.is_valid("O12")
     assert patterns.search(r"\bINV-(\d{4})\b", "see INV-2024 now").group(1) == "2024"
     assert patterns.findall(r"O\d{3}", "O123 and O456") == re.findall(r"O\d{3}", "O123 and O456")
@@ -116,6 +117,17 @@ def test_tool_arguments_too_slow_for_the_tools_schema_tell_the_model_the_schema_
     schema = {"type": "object", "properties": {"items": BRANCHY["$defs"]["n"]}, "$defs": BRANCHY["$defs"]}
     result = parse_arguments({"items": NESTED}, schema, tool_name="search")
     assert not result.ok and "fault in the tool's schema" in result.model_message
+
+
+def test_a_reference_that_does_not_resolve_is_a_check_error_not_a_crash() -> None:
+    schema = {"type": "object", "properties": {"a": {"$ref": "https://example.com/schema"}}}
+    with pytest.raises(schemas.CheckError, match="does not resolve"):
+        schemas.problems_of(schema, {"a": 1})
+    result = parse_arguments({"a": 1}, schema, tool_name="search")
+    assert not result.ok and "fault in the tool's schema" in result.model_message
+    assert "does not resolve" in result.model_message
+    assert schemas.outside_references(schema) == ["$ref 'https://example.com/schema'"]
+    assert schemas.outside_references({"$defs": {"x": {}}, "items": [{"$ref": "#/$defs/x"}]}) == []
 
 
 def test_tool_arguments_against_a_slow_pattern_tell_the_model_the_schema_is_at_fault() -> None:
