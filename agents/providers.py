@@ -382,6 +382,11 @@ def env_default_provider() -> ProviderConfig | None:
     return ProviderConfig(name=ENV_PROVIDER, base_url=base_url, api_key=api_key, models=models)
 
 
+#: The largest answer (a completion, or a whole stream of one; decompressed) a tenant's provider may send: the
+#: endpoint is a tenant's input, and one endless or compressed-bomb answer would otherwise fill a worker's memory.
+MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+
+
 def egress_allow() -> list[str]:
     return list(settings.PROVIDER_EGRESS_ALLOW)
 
@@ -390,5 +395,5 @@ def guarded_client_for(provider: Provider, config: ProviderConfig) -> OpenAIComp
     """The SDK client of a tenant's own OpenAI-compatible provider, on an egress-guarded HTTP client; else None."""
     if provider.tenant_id is None or config.kind != "openai_compatible":
         return None
-    client = guarded_client(allow=egress_allow(), timeout=config.timeout)
+    client = guarded_client(allow=egress_allow(), timeout=config.timeout, max_response_bytes=MAX_RESPONSE_BYTES)
     return OpenAICompatibleClient(config, http_client=client, show_error_bodies=False)

@@ -14,7 +14,10 @@ connects to the *validated IP* (Host header and TLS SNI keep the original name),
 DNS-rebinding window between the check and the connection. :func:`guarded_client` builds an
 ``httpx.Client`` on that transport that follows redirects itself, checking every hop. Given a
 ``deadline``, every connect, TLS handshake, read and write of the client waits at most the time
-left until it (:class:`DeadlineBackend`), so a slow or trickling server cannot hold a call past it.
+left until it (:class:`DeadlineBackend`), so a slow or trickling server cannot hold a call past it. Given a
+``max_response_bytes``, a response body past it (counted after decompression: the client asks for ``identity``
+and decodes gzip/deflate itself, a chunk at a time) ends in :class:`ResponseTooLarge`, so a hostile server cannot
+fill the process's memory with one answer or a small compressed bomb.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import re
 import socket
 import ssl
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +45,7 @@ __all__ = [
     "GuardedTransport",
     "ResolvedTarget",
     "Resolver",
+    "ResponseTooLarge",
     "allow_list_problems",
     "check_url",
     "classify_ip",
@@ -510,6 +515,65 @@ def _bound_by_deadline(transport: httpx.HTTPTransport, deadline: float) -> None:
     pool._network_backend = DeadlineBackend(backend, deadline)  # type: ignore[union-attr]
 
 
+class ResponseTooLarge(httpx.ReadError):
+    """A response body past the client's ``max_response_bytes`` (after decompression), or in an encoding it cannot
+    bound."""
+
+
+class _CappedStream(httpx.SyncByteStream):
+    """A response body that stops at ``limit`` bytes, decoding gzip/deflate itself so the bound holds for what the
+    caller would read."""
+
+    def __init__(self, inner: Any, limit: int, encoding: str, request: httpx.Request) -> None:
+        self._inner, self._limit, self._request = inner, limit, request
+        self._decoder = None if encoding in ("", "identity") else zlib.decompressobj(
+            16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS)
+
+    def _too_large(self) -> ResponseTooLarge:
+        return ResponseTooLarge(f"the response is larger than {self._limit} bytes, this client's bound",
+                                request=self._request)
+
+    def __iter__(self) -> Any:
+        size = 0
+        try:
+            for chunk in self._inner:
+                if self._decoder is not None:
+                    chunk = self._decoder.decompress(chunk, self._limit - size + 1)
+                    if self._decoder.unconsumed_tail:  # it would decompress to more than the bound
+                        raise self._too_large()
+                size += len(chunk)
+                if size > self._limit:
+                    raise self._too_large()
+                if chunk:
+                    yield chunk
+            if self._decoder is not None:
+                tail = self._decoder.flush()
+                if size + len(tail) > self._limit:
+                    raise self._too_large()
+                if tail:
+                    yield tail
+        except zlib.error as exc:
+            raise httpx.DecodingError(f"the response's compressed body is broken: {exc}", request=self._request) from None
+
+    def close(self) -> None:
+        close = getattr(self._inner, "close", None)
+        if close is not None:
+            close()
+
+
+def _capped(response: httpx.Response, limit: int, request: httpx.Request) -> httpx.Response:
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
+        response.close()
+        raise ResponseTooLarge(f"the response is encoded as {encoding!r}, which this client cannot bound (it asks for "
+                               "identity and decodes gzip or deflate)", request=request)
+    response.stream = _CappedStream(response.stream, limit, encoding, request)
+    for name in ("content-encoding", "content-length"):  # the body is decoded here: httpx must not decode it again
+        if name in response.headers:
+            del response.headers[name]
+    return response
+
+
 class GuardedTransport(httpx.HTTPTransport):
     """An ``HTTPTransport`` that resolves each request's host once, validates every address,
     and connects to the validated IP. The ``Host`` header and TLS SNI keep the original name.
@@ -524,6 +588,7 @@ class GuardedTransport(httpx.HTTPTransport):
         allow: EgressPolicy | Iterable[str] | None = None,
         resolver: Resolver | None = None,
         deadline: float | None = None,
+        max_response_bytes: int | None = None,
         **transport_kwargs: Any,
     ) -> None:
         transport_kwargs.pop("proxy", None)  # a proxy would make the pinned IP meaningless
@@ -532,6 +597,8 @@ class GuardedTransport(httpx.HTTPTransport):
         self.policy = EgressPolicy.coerce(allow, resolver)
         #: ``time.monotonic()`` by which every exchange through this transport ends (None: the timeouts alone).
         self.deadline = deadline
+        #: The largest response body this transport hands on, decompressed (None: no bound).
+        self.max_response_bytes = max_response_bytes
         self._transport_kwargs = transport_kwargs
         self._pools: dict[tuple[str, str, int], httpx.HTTPTransport] = {}
         #: Every (host, ip, port) this transport connected to, in order (for tests and audit).
@@ -557,11 +624,16 @@ class GuardedTransport(httpx.HTTPTransport):
         headers = httpx.Headers(request.headers)
         if "host" not in headers:
             headers["Host"] = request.url.netloc.decode("ascii")
+        if self.max_response_bytes is not None:
+            headers["Accept-Encoding"] = "identity"  # a compressed body is decoded (and bounded) here if sent anyway
         pinned = httpx.Request(
             request.method, pinned_url, headers=headers, stream=request.stream, extensions=extensions
         )
         self.connections.append((target.host, target.ip, target.port))
-        return self._pool_for((target.scheme, target.host.lower(), target.port)).handle_request(pinned)
+        response = self._pool_for((target.scheme, target.host.lower(), target.port)).handle_request(pinned)
+        if self.max_response_bytes is None:
+            return response
+        return _capped(response, self.max_response_bytes, request)
 
     def close(self) -> None:
         for pool in self._pools.values():
@@ -588,11 +660,13 @@ class GuardedClient(httpx.Client):
         sensitive_headers: Iterable[str] = (),
         transport_kwargs: dict[str, Any] | None = None,
         deadline: float | None = None,
+        max_response_bytes: int | None = None,
         **client_kwargs: Any,
     ) -> None:
         for forbidden in ("transport", "mounts", "proxy", "trust_env", "follow_redirects"):
             client_kwargs.pop(forbidden, None)
-        self.guard = GuardedTransport(allow=allow, resolver=resolver, deadline=deadline, **(transport_kwargs or {}))
+        self.guard = GuardedTransport(allow=allow, resolver=resolver, deadline=deadline,
+                                      max_response_bytes=max_response_bytes, **(transport_kwargs or {}))
         super().__init__(transport=self.guard, trust_env=False, follow_redirects=False, **client_kwargs)
         self.guard_follow_redirects = follow_redirects
         self.guard_max_redirects = max_redirects
@@ -670,11 +744,13 @@ def guarded_client(
     follow_redirects: bool = True,
     sensitive_headers: Iterable[str] = (),
     deadline: float | None = None,
+    max_response_bytes: int | None = None,
     **client_kwargs: Any,
 ) -> GuardedClient:
     """An egress-guarded ``httpx.Client``; use it as a context manager.
 
     ``deadline`` (``time.monotonic()``): no connect, read or write of this client waits past it.
+    ``max_response_bytes``: a response body past it (decompressed) raises :class:`ResponseTooLarge` while it is read.
     """
     return GuardedClient(
         allow=allow,
@@ -683,6 +759,7 @@ def guarded_client(
         follow_redirects=follow_redirects,
         sensitive_headers=sensitive_headers,
         deadline=deadline,
+        max_response_bytes=max_response_bytes,
         timeout=timeout,
         **client_kwargs,
     )

@@ -283,6 +283,10 @@ class OpenAICompatibleClient:
             )
         if isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc.__context__
+            if type(cause).__name__ == "ResponseTooLarge":  # the egress guard's bound on a tenant's endpoint
+                return MalformedResponseError(
+                    f"provider {name!r} at {url} sent an answer this console does not take ({cause}); a model's "
+                    "answer is far smaller, so check what the endpoint serves", **common)
             detail = f": {type(cause).__name__}" if cause is not None else ""
             return ProviderConnectionError(
                 f"could not connect to provider {name!r} at {url}{detail}; check the base URL and that the endpoint is reachable",

@@ -16,6 +16,7 @@ from agents.models import Agent, AgentVersion, Provider, Run, Session
 from agents.providers import ModelEntry, check_fields, check_headers, check_models, decrypt_secret, model_table
 from audit.models import ConfigChange
 from llm import ModelInfo, ProviderAuthError
+from llm.errors import MalformedResponseError
 from runtime.config import check_policy
 from runtime.documents import DocumentError
 from runtime.types import ModelRequest, TerminalReason
@@ -410,3 +411,23 @@ def test_a_failed_model_call_emits_its_attempts_as_children_of_model_error() -> 
     failure = next(e for e in events if e["type"] == "model.error")
     assert attempt["parent_span_id"] == failure["span_id"] and attempt["payload"]["outcome"] == "auth_error"
     assert "was refused (HTTP 401)" in failure["payload"]["error"]
+
+
+def test_a_tenants_provider_answer_past_the_bound_fails_the_call_not_the_worker(worlds: Any, fake: FakeOpenAI,
+                                                                                  monkeypatch: Any) -> None:
+    """A tenant's endpoint is hostile input: an endless (or compressed-bomb) answer would fill the worker's memory.
+    Its answers are bounded (agents/providers.py MAX_RESPONSE_BYTES, 32 MiB; 10 kB here), decompressed."""
+    from agents import providers
+
+    monkeypatch.setattr(providers, "MAX_RESPONSE_BYTES", 10_000)
+    world, _ = worlds
+    _create(_client(world.operator), name="acme", base_url=fake.base_url)
+    run = _run(world, "acme/gpt-4o-mini")
+    fake.script(text("y" * 20_000), text("y" * 20_000), text("y" * 20_000))
+    with pytest.raises(MalformedResponseError, match="sent an answer this console does not take") as caught:
+        model_clients.model_client_for(run).complete(_request("acme/gpt-4o-mini"))
+    assert "larger than 10000 bytes" in str(caught.value) and not caught.value.retryable
+    assert len(fake.chat_requests) == 1  # not retried: the same endpoint would answer the same
+    fake.reset()
+    fake.script(text("small"))
+    assert model_clients.model_client_for(run).complete(_request("acme/gpt-4o-mini")).content == "small"
