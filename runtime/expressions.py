@@ -2,10 +2,12 @@
 
 An expression of a few hundred characters can make a value far larger than its data: ``[@, @][]`` doubles a list,
 ``join('', [@, @])`` a string, and ``{a: @, b: @}`` a tree whose JSON doubles (the tree shares its halves in memory,
-its JSON does not), each at every ``|``. Thirty steps are a billion times the input: the worker runs out of memory
-storing it, and every worker that picks the node up again does too. Here the lists that flattening makes and the
-strings ``join`` and ``to_string`` make count against one allowance per evaluation, and the value is measured as JSON
-(stopping as soon as it is too large) before anyone stores or sends it. Past either, ``ValueTooLarge``.
+its JSON does not), each at every ``|``, and ``l[*].[@, @][*].[@, @][*]…`` nests new pairs at every step. Thirty
+steps are a billion times the input: the worker runs out of memory (or time) making or storing it, and every worker
+that picks the node up again does too. Here every list and object the evaluation makes (projections, multi-selects,
+flattening, functions) and the strings ``join`` and ``to_string`` make count against one allowance per evaluation,
+and the value is measured as JSON (stopping as soon as it is too large) before anyone stores or sends it. Past
+either, ``ValueTooLarge``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from jmespath.visitor import TreeInterpreter
 
 #: The largest value an expression may give, as JSON (roughly: the size of its strings, keys and punctuation).
 MAX_VALUE_BYTES = 2 * 1024 * 1024
-#: List items flattening may make during one evaluation, and characters ``join``/``to_string`` may make.
-MAX_MADE_ITEMS = 200_000
+#: List items and object entries an evaluation may make (projections, multi-selects, flattening, functions), and
+#: characters ``join``/``to_string`` may make.
+MAX_MADE_ITEMS = 1_000_000
 MAX_MADE_CHARS = MAX_VALUE_BYTES
 
 
@@ -100,7 +103,12 @@ class _Allowance:
     def spend_items(self, count: int) -> None:
         self.items -= count
         if self.items < 0:
-            raise self.exceeded(f"makes lists of more than {MAX_MADE_ITEMS} items")
+            raise self.exceeded(f"makes more than {MAX_MADE_ITEMS} list items and object entries")
+
+
+#: The nodes whose value is a list or object made during the evaluation (the others hand on a part of the data).
+_MAKERS = frozenset({"flatten", "multi_select_list", "multi_select_dict", "projection", "value_projection",
+                     "filter_projection", "slice", "function_expression"})
 
 
 class _Interpreter(TreeInterpreter):  # type: ignore[misc]
@@ -108,11 +116,11 @@ class _Interpreter(TreeInterpreter):  # type: ignore[misc]
         super().__init__(jmespath.Options(custom_functions=_Functions(allowance)))
         self.allowance = allowance
 
-    def visit_flatten(self, node: dict[str, Any], value: Any) -> Any:
-        merged = super().visit_flatten(node, value)
-        if isinstance(merged, list):
-            self.allowance.spend_items(len(merged))
-        return merged
+    def visit(self, node: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        value = super().visit(node, *args, **kwargs)
+        if node["type"] in _MAKERS and isinstance(value, list | dict):
+            self.allowance.spend_items(len(value))
+        return value
 
 
 def search(expression: str, data: Any) -> Any:

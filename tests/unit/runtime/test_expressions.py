@@ -23,7 +23,8 @@ def _steps(start: str, step: str, count: int) -> str:
 
 EXPLODING = {
     "a tree whose JSON doubles": (_steps("input", "{a: @, b: @}", 40), "larger than 2 MiB as JSON"),
-    "a list that doubles": (_steps("input.l", "[@, @][]", 22), "makes lists of more than 200000 items"),
+    "a list that doubles": (_steps("input.l", "[@, @][]", 22), "makes more than 1000000 list items"),
+    "pairs nested in pairs": ("input.l[*]" + ".[@, @][*]" * 22, "larger than 2 MiB as JSON"),
     "a string that doubles": (_steps("input.x", "join('', [@, @])", 20), "makes strings of more than"),
     "the tree written out": (_steps("input", "{a: @, b: @}", 18) + "|to_string(@)", "to_string"),
 }
@@ -67,7 +68,14 @@ def test_the_json_size_check_stops_early_and_counts_shared_branches_as_json_does
 
 
 def test_each_evaluation_has_its_own_allowance() -> None:
-    near = _steps("input.l", "[@, @][]", 15)  # 3 * 2 ** 15 = 98 304 items, under 200 000
+    near = _steps("input.l", "[@, @][]", 16)  # each step's list counted twice (flattened, projected): ~786 000 made
     for _ in range(3):
-        assert len(search(near, DATA)) == 3 * 2 ** 15
-    assert expressions.MAX_MADE_ITEMS == 200_000
+        assert len(search(near, DATA)) == 3 * 2 ** 16
+    assert expressions.MAX_MADE_ITEMS == 1_000_000
+
+
+def test_what_is_made_on_the_way_counts_even_when_the_value_is_small() -> None:
+    big = {"input": {"big": list(range(300_000))}}
+    assert search("length(input.big)", big) == 300_000
+    with pytest.raises(ValueTooLarge, match="makes more than 1000000 list items"):
+        search("length(input.big[*].[@, @, @, @])", big)  # 1.2 M entries made, then counted down to one number
