@@ -3,7 +3,10 @@
 Same rule as :class:`egress.guard.GuardedTransport`: every request's host is resolved once, every
 address is checked against the policy, and the connection goes to the *validated IP* (``Host``
 and TLS SNI keep the name). A check made earlier (before secrets are resolved) is a fast refusal
-only; this one, made for the very connection, is what closes the DNS-rebinding window.
+only; this one, made for the very connection, is what closes the DNS-rebinding window. Given a
+``max_response_bytes``, a response body past it (decompressed: identity is asked, gzip/deflate decoded here a chunk
+at a time) ends in :class:`AsyncResponseTooLarge` while it is read; an MCP session is one tool call, so the bound is
+what one call may receive.
 """
 
 from __future__ import annotations
@@ -14,9 +17,31 @@ from typing import Any
 import anyio.to_thread
 import httpx2
 
-from egress.guard import EgressPolicy, Resolver
+from egress.guard import BodyBound, EgressPolicy, Resolver
 
-__all__ = ["AsyncGuardedTransport", "guarded_async_client"]
+__all__ = ["AsyncGuardedTransport", "AsyncResponseTooLarge", "guarded_async_client"]
+
+
+class AsyncResponseTooLarge(httpx2.ReadError):
+    """A response body past the client's ``max_response_bytes`` (decompressed), or one it cannot bound."""
+
+
+class _CappedAsyncStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: Any, limit: int, encoding: str, request: httpx2.Request) -> None:
+        self._inner = inner
+        self._bound = BodyBound(limit, encoding, lambda message: AsyncResponseTooLarge(message, request=request))
+
+    async def __aiter__(self) -> Any:
+        async for chunk in self._inner:
+            if out := self._bound.feed(chunk):
+                yield out
+        if tail := self._bound.finish():
+            yield tail
+
+    async def aclose(self) -> None:
+        close = getattr(self._inner, "aclose", None)
+        if close is not None:
+            await close()
 
 
 class AsyncGuardedTransport(httpx2.AsyncBaseTransport):
@@ -27,11 +52,13 @@ class AsyncGuardedTransport(httpx2.AsyncBaseTransport):
     """
 
     def __init__(self, *, allow: EgressPolicy | Iterable[str] | None = None, resolver: Resolver | None = None,
-                 **transport_kwargs: Any) -> None:
+                 max_response_bytes: int | None = None, **transport_kwargs: Any) -> None:
         for forbidden in ("proxy", "uds"):  # a proxy or a socket would make the pinned IP meaningless
             transport_kwargs.pop(forbidden, None)
         transport_kwargs["trust_env"] = False
         self.policy = EgressPolicy.coerce(allow, resolver)
+        #: The largest response body this transport hands on, decompressed (None: no bound).
+        self.max_response_bytes = max_response_bytes
         self._transport_kwargs = transport_kwargs
         self._pools: dict[tuple[str, str, int], httpx2.AsyncHTTPTransport] = {}
         #: Every (host, ip, port) this transport connected to, in order (for tests and audit).
@@ -45,6 +72,8 @@ class AsyncGuardedTransport(httpx2.AsyncBaseTransport):
         headers = httpx2.Headers(request.headers)
         if "host" not in headers:
             headers["Host"] = request.url.netloc.decode("ascii")
+        if self.max_response_bytes is not None:
+            headers["Accept-Encoding"] = "identity"
         pinned = httpx2.Request(
             request.method, request.url.copy_with(host=target.ip), headers=headers, stream=request.stream, extensions=extensions
         )
@@ -53,7 +82,19 @@ class AsyncGuardedTransport(httpx2.AsyncBaseTransport):
         pool = self._pools.get(key)
         if pool is None:
             pool = self._pools[key] = httpx2.AsyncHTTPTransport(**self._transport_kwargs)
-        return await pool.handle_async_request(pinned)
+        response = await pool.handle_async_request(pinned)
+        if self.max_response_bytes is None:
+            return response
+        encoding = response.headers.get("content-encoding", "").strip().lower()
+        if encoding not in BodyBound.ENCODINGS:
+            await response.aclose()
+            raise AsyncResponseTooLarge(f"the response is encoded as {encoding!r}, which this client cannot bound",
+                                        request=request)
+        response.stream = _CappedAsyncStream(response.stream, self.max_response_bytes, encoding, request)
+        for name in ("content-encoding", "content-length"):  # decoded here: httpx2 must not decode it again
+            if name in response.headers:
+                del response.headers[name]
+        return response
 
     async def aclose(self) -> None:
         pools, self._pools = list(self._pools.values()), {}
@@ -62,9 +103,9 @@ class AsyncGuardedTransport(httpx2.AsyncBaseTransport):
 
 
 def guarded_async_client(*, allow: EgressPolicy | Iterable[str] | None = None, resolver: Resolver | None = None,
-                         **client_kwargs: Any) -> httpx2.AsyncClient:
+                         max_response_bytes: int | None = None, **client_kwargs: Any) -> httpx2.AsyncClient:
     """An ``httpx2.AsyncClient`` on :class:`AsyncGuardedTransport` that follows no redirects by itself."""
     for forbidden in ("transport", "mounts", "proxy", "trust_env", "follow_redirects"):
         client_kwargs.pop(forbidden, None)
-    transport = AsyncGuardedTransport(allow=allow, resolver=resolver)
+    transport = AsyncGuardedTransport(allow=allow, resolver=resolver, max_response_bytes=max_response_bytes)
     return httpx2.AsyncClient(transport=transport, trust_env=False, follow_redirects=False, **client_kwargs)

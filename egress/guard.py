@@ -38,6 +38,7 @@ import httpx
 __all__ = [
     "ALLOW_ENTRY_FORMS",
     "AllowEntry",
+    "BodyBound",
     "DeadlineBackend",
     "EgressDenied",
     "EgressPolicy",
@@ -516,44 +517,61 @@ def _bound_by_deadline(transport: httpx.HTTPTransport, deadline: float) -> None:
 
 
 class ResponseTooLarge(httpx.ReadError):
-    """A response body past the client's ``max_response_bytes`` (after decompression), or in an encoding it cannot
-    bound."""
+    """A response body the client will not hand on: past its ``max_response_bytes`` (after decompression), in an
+    encoding it cannot bound, or compressed and broken."""
 
 
-class _CappedStream(httpx.SyncByteStream):
-    """A response body that stops at ``limit`` bytes, decoding gzip/deflate itself so the bound holds for what the
-    caller would read."""
+class BodyBound:
+    """Counts a response body against ``limit`` bytes, decoding gzip/deflate itself (``encoding``) a chunk at a time so
+    the bound holds for what the caller reads; ``too_large(message)`` makes the error to raise. Shared by the sync and
+    the async (MCP) transports."""
 
-    def __init__(self, inner: Any, limit: int, encoding: str, request: httpx.Request) -> None:
-        self._inner, self._limit, self._request = inner, limit, request
+    ENCODINGS = ("", "identity", "gzip", "x-gzip", "deflate")
+
+    def __init__(self, limit: int, encoding: str, too_large: Callable[[str], Exception]) -> None:
+        self.limit, self.size, self._too_large = limit, 0, too_large
         self._decoder = None if encoding in ("", "identity") else zlib.decompressobj(
             16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS)
 
-    def _too_large(self) -> ResponseTooLarge:
-        return ResponseTooLarge(f"the response is larger than {self._limit} bytes, this client's bound",
-                                request=self._request)
+    def _over(self) -> Exception:
+        return self._too_large(f"the response is larger than {self.limit} bytes, this client's bound")
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._decoder is not None:
+            try:
+                chunk = self._decoder.decompress(chunk, self.limit - self.size + 1)
+            except zlib.error as exc:
+                raise self._too_large(f"the response's compressed body is broken ({exc})") from None
+            if self._decoder.unconsumed_tail:  # it would decompress to more than the bound
+                raise self._over()
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise self._over()
+        return chunk
+
+    def finish(self) -> bytes:
+        if self._decoder is None:
+            return b""
+        tail = self._decoder.flush()
+        self.size += len(tail)
+        if self.size > self.limit:
+            raise self._over()
+        return tail
+
+
+class _CappedStream(httpx.SyncByteStream):
+    """A response body that stops at the bound (``BodyBound``)."""
+
+    def __init__(self, inner: Any, limit: int, encoding: str, request: httpx.Request) -> None:
+        self._inner = inner
+        self._bound = BodyBound(limit, encoding, lambda message: ResponseTooLarge(message, request=request))
 
     def __iter__(self) -> Any:
-        size = 0
-        try:
-            for chunk in self._inner:
-                if self._decoder is not None:
-                    chunk = self._decoder.decompress(chunk, self._limit - size + 1)
-                    if self._decoder.unconsumed_tail:  # it would decompress to more than the bound
-                        raise self._too_large()
-                size += len(chunk)
-                if size > self._limit:
-                    raise self._too_large()
-                if chunk:
-                    yield chunk
-            if self._decoder is not None:
-                tail = self._decoder.flush()
-                if size + len(tail) > self._limit:
-                    raise self._too_large()
-                if tail:
-                    yield tail
-        except zlib.error as exc:
-            raise httpx.DecodingError(f"the response's compressed body is broken: {exc}", request=self._request) from None
+        for chunk in self._inner:
+            if out := self._bound.feed(chunk):
+                yield out
+        if tail := self._bound.finish():
+            yield tail
 
     def close(self) -> None:
         close = getattr(self._inner, "close", None)
@@ -563,7 +581,7 @@ class _CappedStream(httpx.SyncByteStream):
 
 def _capped(response: httpx.Response, limit: int, request: httpx.Request) -> httpx.Response:
     encoding = response.headers.get("content-encoding", "").strip().lower()
-    if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
+    if encoding not in BodyBound.ENCODINGS:
         response.close()
         raise ResponseTooLarge(f"the response is encoded as {encoding!r}, which this client cannot bound (it asks for "
                                "identity and decodes gzip or deflate)", request=request)

@@ -56,6 +56,9 @@ DEFAULT_STDIO_COMMANDS: list[list[str]] = [["python", "-m", "mcp_server_time"], 
 DEFAULT_TIMEOUT = 20.0
 #: Pages of tools/list read at most (a server that pages forever cannot hang an import).
 MAX_LIST_PAGES = 50
+#: What one session with a tenant's MCP server over HTTP (one import, one tool call) may receive, decompressed: the
+#: server is a tenant's input, and one endless or compressed-bomb answer would otherwise fill a worker's memory.
+MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SECRET_WHOLE = re.compile(r"^\s*secret:([A-Za-z0-9_.\-/]+)\s*$")
 _SECRET_INLINE = re.compile(r"\{secret:([A-Za-z0-9_.\-/]+)\}")
@@ -255,7 +258,8 @@ def with_session(server: dict[str, Any], work: Callable[[Any], Awaitable[T]], *,
         headers = _resolve_secrets(server.get("headers", {}))
 
         def pinned_client(headers: dict[str, str] | None = None, timeout: Any = None, auth: Any = None) -> Any:
-            return guarded_async_client(allow=policy, headers=headers, timeout=timeout, auth=auth)
+            return guarded_async_client(allow=policy, headers=headers, timeout=timeout, auth=auth,
+                                        max_response_bytes=MAX_RESPONSE_BYTES)
 
         if server.get("transport") == "sse":
             from mcp.client.sse import sse_client

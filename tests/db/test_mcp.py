@@ -167,6 +167,10 @@ def http_mcp_server() -> Any:
 
         raise ToolError("the fuse was lit")
 
+    @server.tool(description="Answers 200 kB of text.")
+    def flood() -> str:
+        return "z" * 200_000
+
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -188,13 +192,32 @@ def test_an_http_server_is_imported_and_called_when_its_address_is_allow_listed(
         import_mcp_tools(world.tenant, server, None)
     with override_settings(TOOL_EGRESS_ALLOW=["127.0.0.1"]):
         report = import_mcp_tools(world.tenant, server, None, prefix="arith_")
-        assert sorted(report.created) == ["arith_add", "arith_explode"]
+        assert sorted(report.created) == ["arith_add", "arith_explode", "arith_flood"]
         tools = list(Tool.objects.filter(tenant=world.tenant, kind=ToolKind.MCP).order_by("name"))
         gw, _, _ = _gateway(world, tools)
         added = _call(gw, "arith_add", {"a": 2, "b": "40"})
         assert added.status == ToolStatus.OK and "42" in added.content
         exploded = _call(gw, "arith_explode", {}, call_id="c2")
         assert exploded.status == ToolStatus.ERROR and "the fuse was lit" in exploded.content
+
+
+def test_an_mcp_servers_answer_past_the_bound_fails_the_call_not_the_worker(world: World, http_mcp_server: str,
+                                                                           monkeypatch: Any) -> None:
+    """A tenant's MCP server is hostile input: what one session may receive is bounded (tools/mcp_import.py
+    MAX_RESPONSE_BYTES, 32 MiB; 50 kB here), decompressed, so an endless answer fails the call, readably."""
+    from tools import mcp_import
+
+    server = {"url": http_mcp_server}
+    with override_settings(TOOL_EGRESS_ALLOW=["127.0.0.1"]):
+        import_mcp_tools(world.tenant, server, None, prefix="arith_")
+        tools = list(Tool.objects.filter(tenant=world.tenant, kind=ToolKind.MCP).order_by("name"))
+        gw, _, _ = _gateway(world, tools)
+        assert _call(gw, "arith_flood", {}).status == ToolStatus.OK  # 200 kB: under the real bound
+        monkeypatch.setattr(mcp_import, "MAX_RESPONSE_BYTES", 50_000)
+        gw, _, _ = _gateway(world, tools)  # a new run: the same call again in the first would be a repeat
+        flooded = _call(gw, "arith_flood", {})
+        assert flooded.status == ToolStatus.ERROR and "larger than 50000 bytes" in flooded.content, flooded.content
+        assert _call(gw, "arith_add", {"a": 2, "b": 3}, call_id="c2").status == ToolStatus.OK  # small answers pass
 
 
 # -- a name rebound to loopback, a failing target's words -------------------------------------------

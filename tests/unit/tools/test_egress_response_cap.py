@@ -105,3 +105,18 @@ def test_without_a_bound_nothing_changes(server: str) -> None:
         answer = http.get(f"{server}/small-gzip")
         assert answer.json() == {"ok": True}
         assert len(http.get(f"{server}/big").content) == LIMIT * 3
+
+
+def test_the_async_client_of_mcp_servers_is_bounded_alike(server: str) -> None:
+    import anyio
+
+    from egress.async_guard import AsyncResponseTooLarge, guarded_async_client
+
+    async def get(path: str) -> bytes:
+        async with guarded_async_client(allow=["127.0.0.1"], timeout=10.0, max_response_bytes=LIMIT) as http:
+            return (await http.get(f"{server}{path}")).content
+
+    for path in ("/big", "/bomb", "/brotli"):
+        with pytest.raises(AsyncResponseTooLarge):
+            anyio.run(get, path)
+    assert anyio.run(get, "/small-gzip") == b'{"ok": true}'
