@@ -385,6 +385,9 @@ def env_default_provider() -> ProviderConfig | None:
 #: The largest answer (a completion, or a whole stream of one; decompressed) a tenant's provider may send: the
 #: endpoint is a tenant's input, and one endless or compressed-bomb answer would otherwise fill a worker's memory.
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+#: The longest one call to a tenant's provider may take, streamed or not (each read also waits at most the provider's
+#: ``timeout``): a server that trickles a byte at a time would otherwise hold a shared worker thread without end.
+MAX_CALL_SECONDS = 600.0
 
 
 def egress_allow() -> list[str]:
@@ -395,5 +398,6 @@ def guarded_client_for(provider: Provider, config: ProviderConfig) -> OpenAIComp
     """The SDK client of a tenant's own OpenAI-compatible provider, on an egress-guarded HTTP client; else None."""
     if provider.tenant_id is None or config.kind != "openai_compatible":
         return None
-    client = guarded_client(allow=egress_allow(), timeout=config.timeout, max_response_bytes=MAX_RESPONSE_BYTES)
+    client = guarded_client(allow=egress_allow(), timeout=config.timeout, max_response_bytes=MAX_RESPONSE_BYTES,
+                            max_exchange_seconds=MAX_CALL_SECONDS)
     return OpenAICompatibleClient(config, http_client=client, show_error_bodies=False)

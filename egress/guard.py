@@ -522,14 +522,17 @@ class ResponseTooLarge(httpx.ReadError):
 
 
 class BodyBound:
-    """Counts a response body against ``limit`` bytes, decoding gzip/deflate itself (``encoding``) a chunk at a time so
-    the bound holds for what the caller reads; ``too_large(message)`` makes the error to raise. Shared by the sync and
-    the async (MCP) transports."""
+    """Counts a response body against ``limit`` bytes (None: no bound), decoding gzip/deflate itself (``encoding``) a
+    chunk at a time so the bound holds for what the caller reads, and stops it past ``deadline``
+    (``time.monotonic()``, None: none). ``too_large(message)`` and ``too_slow(message)`` make the errors to raise.
+    Shared by the sync and the async (MCP) transports."""
 
     ENCODINGS = ("", "identity", "gzip", "x-gzip", "deflate")
 
-    def __init__(self, limit: int, encoding: str, too_large: Callable[[str], Exception]) -> None:
+    def __init__(self, limit: int | None, encoding: str, too_large: Callable[[str], Exception], *,
+                 deadline: float | None = None, too_slow: Callable[[str], Exception] | None = None) -> None:
         self.limit, self.size, self._too_large = limit, 0, too_large
+        self.deadline, self._too_slow = deadline, too_slow or too_large
         self._decoder = None if encoding in ("", "identity") else zlib.decompressobj(
             16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS)
 
@@ -537,15 +540,20 @@ class BodyBound:
         return self._too_large(f"the response is larger than {self.limit} bytes, this client's bound")
 
     def feed(self, chunk: bytes) -> bytes:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise self._too_slow("the response is still arriving past this client's time bound for one exchange")
         if self._decoder is not None:
             try:
-                chunk = self._decoder.decompress(chunk, self.limit - self.size + 1)
+                if self.limit is None:
+                    chunk = self._decoder.decompress(chunk)
+                else:
+                    chunk = self._decoder.decompress(chunk, self.limit - self.size + 1)
             except zlib.error as exc:
                 raise self._too_large(f"the response's compressed body is broken ({exc})") from None
             if self._decoder.unconsumed_tail:  # it would decompress to more than the bound
                 raise self._over()
         self.size += len(chunk)
-        if self.size > self.limit:
+        if self.limit is not None and self.size > self.limit:
             raise self._over()
         return chunk
 
@@ -554,7 +562,7 @@ class BodyBound:
             return b""
         tail = self._decoder.flush()
         self.size += len(tail)
-        if self.size > self.limit:
+        if self.limit is not None and self.size > self.limit:
             raise self._over()
         return tail
 
@@ -562,9 +570,11 @@ class BodyBound:
 class _CappedStream(httpx.SyncByteStream):
     """A response body that stops at the bound (``BodyBound``)."""
 
-    def __init__(self, inner: Any, limit: int, encoding: str, request: httpx.Request) -> None:
+    def __init__(self, inner: Any, limit: int | None, encoding: str, request: httpx.Request,
+                 deadline: float | None = None) -> None:
         self._inner = inner
-        self._bound = BodyBound(limit, encoding, lambda message: ResponseTooLarge(message, request=request))
+        self._bound = BodyBound(limit, encoding, lambda message: ResponseTooLarge(message, request=request),
+                                deadline=deadline, too_slow=lambda message: httpx.ReadTimeout(message, request=request))
 
     def __iter__(self) -> Any:
         for chunk in self._inner:
@@ -579,13 +589,14 @@ class _CappedStream(httpx.SyncByteStream):
             close()
 
 
-def _capped(response: httpx.Response, limit: int, request: httpx.Request) -> httpx.Response:
+def _capped(response: httpx.Response, limit: int | None, request: httpx.Request,
+            deadline: float | None = None) -> httpx.Response:
     encoding = response.headers.get("content-encoding", "").strip().lower()
     if encoding not in BodyBound.ENCODINGS:
         response.close()
         raise ResponseTooLarge(f"the response is encoded as {encoding!r}, which this client cannot bound (it asks for "
                                "identity and decodes gzip or deflate)", request=request)
-    response.stream = _CappedStream(response.stream, limit, encoding, request)
+    response.stream = _CappedStream(response.stream, limit, encoding, request, deadline)
     for name in ("content-encoding", "content-length"):  # the body is decoded here: httpx must not decode it again
         if name in response.headers:
             del response.headers[name]
@@ -607,6 +618,7 @@ class GuardedTransport(httpx.HTTPTransport):
         resolver: Resolver | None = None,
         deadline: float | None = None,
         max_response_bytes: int | None = None,
+        max_exchange_seconds: float | None = None,
         **transport_kwargs: Any,
     ) -> None:
         transport_kwargs.pop("proxy", None)  # a proxy would make the pinned IP meaningless
@@ -617,6 +629,9 @@ class GuardedTransport(httpx.HTTPTransport):
         self.deadline = deadline
         #: The largest response body this transport hands on, decompressed (None: no bound).
         self.max_response_bytes = max_response_bytes
+        #: The longest one exchange may take from its request to its body's last byte, checked as the body arrives
+        #: (None: no bound; each read still waits at most the client's timeout). Unlike ``deadline``, per request.
+        self.max_exchange_seconds = max_exchange_seconds
         self._transport_kwargs = transport_kwargs
         self._pools: dict[tuple[str, str, int], httpx.HTTPTransport] = {}
         #: Every (host, ip, port) this transport connected to, in order (for tests and audit).
@@ -642,6 +657,7 @@ class GuardedTransport(httpx.HTTPTransport):
         headers = httpx.Headers(request.headers)
         if "host" not in headers:
             headers["Host"] = request.url.netloc.decode("ascii")
+        started = time.monotonic()
         if self.max_response_bytes is not None:
             headers["Accept-Encoding"] = "identity"  # a compressed body is decoded (and bounded) here if sent anyway
         pinned = httpx.Request(
@@ -649,9 +665,10 @@ class GuardedTransport(httpx.HTTPTransport):
         )
         self.connections.append((target.host, target.ip, target.port))
         response = self._pool_for((target.scheme, target.host.lower(), target.port)).handle_request(pinned)
-        if self.max_response_bytes is None:
+        if self.max_response_bytes is None and self.max_exchange_seconds is None:
             return response
-        return _capped(response, self.max_response_bytes, request)
+        deadline = None if self.max_exchange_seconds is None else started + self.max_exchange_seconds
+        return _capped(response, self.max_response_bytes, request, deadline)
 
     def close(self) -> None:
         for pool in self._pools.values():
@@ -679,12 +696,14 @@ class GuardedClient(httpx.Client):
         transport_kwargs: dict[str, Any] | None = None,
         deadline: float | None = None,
         max_response_bytes: int | None = None,
+        max_exchange_seconds: float | None = None,
         **client_kwargs: Any,
     ) -> None:
         for forbidden in ("transport", "mounts", "proxy", "trust_env", "follow_redirects"):
             client_kwargs.pop(forbidden, None)
         self.guard = GuardedTransport(allow=allow, resolver=resolver, deadline=deadline,
-                                      max_response_bytes=max_response_bytes, **(transport_kwargs or {}))
+                                      max_response_bytes=max_response_bytes,
+                                      max_exchange_seconds=max_exchange_seconds, **(transport_kwargs or {}))
         super().__init__(transport=self.guard, trust_env=False, follow_redirects=False, **client_kwargs)
         self.guard_follow_redirects = follow_redirects
         self.guard_max_redirects = max_redirects
@@ -763,12 +782,15 @@ def guarded_client(
     sensitive_headers: Iterable[str] = (),
     deadline: float | None = None,
     max_response_bytes: int | None = None,
+    max_exchange_seconds: float | None = None,
     **client_kwargs: Any,
 ) -> GuardedClient:
     """An egress-guarded ``httpx.Client``; use it as a context manager.
 
     ``deadline`` (``time.monotonic()``): no connect, read or write of this client waits past it.
     ``max_response_bytes``: a response body past it (decompressed) raises :class:`ResponseTooLarge` while it is read.
+    ``max_exchange_seconds``: a body still arriving that long after its request raises ``httpx.ReadTimeout`` (a
+    server that trickles a byte at a time, each within the read timeout, cannot hold the caller's thread).
     """
     return GuardedClient(
         allow=allow,
@@ -778,6 +800,7 @@ def guarded_client(
         sensitive_headers=sensitive_headers,
         deadline=deadline,
         max_response_bytes=max_response_bytes,
+        max_exchange_seconds=max_exchange_seconds,
         timeout=timeout,
         **client_kwargs,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,6 +39,15 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        if self.path == "/trickle":  # a byte every 0.1 s, each well within the read timeout, for 5 s
+            self.send_response(200)
+            self.send_header("Content-Length", "50")
+            self.end_headers()
+            for _ in range(50):
+                self.wfile.write(b"t")
+                self.wfile.flush()
+                time.sleep(0.1)
+            return
         type(self).seen_accept_encoding.append(self.headers.get("Accept-Encoding", ""))
         body, encoding = {
             "/big": (b"x" * (LIMIT * 3), None),
@@ -120,3 +130,12 @@ def test_the_async_client_of_mcp_servers_is_bounded_alike(server: str) -> None:
         with pytest.raises(AsyncResponseTooLarge):
             anyio.run(get, path)
     assert anyio.run(get, "/small-gzip") == b'{"ok": true}'
+
+
+def test_a_trickling_answer_is_cut_at_the_exchange_bound(server: str) -> None:
+    # every byte arrives within the 2 s read timeout: only the exchange's bound (1 s of the answer's 5 s) cuts it
+    with guarded_client(allow=["127.0.0.1"], timeout=2.0, max_exchange_seconds=1.0) as http, \
+            pytest.raises(httpx.ReadTimeout, match="time bound"):
+        http.get(f"{server}/trickle")
+    with guarded_client(allow=["127.0.0.1"], timeout=2.0, max_exchange_seconds=30.0) as http:
+        assert http.get(f"{server}/trickle").content == b"t" * 50
