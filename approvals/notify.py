@@ -204,7 +204,8 @@ def _post(channel: NotificationChannel, delivery: Delivery, data: dict[str, Any]
         raise DeliveryFailed("the signing secret is no longer available to this tenant; not sent unsigned", final=True)
     host = urlsplit(channel.target).hostname or "the target"
     try:
-        with guarded_client(allow=settings.TOOL_EGRESS_ALLOW, timeout=10.0, follow_redirects=False) as http:
+        with guarded_client(allow=settings.TOOL_EGRESS_ALLOW, timeout=10.0, follow_redirects=False,
+                            max_response_bytes=64 * 1024, max_exchange_seconds=30.0) as http:  # a tenant's target
             response = http.post(channel.target, content=body, headers=headers)
     except EgressDenied as exc:
         raise DeliveryFailed(f"refused by the egress guard: {exc.reason}", final=True) from None
