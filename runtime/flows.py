@@ -378,13 +378,17 @@ def input_schema_problems(schema: dict[str, Any] | None) -> list[str]:
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in exc.absolute_path)
-        return [f"$.input_schema{where}: not a valid JSON Schema ({exc.message})"]
+        return [f"$.input_schema{_json_path(exc.absolute_path)}: not a valid JSON Schema ({exc.message})"]
     if schema.get("type") != "object":
         return ['$.input_schema.type: must be "object": a flow\'s input is a JSON object (its keys are read as '
                 f"input.<key>); got {json.dumps(schema.get('type'))}"]
     return [f"$.input_schema: {ref} points outside the schema; only references within it (#/...) are allowed"
-            for ref in schemas.outside_references(schema)]
+            for ref in schemas.outside_references(schema)] + [
+        f"$.input_schema{_json_path(where)}: {problem}" for where, problem in schemas.pattern_problems(schema)]
+
+
+def _json_path(parts: Iterable[str | int]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
 
 
 def input_problems(schema: dict[str, Any] | None, value: Any) -> list[str]:
@@ -399,7 +403,7 @@ def input_problems(schema: dict[str, Any] | None, value: Any) -> list[str]:
         return [f"input: could not be checked against the flow's input_schema: {exc}; an operator must fix the "
                 "flow's version"]
     for error in errors:
-        where = "input" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        where = "input" + _json_path(error.absolute_path)
         if error.validator == "required" and isinstance(error.instance, dict):
             missing = [str(k) for k in error.validator_value if k not in error.instance]
             found.update(f"{where}.{key}: required" + _described(error.schema, key) for key in missing)

@@ -7,6 +7,8 @@ characters holds a server or worker thread for minutes. Every match of such a pa
 runs on the ``regex`` engine (the same syntax as ``re``) with a timeout per match, and a whole check (a validation,
 a routing decision) shares one budget (``budget()``). Past either, ``PatternError`` (a ``CheckError``) says which
 pattern and why; callers turn it into a problem for the caller, the model or the trace, never a hung thread or a 500.
+Compiling is bounded too: ``regex`` writes counted repeats out, so ``(a{10000}){10000}`` would take all the memory
+there is; a pattern is first parsed by ``re`` (which writes nothing out) and refused past ``MAX_WEIGHT`` elements.
 
 jsonschema's keywords call ``re.search``; this module points the two jsonschema modules that do (``_keywords`` and
 ``_utils``, pinned version) at the bounded search when it is imported (``runtime/schemas.py`` applies tenant schemas).
@@ -15,6 +17,9 @@ jsonschema's keywords call ``re.search``; this module points the two jsonschema 
 
 from __future__ import annotations
 
+import re
+import re._constants as _c
+import re._parser as _parser
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +37,8 @@ MATCH_SECONDS = 0.05
 BUDGET_SECONDS = 0.25
 #: Patterns longer than this are compiled on each use and never kept (a pattern is tenant input).
 MAX_CACHED_CHARS = 1000
+#: The most elements a pattern may stand for with its counted repeats written out (about 1 KB each compiled).
+MAX_WEIGHT = 1000
 
 _deadline: ContextVar[float | None] = ContextVar("pattern_deadline", default=None)
 
@@ -83,20 +90,57 @@ def _timeout(pattern: str) -> float:
     return min(MATCH_SECONDS, left)
 
 
-@lru_cache(maxsize=512)
-def _cached(pattern: str, flags: int) -> Any:
-    return regex.compile(pattern, flags)
+class _TooLarge(ValueError):
+    pass
+
+
+def _weight(items: Any, limit: int = 0) -> int:
+    """How many pattern elements ``items`` (``re``'s parse) stand for once counted repeats are written out, as the
+    ``regex`` engine does when it compiles them (stops counting past the bound)."""
+    total = 0
+    for op, av in items:
+        if op in (_c.MAX_REPEAT, _c.MIN_REPEAT, _c.POSSESSIVE_REPEAT):
+            low, high, inner = av
+            total += max(low, 1 if high == _c.MAXREPEAT else high) * _weight(inner, limit)
+        elif op in (_c.SUBPATTERN,):
+            total += _weight(av[3], limit)
+        elif op in (_c.ATOMIC_GROUP,):
+            total += _weight(av, limit)
+        elif op in (_c.ASSERT, _c.ASSERT_NOT):
+            total += _weight(av[1], limit)
+        elif op is _c.BRANCH:
+            total += sum(_weight(branch, limit) for branch in av[1])
+        elif op is _c.GROUPREF_EXISTS:
+            total += _weight(av[1], limit) + (_weight(av[2], limit) if av[2] else 0)
+        else:
+            total += 1
+        if total > max(MAX_WEIGHT, limit):
+            return total
+    return total
 
 
 def _compile(pattern: str, flags: int = 0) -> Any:
+    """Checked with ``re``'s parser first (it writes nothing out): the ``regex`` engine expands counted repeats when it
+    compiles, so ``(a{10000}){10000}`` would take all the memory there is."""
+    weight = _weight(_parser.parse(pattern, flags), len(pattern))
+    if weight > max(MAX_WEIGHT, len(pattern)):  # what the pattern spells out itself is paid for by its length
+        raise _TooLarge(f"is too large a regular expression: its counted repeats multiply out to more than {MAX_WEIGHT} "
+                        "elements; nest fewer or smaller {n} repeats (a length limit is maxLength's job, not a pattern's)")
     return _cached(pattern, flags) if len(pattern) <= MAX_CACHED_CHARS else regex.compile(pattern, flags)
+
+
+@lru_cache(maxsize=256)
+def _cached(pattern: str, flags: int) -> Any:
+    return regex.compile(pattern, flags)
 
 
 def compiled(pattern: str, flags: int = 0) -> Any:
     """``pattern`` compiled by the ``regex`` engine; ``PatternError`` if it does not compile."""
     try:
         return _compile(pattern, flags)
-    except (regex.error, ValueError, OverflowError, RecursionError) as exc:
+    except _TooLarge as exc:
+        raise PatternError(pattern, str(exc)) from None
+    except (regex.error, re.error, ValueError, OverflowError, RecursionError) as exc:
         raise PatternError(pattern, f"is not a valid regular expression ({exc})") from None
 
 
@@ -105,7 +149,9 @@ def compile_problem(pattern: str) -> str | None:
     None."""
     try:
         _compile(pattern)
-    except (regex.error, ValueError, OverflowError, RecursionError) as exc:
+    except _TooLarge as exc:
+        return f"{exc}, got {pattern[:80]!r}"
+    except (regex.error, re.error, ValueError, OverflowError, RecursionError) as exc:
         return f"is not a valid regular expression ({exc}), got {pattern!r}"
     return None
 

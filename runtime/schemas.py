@@ -2,11 +2,12 @@
 and how an instance is checked against one.
 
 At save, a schema may reference only itself (``outside_references``): jsonschema resolves no other document, so a
-``$ref`` to one would fail every check later. A check (``problems_of``) runs inside one time budget: its patterns
-match on the bounded engine (``runtime/patterns.py``), and every keyword checks the budget before it applies,
-because a schema needs no pattern to be slow (``anyOf`` branches that descend into each other through a ``$ref`` cost
-branches ** depth: a forty-byte nested list can take hours). Past the budget, or when a reference does not resolve,
-``CheckError`` says what; callers turn it into a problem for the caller or the model.
+``$ref`` to one would fail every check later; and its patterns must compile within bounds (``pattern_problems``).
+A check (``problems_of``) runs inside one time budget: its patterns match on the bounded engine
+(``runtime/patterns.py``), and every keyword checks the budget before it applies, because a schema needs no pattern
+to be slow (``anyOf`` branches that descend into each other through a ``$ref`` cost branches ** depth: a forty-byte
+nested list can take hours). Past the budget, or when a reference does not resolve, ``CheckError`` says what;
+callers turn it into a problem for the caller or the model.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from referencing.exceptions import Unresolvable
 from runtime import patterns
 from runtime.patterns import BUDGET_SECONDS, CheckError
 
-__all__ = ["CheckError", "SchemaTooSlow", "outside_references", "problems_of", "validator"]
+__all__ = ["CheckError", "SchemaTooSlow", "outside_references", "pattern_problems", "problems_of", "validator"]
 
 
 class SchemaTooSlow(CheckError):
@@ -63,6 +64,32 @@ def problems_of(schema: Any, instance: Any, format_checker: FormatChecker | None
     except Unresolvable as exc:  # jsonschema's wrapper of it too
         raise CheckError(f"a reference in the schema does not resolve ({exc}); only references within the schema "
                          "(#/...) work") from None
+
+
+def pattern_problems(schema: Any) -> list[tuple[list[str | int], str]]:
+    """Why a ``pattern`` or a ``patternProperties`` key in ``schema`` cannot be used (at save: refuse it), each with
+    where it is (``(["properties", "order_id", "pattern"], "is too large a regular expression: ...")``)."""
+    found: list[tuple[list[str | int], str]] = []
+
+    def walk(node: Any, where: list[str | int]) -> None:
+        if isinstance(node, list):
+            for index, item in enumerate(node):
+                walk(item, [*where, index])
+            return
+        if not isinstance(node, dict):
+            return
+        if isinstance(node.get("pattern"), str) and (problem := patterns.compile_problem(node["pattern"])):
+            found.append(([*where, "pattern"], problem))
+        if isinstance(node.get("patternProperties"), dict):
+            for key in node["patternProperties"]:
+                if problem := patterns.compile_problem(str(key)):
+                    found.append(([*where, "patternProperties"], problem))
+        for key, value in node.items():
+            if key != "pattern":
+                walk(value, [*where, key])
+
+    walk(schema, [])
+    return found
 
 
 def outside_references(schema: Any) -> list[str]:

@@ -47,7 +47,8 @@ def schema_problems(schema: Any, *, root_object: bool = True) -> list[str]:
     if root_object and schema.get("type") != "object":
         return ['the arguments are an object: the schema needs "type": "object" at the top']
     return [f"{ref} points outside the schema; only references within it (#/...) are allowed"
-            for ref in schemas.outside_references(schema)]
+            for ref in schemas.outside_references(schema)] + [
+        f"{problem} (at {'/'.join(map(str, where))})" for where, problem in schemas.pattern_problems(schema)]
 
 
 def _allow_hosts(config: Any) -> list[Any]:

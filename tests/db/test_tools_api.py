@@ -73,6 +73,11 @@ def test_parameters_must_be_a_json_schema_and_errors_name_the_place(api: APIClie
     assert _errors(api.post("/api/v1/tools", remote, format="json"))["parameters"] == [
         "$ref 'http://169.254.169.254/latest/meta-data' points outside the schema; only references within it (#/...) "
         "are allowed"]
+    # a pattern the regex engine would write out into gigabytes when it compiles: refused at save, saying where
+    heavy = {**HTTP_TOOL, "parameters": {"type": "object", "properties": {"order_id": {
+        "type": "string", "pattern": "(a{10000}){10000}"}}}}
+    message = _errors(api.post("/api/v1/tools", heavy, format="json"))["parameters"][0]
+    assert message.startswith("is too large a regular expression") and "(at properties/order_id/pattern)" in message
 
 
 def test_names_are_unique_per_tenant(world: World, api: APIClient) -> None:

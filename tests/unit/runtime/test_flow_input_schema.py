@@ -121,3 +121,10 @@ def test_a_schema_may_only_reference_itself() -> None:
     assert len(found) == 1 and found[0].startswith("input: could not be checked against the flow's input_schema: a "
                                                    "reference in the schema does not resolve"), found
     assert found[0].endswith("an operator must fix the flow's version")
+
+
+def test_a_pattern_too_large_to_compile_is_refused_at_save_with_its_path() -> None:
+    heavy = {"type": "object", "properties": {"order_id": {"type": "string", "pattern": "(a{10000}){10000}"}}}
+    errors = _errors(_with(heavy))
+    assert len(errors) == 1 and errors[0].startswith(
+        "input_schema.properties.order_id.pattern: is too large a regular expression"), errors

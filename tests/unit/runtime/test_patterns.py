@@ -161,3 +161,36 @@ def test_a_routing_rule_whose_regex_backtracks_is_passed_over_and_said() -> None
 def test_a_slow_identifier_pattern_is_dropped_and_the_others_still_find() -> None:
     messages = [{"role": "user", "content": f"{EVIL} order O123"}, {"role": "user", "content": f"{EVIL} order O456"}]
     assert extract_identifiers(messages, [SLOW, r"O\d{3}"]) == ["O123", "O456"]
+
+
+def test_a_pattern_whose_repeats_multiply_is_refused_before_it_is_compiled() -> None:
+    """The regex engine writes counted repeats out when it compiles: (a{10000}){10000} took all 24 GB of this
+    machine's memory. Run in a child process held to 2 GB, so a broken bound fails this test, not the machine."""
+    import subprocess
+    import sys
+
+    script = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+        "from runtime import patterns\n"
+        "for p in ('(a{10000}){10000}', '(?:(?:(?:a{100}){100}){100}){100}', '(x{30}|y{40}){20}'):\n"
+        "    print(patterns.compile_problem(p))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and len(lines) == 3, done.stderr[-2000:]
+    assert all(line.startswith("is too large a regular expression: its counted repeats multiply out to more than 1000")
+               for line in lines), lines
+    assert patterns.compile_problem(r"^O\d{12}$") is None and patterns.compile_problem(r"\w{1000}") is None
+    with pytest.raises(patterns.PatternError, match="too large"):
+        patterns.search(r"\w{1001}", "x")
+
+
+def test_a_schemas_patterns_are_checked_at_save_with_where_they_are() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": r"\w{2000}"},
+                                               "b": {"type": "string", "pattern": r"^\d+$"},
+                                               "l": {"type": "array", "prefixItems": [{"pattern": "("}]}},
+              "patternProperties": {"x{5000}": {}}}
+    found = schemas.pattern_problems(schema)
+    assert [where for where, _ in found] == [["patternProperties"], ["properties", "a", "pattern"],
+                                            ["properties", "l", "prefixItems", 0, "pattern"]]
+    assert "too large" in found[0][1] and "not a valid regular expression" in found[2][1]
