@@ -310,6 +310,19 @@ def _mask_patterns(text: str, kept: frozenset[str], *, gated: bool = False) -> s
         text = _EMAIL.sub(_mask_email, text)
     if gated and _DIGIT_RUN.search(text) is None:
         return text
+    if "-" in text and _UUID.search(text) is not None:  # an id's digits are not a card, a phone or an ID number
+        pieces = _UUID.split(text)
+        ids = _UUID.findall(text)
+        return "".join(_mask_numbers(piece, kept) + (ids[i] if i < len(ids) else "") for i, piece in enumerate(pieces))
+    return _mask_numbers(text, kept)
+
+
+#: A UUID (a run's, an approval's id): its hex groups can hold digit runs that look like a card or a phone number.
+_UUID = re.compile(r"(?<![0-9A-Za-z-])[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+                   r"(?![0-9A-Za-z-])")
+
+
+def _mask_numbers(text: str, kept: frozenset[str]) -> str:
     if "id_number" not in kept:
         text = _CN_ID.sub(_mask_cn_id, text)
     if "phone" not in kept:
