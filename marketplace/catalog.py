@@ -27,10 +27,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from importlib import metadata
 from typing import Annotated, Any, TypeVar
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError, ValidationInfo, field_validator, model_validator
 
+from runtime import schemas
 from runtime.documents import (
     Document,
     Flag,
@@ -203,10 +202,8 @@ class PluginSpec(Declaration):
     @field_validator("config_schema")
     @classmethod
     def _a_json_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
-        try:
-            Draft202012Validator.check_schema(schema)
-        except SchemaError as exc:
-            raise problem(f"not a valid JSON Schema: {exc.message}") from None
+        if (wrong := schemas.invalid(schema)) is not None:
+            raise problem(wrong[1])
         return schema
 
     @field_validator("presets")

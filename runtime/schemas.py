@@ -1,8 +1,8 @@
 """A tenant's JSON Schemas (tool arguments, a flow's ``input_schema``, a plugin's settings): what is refused at save
 and how an instance is checked against one.
 
-At save, a schema may reference only itself (``outside_references``): jsonschema resolves no other document, so a
-``$ref`` to one would fail every check later; and its patterns must compile within bounds (``pattern_problems``).
+At save, a schema must be one (``invalid``), may reference only itself (jsonschema resolves no other document, so a
+``$ref`` to one would fail every check later) and its patterns must compile within bounds (``unsafe_parts``).
 A check (``problems_of``) runs inside one time budget: its patterns match on the bounded engine
 (``runtime/patterns.py``), and every keyword checks the budget before it applies, because a schema needs no pattern
 to be slow (``anyOf`` branches that descend into each other through a ``$ref`` cost branches ** depth: a forty-byte
@@ -16,13 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 from jsonschema import Draft202012Validator, FormatChecker, validators
-from jsonschema.exceptions import ValidationError
+from jsonschema.exceptions import SchemaError, ValidationError
 from referencing.exceptions import Unresolvable
 
 from runtime import patterns
 from runtime.patterns import BUDGET_SECONDS, CheckError
 
-__all__ = ["CheckError", "SchemaTooSlow", "outside_references", "pattern_problems", "problems_of", "validator"]
+__all__ = ["CheckError", "Located", "SchemaTooSlow", "invalid", "problems_of", "unsafe_parts", "validator"]
 
 
 class SchemaTooSlow(CheckError):
@@ -66,41 +66,40 @@ def problems_of(schema: Any, instance: Any, format_checker: FormatChecker | None
                          "(#/...) work") from None
 
 
-def pattern_problems(schema: Any) -> list[tuple[list[str | int], str]]:
-    """Why a ``pattern`` or a ``patternProperties`` key in ``schema`` cannot be used (at save: refuse it), each with
-    where it is (``(["properties", "order_id", "pattern"], "is too large a regular expression: ...")``)."""
-    found: list[tuple[list[str | int], str]] = []
+#: Where a problem is in a schema (``["properties", "order_id", "pattern"]``), and what it is.
+Located = tuple[list[str | int], str]
 
-    def walk(node: Any, where: list[str | int]) -> None:
-        if isinstance(node, list):
-            for index, item in enumerate(node):
-                walk(item, [*where, index])
-            return
-        if not isinstance(node, dict):
-            return
+
+def invalid(schema: Any) -> Located | None:
+    """Why ``schema`` is not a JSON Schema (Draft 2020-12) at all, and where; or None."""
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        return list(exc.absolute_path), f"not a valid JSON Schema: {exc.message}"
+    return None
+
+
+def unsafe_parts(schema: Any) -> list[Located]:
+    """What in a valid schema cannot be used (at save: refuse it): a ``$ref``/``$dynamicRef`` that names another
+    document (reported at the top), a ``pattern`` or a ``patternProperties`` key that does not compile within
+    bounds (with where it is)."""
+    refs: list[Located] = []
+    found: list[Located] = []
+    for where, node in _objects(schema, []):
+        refs += [([], f"{key} {str(node[key])!r} points outside the schema; only references within it (#/...) are "
+                      "allowed") for key in ("$ref", "$dynamicRef") if key in node and not str(node[key]).startswith("#")]
         if isinstance(node.get("pattern"), str) and (problem := patterns.compile_problem(node["pattern"])):
             found.append(([*where, "pattern"], problem))
         if isinstance(node.get("patternProperties"), dict):
-            for key in node["patternProperties"]:
-                if problem := patterns.compile_problem(str(key)):
-                    found.append(([*where, "patternProperties"], problem))
-        for key, value in node.items():
-            if key != "pattern":
-                walk(value, [*where, key])
-
-    walk(schema, [])
-    return found
+            found += [([*where, "patternProperties"], problem) for key in node["patternProperties"]
+                      if (problem := patterns.compile_problem(str(key)))]
+    return refs + sorted(found, key=lambda located: [str(p) for p in located[0]])
 
 
-def outside_references(schema: Any) -> list[str]:
-    """Every ``$ref`` / ``$dynamicRef`` in ``schema`` that names another document (at save: refuse them)."""
-    return [f"{key} {ref!r}" for key, ref in _references(schema) if not ref.startswith("#")]
-
-
-def _references(node: Any) -> list[tuple[str, str]]:
+def _objects(node: Any, where: list[str | int]) -> list[tuple[list[str | int], dict[str, Any]]]:
+    """Every object in a schema, with its path (a ``pattern`` value is a string, never an object)."""
     if isinstance(node, list):
-        return [r for item in node for r in _references(item)]
+        return [found for index, item in enumerate(node) for found in _objects(item, [*where, index])]
     if not isinstance(node, dict):
         return []
-    own = [(k, str(v)) for k, v in node.items() if k in ("$ref", "$dynamicRef")]
-    return own + [r for v in node.values() for r in _references(v)]
+    return [(where, node), *(found for key, value in node.items() for found in _objects(value, [*where, key]))]

@@ -126,8 +126,9 @@ def test_a_reference_that_does_not_resolve_is_a_check_error_not_a_crash() -> Non
     result = parse_arguments({"a": 1}, schema, tool_name="search")
     assert not result.ok and "fault in the tool's schema" in result.model_message
     assert "does not resolve" in result.model_message
-    assert schemas.outside_references(schema) == ["$ref 'https://example.com/schema'"]
-    assert schemas.outside_references({"$defs": {"x": {}}, "items": [{"$ref": "#/$defs/x"}]}) == []
+    assert schemas.unsafe_parts(schema) == [
+        ([], "$ref 'https://example.com/schema' points outside the schema; only references within it (#/...) are allowed")]
+    assert schemas.unsafe_parts({"$defs": {"x": {}}, "items": [{"$ref": "#/$defs/x"}]}) == []
 
 
 def test_tool_arguments_against_a_slow_pattern_tell_the_model_the_schema_is_at_fault() -> None:
@@ -190,7 +191,7 @@ def test_a_schemas_patterns_are_checked_at_save_with_where_they_are() -> None:
                                                "b": {"type": "string", "pattern": r"^\d+$"},
                                                "l": {"type": "array", "prefixItems": [{"pattern": "("}]}},
               "patternProperties": {"x{5000}": {}}}
-    found = schemas.pattern_problems(schema)
+    found = schemas.unsafe_parts(schema)
     assert [where for where, _ in found] == [["patternProperties"], ["properties", "a", "pattern"],
                                             ["properties", "l", "prefixItems", 0, "pattern"]]
     assert "too large" in found[0][1] and "not a valid regular expression" in found[2][1]
