@@ -70,7 +70,7 @@ class _Functions(functions.Functions):  # type: ignore[misc]  # jmespath has no 
     def _func_to_string(self, arg: Any) -> str:
         if isinstance(arg, str):
             return arg
-        if not json_size_within(arg, self.allowance.chars_left()):
+        if not json_size_within(arg, self.allowance.chars):
             raise self.allowance.exceeded("makes a string (to_string) larger than the bound")
         text = super()._func_to_string(arg)
         self.allowance.spend_chars(len(text))
@@ -91,9 +91,6 @@ class _Allowance:
 
     def exceeded(self, what: str) -> ValueTooLarge:
         return _too_large(self.expression, what)
-
-    def chars_left(self) -> int:
-        return self.chars
 
     def spend_chars(self, count: int) -> None:
         self.chars -= count

@@ -51,7 +51,7 @@ class PatternError(CheckError):
     """A pattern that could not be matched: it does not compile, or it took too long (it backtracks)."""
 
     def __init__(self, pattern: str, reason: str) -> None:
-        self.pattern = pattern
+        self.pattern, self.reason = pattern, reason
         shown = pattern if len(pattern) <= 80 else f"{pattern[:80]}…"
         super().__init__(f"the pattern {shown!r} {reason}")
 
@@ -102,9 +102,9 @@ def _weight(items: Any, limit: int = 0) -> int:
         if op in (_c.MAX_REPEAT, _c.MIN_REPEAT, _c.POSSESSIVE_REPEAT):
             low, high, inner = av
             total += max(low, 1 if high == _c.MAXREPEAT else high) * _weight(inner, limit)
-        elif op in (_c.SUBPATTERN,):
+        elif op is _c.SUBPATTERN:
             total += _weight(av[3], limit)
-        elif op in (_c.ATOMIC_GROUP,):
+        elif op is _c.ATOMIC_GROUP:
             total += _weight(av, limit)
         elif op in (_c.ASSERT, _c.ASSERT_NOT):
             total += _weight(av[1], limit)
@@ -148,11 +148,9 @@ def compile_problem(pattern: str) -> str | None:
     """Why ``pattern`` cannot be used, for checks at save (``is not a valid regular expression (...), got '('``), or
     None."""
     try:
-        _compile(pattern)
-    except _TooLarge as exc:
-        return f"{exc}, got {pattern[:80]!r}"
-    except (regex.error, re.error, ValueError, OverflowError, RecursionError) as exc:
-        return f"is not a valid regular expression ({exc}), got {pattern!r}"
+        compiled(pattern)
+    except PatternError as exc:
+        return f"{exc.reason}, got {pattern[:80]!r}"
     return None
 
 
@@ -182,7 +180,8 @@ class _BoundedRe:
         return search(pattern, string, flags)
 
 
-def _guard_jsonschema() -> None:
+def guard_jsonschema() -> None:
+    """Point jsonschema's pattern keywords at the bounded search (done on import; again if something undid it)."""
     jsonschema._keywords.re = _BoundedRe
     jsonschema._utils.re = _BoundedRe
 
@@ -192,10 +191,4 @@ def jsonschema_guarded() -> bool:
     return jsonschema._keywords.re is _BoundedRe and jsonschema._utils.re is _BoundedRe
 
 
-def guard_jsonschema() -> None:
-    """Point jsonschema's pattern keywords at the bounded search (done on import; again if something undid it)."""
-    if not jsonschema_guarded():
-        _guard_jsonschema()
-
-
-_guard_jsonschema()
+guard_jsonschema()
