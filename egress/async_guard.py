@@ -27,9 +27,10 @@ class AsyncResponseTooLarge(httpx2.ReadError):
 
 
 class _CappedAsyncStream(httpx2.AsyncByteStream):
-    def __init__(self, inner: Any, limit: int, encoding: str, request: httpx2.Request) -> None:
-        self._inner = inner
-        self._bound = BodyBound(limit, encoding, lambda message: AsyncResponseTooLarge(message, request=request))
+    """A response body that stops at its ``BodyBound``."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, bound: BodyBound) -> None:
+        self._inner, self._bound = inner, bound
 
     async def __aiter__(self) -> Any:
         async for chunk in self._inner:
@@ -39,9 +40,7 @@ class _CappedAsyncStream(httpx2.AsyncByteStream):
             yield tail
 
     async def aclose(self) -> None:
-        close = getattr(self._inner, "aclose", None)
-        if close is not None:
-            await close()
+        await self._inner.aclose()
 
 
 class AsyncGuardedTransport(httpx2.AsyncBaseTransport):
@@ -85,15 +84,13 @@ class AsyncGuardedTransport(httpx2.AsyncBaseTransport):
         response = await pool.handle_async_request(pinned)
         if self.max_response_bytes is None:
             return response
-        encoding = response.headers.get("content-encoding", "").strip().lower()
-        if encoding not in BodyBound.ENCODINGS:
+        try:
+            bound = BodyBound.for_response(response.headers, self.max_response_bytes,
+                                           lambda message: AsyncResponseTooLarge(message, request=request))
+        except AsyncResponseTooLarge:
             await response.aclose()
-            raise AsyncResponseTooLarge(f"the response is encoded as {encoding!r}, which this client cannot bound",
-                                        request=request)
-        response.stream = _CappedAsyncStream(response.stream, self.max_response_bytes, encoding, request)
-        for name in ("content-encoding", "content-length"):  # decoded here: httpx2 must not decode it again
-            if name in response.headers:
-                del response.headers[name]
+            raise
+        response.stream = _CappedAsyncStream(response.stream, bound)  # type: ignore[arg-type]
         return response
 
     async def aclose(self) -> None:

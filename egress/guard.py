@@ -536,6 +536,20 @@ class BodyBound:
         self._decoder = None if encoding in ("", "identity") else zlib.decompressobj(
             16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS)
 
+    @classmethod
+    def for_response(cls, headers: Any, limit: int | None, too_large: Callable[[str], Exception], *,
+                     deadline: float | None = None, too_slow: Callable[[str], Exception] | None = None) -> BodyBound:
+        """The bound of a response with these (mutable) headers: an encoding it cannot decode is refused
+        (``too_large``); Content-Encoding and Content-Length are dropped, since the body is decoded here."""
+        encoding = headers.get("content-encoding", "").strip().lower()
+        if encoding not in cls.ENCODINGS:
+            raise too_large(f"the response is encoded as {encoding!r}, which this client cannot bound (it asks for "
+                            "identity and decodes gzip or deflate)")
+        for name in ("content-encoding", "content-length"):
+            if name in headers:
+                del headers[name]
+        return cls(limit, encoding, too_large, deadline=deadline, too_slow=too_slow)
+
     def _over(self) -> Exception:
         return self._too_large(f"the response is larger than {self.limit} bytes, this client's bound")
 
@@ -568,13 +582,10 @@ class BodyBound:
 
 
 class _CappedStream(httpx.SyncByteStream):
-    """A response body that stops at the bound (``BodyBound``)."""
+    """A response body that stops at its ``BodyBound``."""
 
-    def __init__(self, inner: Any, limit: int | None, encoding: str, request: httpx.Request,
-                 deadline: float | None = None) -> None:
-        self._inner = inner
-        self._bound = BodyBound(limit, encoding, lambda message: ResponseTooLarge(message, request=request),
-                                deadline=deadline, too_slow=lambda message: httpx.ReadTimeout(message, request=request))
+    def __init__(self, inner: httpx.SyncByteStream, bound: BodyBound) -> None:
+        self._inner, self._bound = inner, bound
 
     def __iter__(self) -> Any:
         for chunk in self._inner:
@@ -584,22 +595,19 @@ class _CappedStream(httpx.SyncByteStream):
             yield tail
 
     def close(self) -> None:
-        close = getattr(self._inner, "close", None)
-        if close is not None:
-            close()
+        self._inner.close()
 
 
 def _capped(response: httpx.Response, limit: int | None, request: httpx.Request,
             deadline: float | None = None) -> httpx.Response:
-    encoding = response.headers.get("content-encoding", "").strip().lower()
-    if encoding not in BodyBound.ENCODINGS:
+    try:
+        bound = BodyBound.for_response(response.headers, limit, lambda message: ResponseTooLarge(message, request=request),
+                                       deadline=deadline,
+                                       too_slow=lambda message: httpx.ReadTimeout(message, request=request))
+    except ResponseTooLarge:
         response.close()
-        raise ResponseTooLarge(f"the response is encoded as {encoding!r}, which this client cannot bound (it asks for "
-                               "identity and decodes gzip or deflate)", request=request)
-    response.stream = _CappedStream(response.stream, limit, encoding, request, deadline)
-    for name in ("content-encoding", "content-length"):  # the body is decoded here: httpx must not decode it again
-        if name in response.headers:
-            del response.headers[name]
+        raise
+    response.stream = _CappedStream(response.stream, bound)  # type: ignore[arg-type]
     return response
 
 
