@@ -310,15 +310,14 @@ def _mask_patterns(text: str, kept: frozenset[str], *, gated: bool = False) -> s
         text = _EMAIL.sub(_mask_email, text)
     if gated and _DIGIT_RUN.search(text) is None:
         return text
-    if "-" in text and _UUID.search(text) is not None:  # an id's digits are not a card, a phone or an ID number
-        pieces = _UUID.split(text)
-        ids = _UUID.findall(text)
-        return "".join(_mask_numbers(piece, kept) + (ids[i] if i < len(ids) else "") for i, piece in enumerate(pieces))
-    return _mask_numbers(text, kept)
+    if "-" not in text:
+        return _mask_numbers(text, kept)
+    # an id's digits are not a card, a phone or an ID number: split keeps the ids at the odd places, unmasked
+    return "".join(piece if i % 2 else _mask_numbers(piece, kept) for i, piece in enumerate(_UUID.split(text)))
 
 
 #: A UUID (a run's, an approval's id): its hex groups can hold digit runs that look like a card or a phone number.
-_UUID = re.compile(r"(?<![0-9A-Za-z-])[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+_UUID = re.compile(r"(?<![0-9A-Za-z-])([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"
                    r"(?![0-9A-Za-z-])")
 
 
