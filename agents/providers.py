@@ -47,7 +47,7 @@ from django.conf import settings
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from agents.models import Provider, ProviderKind
-from egress.guard import guarded_client
+from egress.guard import TENANT_ANSWER_BYTES, guarded_client
 from llm import ModelInfo, OpenAICompatibleClient, ProviderConfig, RateLimit
 from runtime.documents import Document, Leaf, choice, flag, integer, number, parse, pattern, problem, problems, problems_of
 
@@ -382,9 +382,8 @@ def env_default_provider() -> ProviderConfig | None:
     return ProviderConfig(name=ENV_PROVIDER, base_url=base_url, api_key=api_key, models=models)
 
 
-#: The largest answer (a completion, or a whole stream of one; decompressed) a tenant's provider may send: the
-#: endpoint is a tenant's input, and one endless or compressed-bomb answer would otherwise fill a worker's memory.
-MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+#: The largest answer (a completion, or a whole stream of one) a tenant's provider may send (egress's bound).
+MAX_RESPONSE_BYTES = TENANT_ANSWER_BYTES
 #: The longest one call to a tenant's provider may take, streamed or not (each read also waits at most the provider's
 #: ``timeout``): a server that trickles a byte at a time would otherwise hold a shared worker thread without end.
 MAX_CALL_SECONDS = 600.0

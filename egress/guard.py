@@ -37,6 +37,7 @@ import httpx
 
 __all__ = [
     "ALLOW_ENTRY_FORMS",
+    "TENANT_ANSWER_BYTES",
     "AllowEntry",
     "BodyBound",
     "DeadlineBackend",
@@ -514,6 +515,12 @@ def _bound_by_deadline(transport: httpx.HTTPTransport, deadline: float) -> None:
     if backend is None:  # pragma: no cover - an httpx/httpcore whose internals moved; the tests would say so
         raise RuntimeError("cannot bound this httpx transport by a deadline")
     pool._network_backend = DeadlineBackend(backend, deadline)  # type: ignore[union-attr]
+
+
+#: What one exchange (or one MCP session) with a tenant's endpoint — its model provider, its MCP server — may
+#: receive, decompressed: the endpoint is a tenant's input, and one endless or compressed-bomb answer would otherwise
+#: fill a worker's memory.
+TENANT_ANSWER_BYTES = 32 * 1024 * 1024
 
 
 class ResponseTooLarge(httpx.ReadError):

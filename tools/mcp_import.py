@@ -43,7 +43,7 @@ from django.db import transaction
 
 from audit.services import record_change
 from egress.async_guard import guarded_async_client
-from egress.guard import EgressDenied, allow_list_problems, check_url
+from egress.guard import TENANT_ANSWER_BYTES, EgressDenied, allow_list_problems, check_url
 from tenants.scoping import Actor, acting
 from tools.executors import ExecContext, ToolFailure, resolve_secret
 from tools.models import Tool, ToolCategory, ToolKind
@@ -56,9 +56,8 @@ DEFAULT_STDIO_COMMANDS: list[list[str]] = [["python", "-m", "mcp_server_time"], 
 DEFAULT_TIMEOUT = 20.0
 #: Pages of tools/list read at most (a server that pages forever cannot hang an import).
 MAX_LIST_PAGES = 50
-#: What one session with a tenant's MCP server over HTTP (one import, one tool call) may receive, decompressed: the
-#: server is a tenant's input, and one endless or compressed-bomb answer would otherwise fill a worker's memory.
-MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+#: What one session with a tenant's MCP server over HTTP (one import, one tool call) may receive (egress's bound).
+MAX_RESPONSE_BYTES = TENANT_ANSWER_BYTES
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SECRET_WHOLE = re.compile(r"^\s*secret:([A-Za-z0-9_.\-/]+)\s*$")
 _SECRET_INLINE = re.compile(r"\{secret:([A-Za-z0-9_.\-/]+)\}")
