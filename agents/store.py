@@ -181,7 +181,7 @@ class DjangoRunStore:
                     lease_token="",
                     lease_expires_at=None,
                 )
-            batch.update(Run.objects.filter(pk=run.pk), **changes)
+            batch.update_where(Run, {"id": run.pk}, **changes)
             batch.execute()
             for field, value in changes.items():
                 setattr(run, field, value)

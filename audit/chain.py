@@ -142,9 +142,9 @@ def write_sealed(writes: list[Any], tenant_id: int, batch: WriteBatch | None = N
                     "span_id",
                 )
             }
-            out.update(ToolCallAudit.objects.filter(pk=write.started_pk), **fields)
+            out.update_where(ToolCallAudit, {"id": write.started_pk}, **fields)
     out.insert(ToolCallAudit, new_rows)
-    out.update(AuditChainHead.objects.filter(tenant_id=tenant_id), seq=head.seq, hash=head.hash)
+    out.update_where(AuditChainHead, {"tenant_id": tenant_id}, seq=head.seq, hash=head.hash)
     if own:
         out.execute()
 

@@ -3,7 +3,7 @@
 A step's commit writes to four or five tables (events, messages, audit rows, the audit chain head, the run's
 checkpoint). None of those writes needs another's result, so on PostgreSQL they are joined into one
 ``WITH w0 AS (INSERT …), w1 AS (INSERT …), … UPDATE …`` statement: one round trip instead of one per table.
-An UPDATE's SQL is Django's own (``UpdateQuery`` compiler). An INSERT of any number of rows is one statement whose
+An INSERT of any number of rows is one statement whose
 text depends only on the model, ``INSERT INTO t (cols) SELECT cols FROM jsonb_populate_recordset(NULL::t, %s)``,
 with the rows as ONE JSON parameter: PostgreSQL's own input functions read each column from its JSON value (a
 ``jsonb`` column takes the value as it is, a JSON ``null`` is SQL ``NULL``). Django's insert compiler would bind
@@ -11,6 +11,10 @@ one array per column (``UNNEST``), which psycopg dumps element by element in Pyt
 that was about 0.5 ms of CPU against 0.2 ms this way (bench/README.md). Defaults and ``pre_save`` (``auto_now``)
 are applied as ``bulk_create`` applies them; a model with a field this JSON form cannot carry as it is (binary,
 decimal, a JSON field with its own encoder) goes through Django's compiler as before. No ids are returned.
+Updates matched on plain equalities (``update_where``) are the same idea: ``UPDATE t SET … FROM
+jsonb_to_recordset(%s) AS v(…) WHERE t.k = v.k …``, one part for every row of a model updated with the same fields
+(a flow wave's completed nodes), its text cached per shape; an update of a queryset (``update``) is Django's own
+``UpdateQuery`` SQL.
 
 Rules for what a batch may hold (PostgreSQL's for data-modifying CTEs): no row may be changed by two parts,
 and no part sees another's effects (they all run on the statement's snapshot). Inserted objects get no
@@ -38,6 +42,8 @@ class WriteBatch:
         self.using = using
         self.combine = connections[using].vendor == "postgresql"
         self._parts: list[tuple[str, tuple[Any, ...]]] = []
+        #: update_where's rows by (model, matched fields, set fields): (their plan, their values in field order)
+        self._rows: dict[tuple[Any, ...], tuple[tuple[str, list[_Convert], list[_Convert]], list[tuple[Any, ...]]]] = {}
 
     def insert(self, model: type[Model], objs: Iterable[Model]) -> None:
         """As ``model.objects.bulk_create(objs)``, without returning ids."""
@@ -89,11 +95,31 @@ class WriteBatch:
         if statement:
             self._parts.append((statement, tuple(params)))
 
+    def update_where(self, model: type[Model], match: dict[str, Any], **values: Any) -> None:
+        """As ``model.objects.filter(**match).update(**values)``, for equality matches on non-null values. On
+        PostgreSQL the updates of one model with the same fields matched and set are ONE part (``UPDATE … FROM
+        jsonb_to_recordset(…)``, its text the same for any number of rows: prepared once); no two of them may match
+        the same row. Values that are expressions (``F()``) go through Django's compiler, as :meth:`update`."""
+        shape = (model, tuple(match), tuple(values))
+        plan = None
+        if self.combine and None not in match.values() and not any(hasattr(v, "resolve_expression") for v in values.values()):
+            plan = _json_update(model, shape[1], shape[2], self.using)
+        if plan is None:
+            self.update(model._default_manager.filter(**match), **values)
+            return
+        self._rows.setdefault(shape, (plan, []))[1].append((*match.values(), *values.values()))
+
     def __len__(self) -> int:
-        return len(self._parts)
+        return len(self._parts) + len(self._rows)
 
     def execute(self) -> None:
         """Send what is pending as one statement (PostgreSQL); elsewhere everything already ran."""
+        for (statement, match, values), rows in self._rows.values():
+            converts = [*match, *values]
+            data = [{f"c{i}": convert(value) for i, (convert, value) in enumerate(zip(converts, row, strict=True))}
+                    for row in rows]
+            self._parts.append((statement, (json.dumps(data, ensure_ascii=False, separators=(",", ":")),)))
+        self._rows = {}
         parts, self._parts = self._parts, []
         if not parts:
             return
@@ -110,7 +136,9 @@ class WriteBatch:
             cursor.execute(statement, params)
 
 
-#: How a field's value becomes the JSON value PostgreSQL reads back into its column (None: this form cannot).
+#: How a field's value becomes the JSON value PostgreSQL reads back into its column.
+_Convert = Callable[[Any], Any]
+#: The same, read from a model instance.
 _Reader = Callable[[Model], Any]
 
 
@@ -134,38 +162,71 @@ def _json_insert(model: type[Model], with_pk: bool, using: str) -> tuple[str, li
     return sql, columns
 
 
+@cache
+def _json_update(model: type[Model], match: tuple[str, ...], values: tuple[str, ...],
+                 using: str) -> tuple[str, list[_Convert], list[_Convert]] | None:
+    """The statement updating ``model``'s rows matched on the ``match`` fields to their own ``values``, all from one
+    JSON array of ``[match values…, new values…]`` rows, and how to convert each; or None (this form cannot)."""
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    fields = [model._meta.get_field(name) for name in (*match, *values)]
+    converts = [_converter(field, connection) for field in fields]
+    types = [field.db_type(connection) for field in fields]
+    if any(c is None for c in converts) or any(t is None for t in types) or any(f.generated for f in fields):
+        return None
+    columns = [f"c{i}" for i in range(len(fields))]
+    table = quote(model._meta.db_table)
+    assignments = ", ".join(f"{quote(field.column)} = v.{column}"
+                            for field, column in zip(fields[len(match):], columns[len(match):], strict=True))
+    conditions = " AND ".join(f"{table}.{quote(field.column)} = v.{column}"
+                              for field, column in zip(fields[: len(match)], columns[: len(match)], strict=True))
+    shape = ", ".join(f"{column} {type_}" for column, type_ in zip(columns, types, strict=True))
+    sql = (f"UPDATE {table} SET {assignments} FROM jsonb_to_recordset(%s::jsonb) AS v({shape}) "  # noqa: S608 (the model's own quoted names and types)
+           f"WHERE {conditions}")
+    converted = [c for c in converts if c is not None]
+    return sql, converted[: len(match)], converted[len(match):]
+
+
 def _reader(field: Field[Any, Any], connection: Any) -> _Reader | None:
-    saved = type(field).pre_save is not Field.pre_save  # auto_now and the like: as bulk_create, pre_save decides
+    convert = _converter(field, connection)
+    if convert is None:
+        return None
+    if type(field).pre_save is not Field.pre_save:  # auto_now and the like: as bulk_create, pre_save decides
+        return lambda obj: convert(field.pre_save(obj, True))
+    attname = field.attname
+    return lambda obj: convert(getattr(obj, attname))
 
-    def raw(obj: Model) -> Any:
-        return field.pre_save(obj, True) if saved else getattr(obj, field.attname)
 
+def _converter(field: Field[Any, Any], connection: Any) -> _Convert | None:
     if isinstance(field, JSONField):
         if field.encoder is not None:
             return None
-        return raw  # the document itself, nested in the row: a jsonb column takes it as it is
+        return _same  # the document itself, nested in the row: a jsonb column takes it as it is
     kind = field.target_field.get_internal_type() if field.is_relation else field.get_internal_type()
     if kind in {"DateTimeField", "DateField", "TimeField"}:
-        def temporal(obj: Model) -> Any:
-            value = field.get_db_prep_save(raw(obj), connection)  # naive datetimes made aware, as Django does
+        def temporal(value: Any) -> Any:
+            value = field.get_db_prep_save(value, connection)  # naive datetimes made aware, as Django does
             return None if value is None else value.isoformat()
 
         return temporal
     if kind == "UUIDField":
-        def uuid_text(obj: Model) -> Any:
-            value = raw(obj)
-            return None if value is None else str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
-
-        return uuid_text
+        return _uuid_text
     convert = _PLAIN.get(kind)
     if convert is None:
         return None
 
-    def plain(obj: Model) -> Any:
-        value = raw(obj)
+    def plain(value: Any) -> Any:
         return value if value is None or type(value) is convert else convert(value)  # as get_prep_value: int(), str()
 
     return plain
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _uuid_text(value: Any) -> Any:
+    return None if value is None else str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
 
 
 #: Field types whose value is a JSON string, number or boolean, and the Python type Django's get_prep_value makes it.

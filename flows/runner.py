@@ -239,11 +239,6 @@ def _parsed(document: str) -> FlowDefinition:
     return FlowDefinition.model_validate(json.loads(document))
 
 
-def _node_row(run: Run, node_id: str) -> Any:
-    """A node's row by its natural key: rows started in this transaction were inserted without returning their id."""
-    return FlowNodeRun.objects.filter(run_id=run.pk, node_id=node_id)
-
-
 def _rows(run_id: Any) -> dict[str, FlowNodeRun]:
     return {r.node_id: r for r in FlowNodeRun.objects.filter(run_id=run_id)}
 
@@ -293,7 +288,7 @@ class Writes:
 
     def flush(self) -> None:
         if self._run_changes:
-            self.batch.update(Run.objects.filter(pk=self.run.pk), **self._run_changes)
+            self.batch.update_where(Run, {"id": self.run.pk}, **self._run_changes)
             self._run_changes = {}
         self.batch.execute()
         self.left_seq = self.run.last_seq
@@ -493,7 +488,7 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
                 rows[nid] = FlowNodeRun(run=run, node_id=nid, **fields)
                 fresh.append(rows[nid])
             else:  # a restart (its worker died) or a waiting tool node run again with its approval's decision
-                writes.batch.update(_node_row(run, nid), **fields)
+                writes.batch.update_where(FlowNodeRun, {"run_id": run.pk, "node_id": nid}, **fields)
                 for name, value in fields.items():
                     setattr(row, name, value)
             payload = {"node": nid, "kind": node.kind, "attempt": attempt, "inputs": _summary(inputs)}
@@ -517,7 +512,7 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
                 rows[nid] = FlowNodeRun(run=run, node_id=nid, **fields)
                 fresh_items.append(rows[nid])
             else:
-                writes.batch.update(_node_row(run, nid), **fields)
+                writes.batch.update_where(FlowNodeRun, {"run_id": run.pk, "node_id": nid}, **fields)
                 for name, value in fields.items():
                     setattr(row, name, value)
             events.append(Event("flow.node.started", {"node": nid, "kind": body.kind, "attempt": attempt, "map": mapnode.id,
@@ -727,8 +722,8 @@ def _complete(run: Run, done: list[Done], last: Writes | None = None, wave: Wave
                 continue
             fields = {"status": d.status, "output": d.output, "chosen": d.chosen, "error": d.error, "lease_token": "",
                       "lease_expires_at": None, "finished_at": None if d.status == NodeStatus.WAITING else now}
-            writes.batch.update(_node_row(run, d.node_id).filter(lease_token=d.token, status=NodeStatus.RUNNING),
-                                **fields)
+            writes.batch.update_where(FlowNodeRun, {"run_id": run.pk, "node_id": d.node_id, "lease_token": d.token,
+                                                    "status": NodeStatus.RUNNING}, **fields)
             for name, value in fields.items():
                 setattr(row, name, value)
             for write in d.audit:

@@ -118,3 +118,43 @@ def test_a_model_the_json_form_cannot_carry_goes_through_djangos_compiler() -> N
     # A decimal field would lose its exactness through a JSON number: ReplayBatch keeps Django's UNNEST insert.
     assert _json_insert(ReplayBatch, False, "default") is None
     assert _json_insert(RunEvent, False, "default") is not None
+
+
+def test_update_where_sets_each_matched_row_its_own_values_and_leaves_the_rest(world: World) -> None:
+    run = _run(world)
+    at = timezone.now()
+    Run.objects.filter(pk=run.pk).update(started_at=at)
+    RunEvent.objects.bulk_create(_events(run, 1, at))
+    later = at + dt.timedelta(minutes=5)
+    batch = WriteBatch()
+    batch.update_where(RunEvent, {"run_id": run.pk, "seq": 1, "type": "tool.finished"}, payload=DOCUMENT, step=7.0, at=later)
+    batch.update_where(RunEvent, {"run_id": str(run.pk), "seq": 2, "type": "running"}, payload=[], step=True, at=later)
+    batch.update_where(RunEvent, {"run_id": run.pk, "seq": 3, "type": "not its type"}, payload={"changed": 1}, step=9, at=later)
+    if connection.vendor == "postgresql":
+        [((_, matched, values), rows)] = batch._rows.values()  # one shape: one part for the three rows
+        assert len(rows) == 3 and len(matched) == 3 and len(values) == 3
+    batch.update_where(Run, {"id": run.pk}, output=AWKWARD_TEXT, status=RunStatus.FINISHED,
+                       started_at=None, finished_at=later)
+    batch.execute()
+
+    got = _stored(run, range(1, 4))
+    assert (got[0]["payload"], got[0]["step"], got[0]["at"]) == (DOCUMENT, 7, later)
+    assert (got[1]["payload"], got[1]["step"], got[1]["at"]) == ([], 1, later)
+    assert (got[2]["payload"], got[2]["step"], got[2]["at"]) == ([None, 1.5], 0, at)  # not matched: unchanged
+    run.refresh_from_db()
+    assert run.output == AWKWARD_TEXT and run.status == RunStatus.FINISHED
+    assert run.started_at is None and run.finished_at == later  # None sets SQL NULL
+
+
+def test_update_where_falls_back_to_the_orm_for_expressions_and_null_matches(world: World) -> None:
+    from django.db.models import F
+
+    run = _run(world)
+    RunEvent.objects.bulk_create(_events(run, 1, timezone.now()))
+    batch = WriteBatch()
+    batch.update_where(RunEvent, {"run_id": run.pk, "seq": 1}, step=F("step") + 10)  # an expression
+    batch.update_where(Session, {"id": run.session_id, "api_key_id": None}, turns=4)  # IS NULL, not "= NULL"
+    assert not batch._rows
+    batch.execute()
+    assert RunEvent.objects.get(run=run, seq=1).step == 12
+    assert Session.objects.get(pk=run.session_id).turns == 4
