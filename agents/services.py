@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import uuid
@@ -10,9 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
-from django.db.models import Case, F, PositiveSmallIntegerField, Q, When
-from django.db.models.functions import Coalesce
+from django.db import connection, transaction
 from django.utils import timezone
 
 from agents import attention, hooks
@@ -180,24 +179,47 @@ def cancel_run(*, actor: Actor, run: Run) -> Run:
 def acquire_lease(run_id: str, token: str) -> Run | None:
     """Take the run for this worker, unless another holds a live lease or it is not runnable.
 
-    A lease left behind by a worker that died counts as a crash.
+    A lease left behind by a worker that died counts as a crash. One UPDATE whose text is built once (the ORM's
+    version, with its ``Coalesce`` and ``Case``, cost more to compile than to run), then the run with its tenant,
+    agent, version and session.
     """
     now = timezone.now()
-    taken = (
-        Run.objects.filter(pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
-        .filter(Q(lease_token="") | Q(lease_expires_at__lt=now))
-        .update(
-            lease_token=token,
-            lease_expires_at=now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS),
-            status=RunStatus.RUNNING,
-            started_at=Coalesce(F("started_at"), now),
-            crash_count=Case(When(~Q(lease_token=""), then=F("crash_count") + 1), default=F("crash_count"),
-                             output_field=PositiveSmallIntegerField()),
-        )
-    )
+    meta = Run._meta
+    prep = {name: meta.get_field(name) for name in ("lease_expires_at", "started_at")}
+    with connection.cursor() as cursor:
+        cursor.execute(_acquire_sql(connection.vendor), [
+            token,
+            prep["lease_expires_at"].get_db_prep_value(now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS), connection),
+            RunStatus.RUNNING.value,
+            prep["started_at"].get_db_prep_value(now, connection),
+            meta.pk.get_db_prep_value(run_id, connection),
+            RunStatus.QUEUED.value,
+            RunStatus.RUNNING.value,
+            prep["lease_expires_at"].get_db_prep_value(now, connection),
+        ])
+        taken = cursor.rowcount
     if not taken:
         return None
     return Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
+
+
+@functools.cache
+def _acquire_sql(vendor: str) -> str:
+    """``filter(pk=…, status__in=[queued, running]).filter(Q(lease_token="") | Q(lease_expires_at__lt=now))
+    .update(lease_token=…, lease_expires_at=…, status=running, started_at=Coalesce(F("started_at"), now),
+    crash_count=Case(When(~Q(lease_token=""), then=F("crash_count") + 1), default=F("crash_count")))``."""
+    quote = connection.ops.quote_name
+    run = Run._meta
+
+    def col(name: str) -> str:
+        return quote(run.get_field(name).column)
+
+    token, expires, status, started, crashes = (col(n) for n in ("lease_token", "lease_expires_at", "status", "started_at",
+                                                                  "crash_count"))
+    return (f"UPDATE {quote(run.db_table)} SET {token} = %s, {expires} = %s, {status} = %s, "  # noqa: S608 (model names)
+            f"{started} = COALESCE({started}, %s), "
+            f"{crashes} = CASE WHEN {token} <> '' THEN {crashes} + 1 ELSE {crashes} END "
+            f"WHERE {quote(run.pk.column)} = %s AND {status} IN (%s, %s) AND ({token} = '' OR {expires} < %s)")
 
 
 def release_lease(run_id: Any, token: str) -> None:
@@ -213,6 +235,7 @@ def execute_run(run_id: str) -> None:
     if run is None:
         log.info("run %s is not runnable here (finished, waiting, or leased by another worker)", run_id)
         return
+    ended = False
     try:
         if run.crash_count >= MAX_CRASHES:
             with transaction.atomic():
@@ -235,6 +258,9 @@ def execute_run(run_id: str) -> None:
         loop = build_loop(run, token)
         with heartbeat_for(run.pk, token):  # a long model or tool call must not look like a dead worker
             loop.run(str(run.pk))
+        # Its last step committed the end and gave the lease back (agents/store.py: the run's row in memory follows
+        # every commit): nothing to release, and a finished run is never waiting.
+        ended = run.status == RunStatus.FINISHED and not run.lease_token
     except Exception as exc:
         log.exception("run %s failed", run_id)
         with transaction.atomic():
@@ -245,10 +271,11 @@ def execute_run(run_id: str) -> None:
                        else f"internal error: {type(exc).__name__}")
                 finish_without_worker(current, TerminalReason.ERROR, why)
     finally:
-        release_lease(run_id, token)
+        if not ended:
+            release_lease(run_id, token)
     # A decision may have landed while this worker was still committing the pause: pick it up now. Only a waiting
     # run can be resumed, so a run that finished or is still queued costs one read here, not resume_run's four.
-    if Run.objects.filter(pk=run_id, status=RunStatus.WAITING).exists():
+    if not ended and Run.objects.filter(pk=run_id, status=RunStatus.WAITING).exists():
         resume_run(run_id)
     if (run.facts or {}).get("parent_run"):  # a sub-agent's run that ended wakes the supervisor waiting for it
         resume_parent(Run.objects.only("status", "facts").get(pk=run_id))

@@ -112,6 +112,14 @@ def _lock_with_head_sql() -> str:
 _LOCK_WITH_HEAD_SQL = _lock_with_head_sql()
 
 
+def _lock_session_sql(vendor: str) -> str:
+    """The session's counters, its row locked until the step commits (as ``select_for_update``: not on SQLite)."""
+    session = Session._meta
+    columns = ", ".join(f'"{session.get_field(name).column}"' for name in ("usage", "model_calls", "turns"))
+    lock = " FOR UPDATE" if vendor == "postgresql" else ""
+    return f'SELECT {columns} FROM "{session.db_table}" WHERE "{session.pk.column}" = %s{lock}'  # noqa: S608 (model names)
+
+
 class DjangoRunStore:
     """Implements ``runtime.protocols.RunStore`` for one run held under a lease."""
 
@@ -182,11 +190,11 @@ class DjangoRunStore:
                     lease_expires_at=None,
                 )
             batch.update_where(Run, {"id": run.pk}, **changes)
+            if finished:
+                self._close_session_turn(run, record, batch, now)
             batch.execute()
             for field, value in changes.items():
                 setattr(run, field, value)
-            if finished:
-                self._close_session_turn(run, record)
             publish_after_commit(run, rows, run_summary(run))
         return StepAck(cancel_requested=bool(locked["cancel_requested"]))
 
@@ -210,20 +218,20 @@ class DjangoRunStore:
         locked = Run.objects.select_for_update().filter(pk=run.pk).values(*_LOCKED_FIELDS).first()
         return locked, None
 
-    def _close_session_turn(self, run: Run, record: StepRecord) -> None:
-        """Append the exchange to the session's conversation and carry the run's counters over."""
-        session = Session.objects.select_for_update().get(pk=run.session_id)
-        usage = dict(session.usage or {})
+    def _close_session_turn(self, run: Run, record: StepRecord, batch: WriteBatch, now: Any) -> None:
+        """Append the exchange to the session's conversation and carry the run's counters over: the session's row
+        locked and read here (its turn number), its update and the turn's row sent with the step's batch."""
+        with connection.cursor() as cursor:
+            cursor.execute(_lock_session_sql(connection.vendor), [Session._meta.pk.get_db_prep_value(run.session_id, connection)])
+            usage, model_calls, turns = cursor.fetchone()
+        usage = dict((json.loads(usage) if isinstance(usage, str) else usage) or {})
         run_usage = record.usage.to_dict()
         for key in ("input_tokens", "output_tokens"):
             usage[key] = int(usage.get(key, 0)) + int(run_usage.get(key, 0))
         usage["cost"] = round(float(usage.get("cost", 0.0)) + float(run_usage.get("cost", 0.0)), 10)
         usage["wall_seconds"] = round(float(usage.get("wall_seconds", 0.0)) + float(record.state.get("_active_seconds", 0.0)), 3)
-        session.usage = usage
-        session.model_calls += int(record.state.get("llm_call_count", 0))
-        session.turns += 1
-        session.save(update_fields=["usage", "model_calls", "turns", "updated_at"])
-        Turn.objects.create(
-            tenant_id=run.tenant_id, session_id=run.session_id, turn_seq=session.turns, run=run,
-            user_message=run.input, assistant_message=record.output or "",
-        )
+        turns += 1
+        batch.update_where(Session, {"id": run.session_id}, usage=usage, turns=turns, updated_at=now,
+                           model_calls=model_calls + int(record.state.get("llm_call_count", 0)))
+        batch.insert(Turn, [Turn(tenant_id=run.tenant_id, session_id=run.session_id, turn_seq=turns, run_id=run.pk,
+                                 user_message=run.input, assistant_message=record.output or "", created_at=now)])

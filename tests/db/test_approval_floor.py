@@ -223,3 +223,21 @@ def test_a_plugin_tool_keeps_its_declared_floor_even_if_its_row_is_loosened(setu
                                           tools=["refund_order"], policy={})
     outcome, request = _gate_refund(setup.world, version)
     assert outcome.status == ToolStatus.PENDING_APPROVAL and request is not None
+
+
+def test_a_runs_plugin_tools_come_with_their_declaration_so_a_call_reads_no_plugin_row(
+        setup: Setup, django_assert_num_queries: Any) -> None:
+    from agents.engine import visible_tools
+    from agents.models import Run, Session
+    from approvals.policy import declared_policy
+
+    Tool.objects.filter(pk=setup.refund.pk).delete()
+    install_plugin(tenant=setup.world.tenant, plugin_key="order-desk", actor=actor_for_user(setup.owner))
+    version = AgentVersion.objects.create(tenant=setup.world.tenant, agent=setup.world.agent, number=9, model="demo/planner",
+                                          tools=["refund_order"], policy={})
+    session = Session.objects.create(tenant=setup.world.tenant, agent=setup.world.agent)
+    run = Run.objects.create(tenant=setup.world.tenant, agent=setup.world.agent, version=version, session=session, input="x")
+    [refund] = visible_tools(Run.objects.select_related("version").get(pk=run.pk))
+    with django_assert_num_queries(0):  # the install and the plugin were read with the tool, once per run
+        declared = declared_policy(refund)
+    assert declared is not None and declared["mode"] == "always"

@@ -407,3 +407,34 @@ def _no_broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Enqueues made on commit go nowhere: each test drives the worker side itself."""
     monkeypatch.setattr("agents.tasks.execute_run_task.delay", lambda run_id: None)
     yield
+
+
+def test_a_finished_run_gives_its_lease_back_in_its_last_commit_and_the_worker_reads_nothing_after(
+        world: World, use_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    released: list[str] = []
+    real_release = services.release_lease
+    monkeypatch.setattr(services, "release_lease", lambda run_id, token: (released.append(str(run_id)), real_release(run_id, token)))
+    # a run that finishes: its last commit cleared the lease, so the worker neither releases it nor looks for a pause
+    run = _start(world)
+    use_model(ScriptedModel([TOOL_STEPS[0], say("done")]))
+    with CaptureQueriesContext(connection) as queries:
+        services.execute_run(str(run.pk))
+    run.refresh_from_db()
+    assert run.status == RunStatus.FINISHED and run.lease_token == "" and run.lease_expires_at is None
+    assert released == []
+    last_commit = max(i for i, q in enumerate(queries.captured_queries) if '"agents_turn"' in q["sql"])  # the session's turn
+    assert [q["sql"] for q in queries.captured_queries[last_commit + 1 :] if "agents_run" in q["sql"]] == []
+    # a worker whose step cannot commit still gives the lease back (the run is finished as an internal error)
+    failing = _start(world)
+    use_model(ScriptedModel([say("done")]))
+
+    def disk_full(self: WriteBatch) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(WriteBatch, "execute", disk_full)
+    services.execute_run(str(failing.pk))
+    failing.refresh_from_db()
+    assert released == [str(failing.pk)]
+    assert failing.lease_token == "" and failing.status == RunStatus.FINISHED and "RuntimeError" in failing.error
