@@ -122,7 +122,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         body.is_valid(raise_exception=True)
         data = body.validated_data
         tenant = self.acting_tenant("operate")
-        agent = Agent.objects.for_actor(self.actor, "operate").for_tenant(tenant).filter(slug=data["agent"]).first()
+        # With what start_run reads of it (the tenant's settings, the current version): no lazy query per create.
+        agent = (Agent.objects.for_actor(self.actor, "operate").for_tenant(tenant).select_related("tenant", "current_version")
+                 .filter(slug=data["agent"]).first())
         if agent is None or agent.kind != AgentKind.AGENT:
             agents = Agent.objects.for_tenant(tenant).filter(kind=AgentKind.AGENT)
             known = ", ".join(agents.values_list("slug", flat=True)[:20]) or "none"
@@ -158,8 +160,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         body.is_valid(raise_exception=True)
         data = body.validated_data
         tenant = self.acting_tenant("operate")
-        flow = Agent.objects.for_actor(self.actor, "operate").for_tenant(tenant).filter(
-            slug=data["flow"], kind=AgentKind.FLOW).first()
+        flow = Agent.objects.for_actor(self.actor, "operate").for_tenant(tenant).select_related(
+            "tenant", "current_version").filter(slug=data["flow"], kind=AgentKind.FLOW).first()
         if flow is None:
             known = ", ".join(Agent.objects.for_tenant(tenant).filter(kind=AgentKind.FLOW).values_list("slug", flat=True)[:20])
             raise serializers.ValidationError({"flow": [f"No flow {data['flow']!r} in tenant {tenant.slug!r}. "

@@ -100,3 +100,18 @@ def test_an_action_that_changes_a_run_still_loads_all_of_it(world: World) -> Non
     (run,) = _runs(world, 1)
     cancelled: Any = api.post(f"/api/v1/runs/{run.pk}/cancel")
     assert cancelled.status_code == 202 and cancelled.json()["id"] == str(run.pk)
+
+
+def test_a_run_creation_reads_the_agents_tenant_and_current_version_with_the_agent(world: World) -> None:
+    api = _api(world)
+    body = {"agent": world.agent.slug, "input": "where is my order?"}
+    assert api.post("/api/v1/runs", body, format="json").status_code == 202
+    with CaptureQueriesContext(connection) as queries:
+        assert api.post("/api/v1/runs", body, format="json").status_code == 202
+    # no lazy read of the version or the tenant by id after the agent's: the join brought them (one query fewer
+    # each); the acting tenant is read once, fresh (tenants.scoping.single_tenant), not from the key cache
+    def by_id(table: str) -> list[str]:
+        return [q["sql"] for q in queries if q["sql"].startswith("SELECT") and f'FROM "{table}" WHERE "{table}"."id" =' in q["sql"]]
+
+    assert by_id("agents_agentversion") == []
+    assert len(by_id("tenants_tenant")) == 1
