@@ -65,9 +65,7 @@ def initial_checkpoint(run: Run, model_info: Any, *, turns: list[Turn] | None = 
 def visible_tools(run: Run) -> list[Tool]:
     """The version's tools among those the tenant may resolve (its own, and its live plugin installs')."""
     names = [n for n in run.version.tools if isinstance(n, str)]
-    # With the plugin each declares its approval policy in (approvals.policy.declared_policy): no query per call.
-    return list(hooks.resolvable_tools(run.tenant_id).filter(name__in=names).select_related("plugin_install__plugin")
-                .order_by("name"))
+    return list(hooks.callable_tools(run.tenant_id).filter(name__in=names).order_by("name"))
 
 
 def approval_overrides(run: Run) -> dict[str, dict[str, Any]]:

@@ -36,7 +36,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents.engine import session_grants
-from agents.hooks import resolvable_tools, tool_allowed_for
+from agents.hooks import callable_tools, resolvable_tools, tool_allowed_for
 from agents.lease import LeaseHeartbeat
 from agents.models import Run, RunEvent, RunStatus
 from agents.services import finish_without_worker
@@ -876,7 +876,7 @@ def _start_tools(run: Run, flow: FlowDefinition,
 
 def _flow_tools(run: Run, flow: FlowDefinition) -> list[Any]:
     """The tenant's tools a flow's tool nodes name (its tool list), resolved once per task."""
-    return list(resolvable_tools(run.tenant_id).filter(name__in=flow.tool_names()).select_related("plugin_install__plugin"))
+    return list(callable_tools(run.tenant_id).filter(name__in=flow.tool_names()))
 
 
 def _retryable(node: BodyNode, run: Run, tools: list[Any] | None = None) -> bool:
@@ -932,7 +932,7 @@ def _start_tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str
         if wave is not None:
             tools, grants = wave.tools, wave.grants
         else:  # a node task: its own tool, and the conversation's grants only when the tool asks for scopes
-            tools = list(resolvable_tools(run.tenant_id).filter(name=node.tool).select_related("plugin_install__plugin"))
+            tools = list(callable_tools(run.tenant_id).filter(name=node.tool))
             grants = session_grants(run) if any(t.required_scopes for t in tools) else set()
         policy = wave.tool_policy if wave is not None else tool_allowed_for
         gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=grants, approvals=ApprovalGate(run),

@@ -63,7 +63,7 @@ class Candidate:
         names = [n for n in version.tools if isinstance(n, str)]
         if version.agent.kind == AgentKind.FLOW:  # a flow's tool nodes are its tool list
             names += sorted(version_definition(version).tool_names())
-        tools = list(hooks.resolvable_tools(version.tenant_id).filter(name__in=names).order_by("name"))
+        tools = list(hooks.callable_tools(version.tenant_id).filter(name__in=names).order_by("name"))
         policy = parse_policy(effective_document(version.policy, version.tenant.settings), extensions=extension_registry())
         info = model_info_for(probe)
         config = AgentConfig(
