@@ -9,6 +9,7 @@ step's events reach websocket clients after commit, in one batch.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -112,6 +113,12 @@ def _lock_with_head_sql() -> str:
 _LOCK_WITH_HEAD_SQL = _lock_with_head_sql()
 
 
+def _json_column(value: Any) -> Any:
+    """A JSON column's value read with a raw cursor: Django leaves PostgreSQL's jsonb as its text (its field decodes it)."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+@functools.cache
 def _lock_session_sql(vendor: str) -> str:
     """The session's counters, its row locked until the step commits (as ``select_for_update``: not on SQLite)."""
     session = Session._meta
@@ -211,8 +218,7 @@ class DjangoRunStore:
                 row = cursor.fetchone()
             if row is not None:
                 locked = dict(zip(_LOCKED_FIELDS, row[: len(_LOCKED_FIELDS)], strict=True))
-                if isinstance(locked["attention_reasons"], str):
-                    locked["attention_reasons"] = json.loads(locked["attention_reasons"])
+                locked["attention_reasons"] = _json_column(locked["attention_reasons"])
                 seq, hash_ = row[len(_LOCKED_FIELDS):]
                 return locked, AuditChainHead(tenant_id=run.tenant_id, seq=seq, hash=hash_)
         locked = Run.objects.select_for_update().filter(pk=run.pk).values(*_LOCKED_FIELDS).first()
@@ -224,7 +230,7 @@ class DjangoRunStore:
         with connection.cursor() as cursor:
             cursor.execute(_lock_session_sql(connection.vendor), [Session._meta.pk.get_db_prep_value(run.session_id, connection)])
             usage, model_calls, turns = cursor.fetchone()
-        usage = dict((json.loads(usage) if isinstance(usage, str) else usage) or {})
+        usage = dict(_json_column(usage) or {})
         run_usage = record.usage.to_dict()
         for key in ("input_tokens", "output_tokens"):
             usage[key] = int(usage.get(key, 0)) + int(run_usage.get(key, 0))

@@ -28,7 +28,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterable
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections
 from django.db.models import Field, JSONField, Model, QuerySet
@@ -63,8 +63,7 @@ class WriteBatch:
         plan = _json_insert(model, all(with_pk), self.using)
         if plan is not None:
             statement, columns = plan
-            data = [{column: value(obj) for column, value in columns} for obj in rows]
-            self._parts.append((statement, (json.dumps(data, ensure_ascii=False, separators=(",", ":")),)))
+            self._parts.append((statement, _rows_param([{column: value(obj) for column, value in columns} for obj in rows])))
         else:
             self._compiled_inserts(model, rows, all(with_pk))
         for obj in rows:
@@ -116,9 +115,8 @@ class WriteBatch:
         """Send what is pending as one statement (PostgreSQL); elsewhere everything already ran."""
         for (statement, match, values), rows in self._rows.values():
             converts = [*match, *values]
-            data = [{f"c{i}": convert(value) for i, (convert, value) in enumerate(zip(converts, row, strict=True))}
-                    for row in rows]
-            self._parts.append((statement, (json.dumps(data, ensure_ascii=False, separators=(",", ":")),)))
+            self._parts.append((statement, _rows_param([
+                {f"c{i}": convert(value) for i, (convert, value) in enumerate(zip(converts, row, strict=True))} for row in rows])))
         self._rows = {}
         parts, self._parts = self._parts, []
         if not parts:
@@ -134,6 +132,11 @@ class WriteBatch:
         params.extend(last_params)
         with connections[self.using].cursor() as cursor:
             cursor.execute(statement, params)
+
+
+def _rows_param(rows: list[dict[str, Any]]) -> tuple[str]:
+    """The rows of an INSERT or UPDATE part as its one parameter."""
+    return (json.dumps(rows, ensure_ascii=False, separators=(",", ":")),)
 
 
 #: How a field's value becomes the JSON value PostgreSQL reads back into its column.
@@ -170,10 +173,11 @@ def _json_update(model: type[Model], match: tuple[str, ...], values: tuple[str, 
     connection = connections[using]
     quote = connection.ops.quote_name
     fields = [model._meta.get_field(name) for name in (*match, *values)]
-    converts = [_converter(field, connection) for field in fields]
+    found = [_converter(field, connection) for field in fields]
     types = [field.db_type(connection) for field in fields]
-    if any(c is None for c in converts) or any(t is None for t in types) or any(f.generated for f in fields):
+    if any(c is None for c in found) or any(t is None for t in types) or any(f.generated for f in fields):
         return None
+    converts = cast(list[_Convert], found)
     columns = [f"c{i}" for i in range(len(fields))]
     table = quote(model._meta.db_table)
     assignments = ", ".join(f"{quote(field.column)} = v.{column}"
@@ -183,8 +187,7 @@ def _json_update(model: type[Model], match: tuple[str, ...], values: tuple[str, 
     shape = ", ".join(f"{column} {type_}" for column, type_ in zip(columns, types, strict=True))
     sql = (f"UPDATE {table} SET {assignments} FROM jsonb_to_recordset(%s::jsonb) AS v({shape}) "  # noqa: S608 (the model's own quoted names and types)
            f"WHERE {conditions}")
-    converted = [c for c in converts if c is not None]
-    return sql, converted[: len(match)], converted[len(match):]
+    return sql, converts[: len(match)], converts[len(match):]
 
 
 def _reader(field: Field[Any, Any], connection: Any) -> _Reader | None:
