@@ -31,6 +31,7 @@ from llm.errors import (
     redact,
 )
 from llm.streaming import OnText
+from runtime.serde import without_nul
 from runtime.tokens import count_messages, count_tokens, count_tools
 from runtime.types import Message, ModelRequest, ModelResponse, ToolCall, Usage
 
@@ -196,16 +197,16 @@ class OpenAICompatibleClient:
         message = choice.message
         calls = [
             ToolCall(
-                id=call.id or f"call_{index}",
-                name=call.function.name,
-                arguments=call.function.arguments if call.function.arguments is not None else "",
+                id=without_nul(call.id or f"call_{index}"),
+                name=without_nul(call.function.name),
+                arguments=without_nul(call.function.arguments if call.function.arguments is not None else ""),
             )
             for index, call in enumerate(message.tool_calls or [])
             if getattr(call, "function", None) is not None
         ]
         usage = self._usage(completion.usage, request, model, message.content, calls)
         return ModelResponse(
-            content=message.content,
+            content=without_nul(message.content),
             tool_calls=calls,
             usage=usage,
             model=f"{self.config.name}/{model}",
@@ -231,7 +232,7 @@ class OpenAICompatibleClient:
                     if delta is not None and delta.content:
                         content.append(delta.content)
                         if on_text is not None:
-                            on_text(delta.content)
+                            on_text(without_nul(delta.content))
                     for part in (delta.tool_calls if delta is not None else None) or []:
                         slot = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
                         if part.id:
@@ -250,10 +251,11 @@ class OpenAICompatibleClient:
                 model=model,
             )
         tool_calls = [
-            ToolCall(id=slot["id"] or f"call_{index}", name=slot["name"], arguments=slot["arguments"])
+            ToolCall(id=without_nul(slot["id"] or f"call_{index}"), name=without_nul(slot["name"]),
+                     arguments=without_nul(slot["arguments"]))
             for index, slot in sorted(calls.items())
         ]
-        text = "".join(content) or None
+        text = without_nul("".join(content)) or None
         return ModelResponse(
             content=text,
             tool_calls=tool_calls,

@@ -8,6 +8,24 @@ from typing import Any
 from runtime.protocols import Checkpoint, StepRecord
 from runtime.types import Event, Phase, TerminalReason, Usage
 
+NUL = "\x00"
+REPLACEMENT = "\ufffd"
+
+
+def without_nul(value: Any) -> Any:
+    """``value`` with every NUL character in its strings and keys replaced by U+FFFD (nothing else changed).
+
+    PostgreSQL's text and jsonb cannot hold ``\\x00``, so text from outside a run (a tool's answer or error, the
+    model's reply, its tool arguments) passes through here where it enters; the rest of the text is kept.
+    """
+    if isinstance(value, str):
+        return value.replace(NUL, REPLACEMENT) if NUL in value else value
+    if isinstance(value, dict):
+        return {without_nul(k) if isinstance(k, str) else k: without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(without_nul(v) for v in value)
+    return value
+
 
 def checkpoint_to_dict(checkpoint: Checkpoint) -> dict[str, Any]:
     return {

@@ -23,6 +23,7 @@ from jsonschema import FormatChecker
 from jsonschema.exceptions import ValidationError
 
 from runtime import schemas
+from runtime.serde import NUL, without_nul
 
 __all__ = [
     "ArgumentProblem",
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 ARGUMENTS_FIELD = "(arguments)"
+NUL_REPAIR = "replaced NUL characters with U+FFFD"
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +344,9 @@ def _decode(raw: str | dict[str, Any] | Any, result: ParsedArguments) -> Any:
         return raw
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     text = text.strip().lstrip("\ufeff")
+    if NUL in text:
+        text = without_nul(text)
+        result.repairs.append(NUL_REPAIR)
     if not text:
         return {}
     fence = re.match(r"^```[A-Za-z0-9_-]*\s*\n?(.*?)\n?```\s*$", text, re.S)
@@ -590,6 +595,10 @@ def parse_arguments(
     schema = schema or {}
     result = ParsedArguments(ok=False, arguments={})
     value = _decode(raw, result)
+    clean = without_nul(value)
+    if clean != value and NUL_REPAIR not in result.repairs:  # PostgreSQL cannot store NUL; U+FFFD takes its place
+        result.repairs.append(NUL_REPAIR)
+    value = clean
     if isinstance(value, _Undecodable) or not isinstance(value, dict):
         received = _short(value.text if isinstance(value, _Undecodable) else value)
         kind = "text that is not JSON" if isinstance(value, _Undecodable) else f"JSON {_json_kind(value)}"

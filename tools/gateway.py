@@ -30,6 +30,7 @@ from audit.models import ToolCallAudit, ToolCallStatus
 from audit.unit_of_work import StepAudit
 from config.buckets import bucket_store
 from runtime.documents import problems as document_problems
+from runtime.serde import without_nul
 from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
 from tools import bulkhead, decisions, rate_limits
 from tools.arguments import arguments_hash, parse_arguments
@@ -360,7 +361,7 @@ class ToolGateway:
             return self._fail(s, ToolStatus.ERROR, f"The tool {tool.name} failed: {exc}")
         s.stage("execute", True, idempotency_key=s.idempotency_key or None)
         shaped = shape_result(
-            result,
+            without_nul(result),
             field_whitelist=tool.result_fields or None,
             size_cap=tool.result_size_cap,
             summary_template=tool.summary_template or None,
@@ -400,7 +401,7 @@ class ToolGateway:
     # -- helpers --------------------------------------------------------------------------
 
     def _fail(self, s: _Call, status: ToolStatus, message: str) -> ToolOutcome:
-        return ToolOutcome(s.call.id, status, message, trace=s.trace)
+        return ToolOutcome(s.call.id, status, without_nul(message), trace=s.trace)
 
     def _row(self, s: _Call, status: str, *, error: str, latency_ms: int, result_size: int) -> ToolCallAudit:
         tool = s.tool

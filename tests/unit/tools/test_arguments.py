@@ -236,3 +236,23 @@ def test_canonical_json_and_hash() -> None:
     assert arguments_hash(a) == arguments_hash(b)
     assert len(arguments_hash(a)) == 64
     assert arguments_hash(a) != arguments_hash({"b": 2, "a": [1, {"y": "é", "x": None}]})
+
+
+def test_nul_characters_in_arguments_become_the_replacement_character_and_the_repair_is_noted() -> None:
+    schema = {"type": "object", "properties": {"note": {"type": "string"}}}
+    for raw in ('{"note": "a\\u0000b"}', '{"note": "a\x00b"}'):
+        result = parse_arguments(raw, schema)
+        assert result.ok, result.errors
+        assert result.arguments == {"note": "a\ufffdb"}
+        assert "replaced NUL characters with U+FFFD" in result.repairs
+    clean = parse_arguments('{"note": "ab"}', schema)
+    assert clean.arguments == {"note": "ab"} and not clean.repairs
+
+
+def test_without_nul_reaches_keys_and_nested_values_and_leaves_other_values_alone() -> None:
+    from runtime.serde import without_nul
+
+    value = {"k\x00": ["x\x00y", ("\x00",), 3, None, 1.5, True], "plain": {"n": "ok"}}
+    assert without_nul(value) == {"k\ufffd": ["x\ufffdy", ("\ufffd",), 3, None, 1.5, True], "plain": {"n": "ok"}}
+    text = "no nul here"
+    assert without_nul(text) is text
