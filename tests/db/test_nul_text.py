@@ -115,3 +115,15 @@ def test_a_model_reply_and_arguments_with_nul_characters_are_kept_with_them_repl
     # the arguments the tool got and the audit row hold the replacement; the model's raw argument text is kept as sent
     row = ToolCallAudit.objects.get(run_id=run.pk, tool_name="lookup")
     assert row.status == "ok" and "O1\ufffd" in json.dumps(row.arguments_summary, ensure_ascii=False)
+
+
+def test_a_provider_error_with_nul_characters_ends_the_run_with_the_error_kept(settings: Any, fake: FakeOpenAI) -> None:
+    from tests.support.fake_openai import error
+
+    with RecordingSink(body='{"status": "shipped"}') as sink:
+        w = _world(settings, fake, sink)
+        fake.script(error(400, f"bad request{NUL}: the model refused"))
+        run = _run(w)
+    assert run.status in ("failed", "finished"), (run.status, run.terminal_reason, run.error)
+    assert run.terminal_reason != "internal_error", run.error
+    assert NUL not in _stored(run)
