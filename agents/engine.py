@@ -14,6 +14,7 @@ from agents.store import DjangoRunStore
 from approvals.gate import ApprovalGate
 from audit.masking import mask_text
 from audit.unit_of_work import StepAudit
+from config.compiled import CompiledRead
 from runtime.config import build_runtime
 from runtime.context import ContextInput, assemble_context
 from runtime.context import Turn as ContextTurn
@@ -24,6 +25,12 @@ from tools.gateway import ToolGateway
 from tools.models import Tool
 
 HISTORY_TURNS = 50
+
+# A run's reads at its start, compiled once per shape (config/compiled.py).
+_session_turns = CompiledRead(
+    lambda session_id: Turn.objects.filter(session_id=session_id).order_by("-turn_seq")[:HISTORY_TURNS])
+_version_tools = CompiledRead(
+    lambda tenant_id, names: hooks.callable_tools(tenant_id).filter(name__in=names).order_by("name"))
 
 
 def initial_checkpoint(run: Run, model_info: Any, *, turns: list[Turn] | None = None) -> Checkpoint:
@@ -37,7 +44,7 @@ def initial_checkpoint(run: Run, model_info: Any, *, turns: list[Turn] | None = 
     """
     raw = tuple(policy_for(run).policy.input_masking.raw)
     if turns is None:
-        turns = list(Turn.objects.filter(session_id=run.session_id).order_by("-turn_seq")[:HISTORY_TURNS])
+        turns = _session_turns(run.session_id)
     turns = turns[:HISTORY_TURNS]
     history = [
         ContextTurn(t.turn_seq, [{"role": "user", "content": mask_text(t.user_message, keep=raw)},
@@ -65,7 +72,7 @@ def initial_checkpoint(run: Run, model_info: Any, *, turns: list[Turn] | None = 
 def visible_tools(run: Run) -> list[Tool]:
     """The version's tools among those the tenant may resolve (its own, and its live plugin installs')."""
     names = [n for n in run.version.tools if isinstance(n, str)]
-    return list(hooks.callable_tools(run.tenant_id).filter(name__in=names).order_by("name"))
+    return _version_tools(run.tenant_id, names)
 
 
 def approval_overrides(run: Run) -> dict[str, dict[str, Any]]:

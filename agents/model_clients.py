@@ -43,6 +43,7 @@ from agents.providers import (
 from agents.run_deltas import RunDeltas
 from agents.run_policy import policy_for
 from config.buckets import bucket_store
+from config.compiled import CompiledRead
 from llm import GatewayConfig, ModelGateway, ModelInfo, ProviderConfig, ProviderError, RateLimit
 from llm.breaker import CircuitBreaker
 from llm.openai_client import split_model
@@ -127,10 +128,13 @@ def tenant_rate_limit(tenant: Any) -> RateLimit | None:
         return None
 
 
+_tenant_providers = CompiledRead(lambda tenant_id: Provider.objects.visible_to_tenant(tenant_id).order_by("name", "tenant_id"))
+
+
 def _chosen_rows(tenant_id: int) -> list[Provider]:
     """The rows a run of this tenant uses: its own win over shared ones of the same name."""
     rows: dict[str, Provider] = {}
-    for row in Provider.objects.visible_to_tenant(tenant_id).order_by("name", "tenant_id"):
+    for row in _tenant_providers(tenant_id):
         if row.name not in rows or row.tenant_id is not None:
             rows[row.name] = row
     return list(rows.values())

@@ -22,6 +22,7 @@ from approvals.decisions import cancel_for_run, resume_run
 from approvals.policy import FLOOR_OVERRIDE_ACTION, floor_for, loosening, recorded_overrides
 from audit.masking import mask_text, mask_value
 from audit.services import record_change
+from config.compiled import CompiledRead
 from config.errors import Conflict, Refused, only_fields
 from runtime.approval_policy import OVERRIDE_FLAG, flagged
 from runtime.config import PolicyError, raw_input_patterns
@@ -200,7 +201,13 @@ def acquire_lease(run_id: str, token: str) -> Run | None:
         taken = cursor.rowcount
     if not taken:
         return None
-    return Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
+    run = _leased_run.first(uuid.UUID(str(run_id)))
+    if run is None:
+        raise Run.DoesNotExist(f"run {run_id} was leased and is gone")
+    return run
+
+
+_leased_run = CompiledRead(lambda pk: Run.objects.select_related("tenant", "agent", "version", "session").filter(pk=pk))
 
 
 @functools.cache

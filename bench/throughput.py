@@ -57,6 +57,7 @@ RUN = {"agent": "order-assistant", "input": "where is order O202411280001?"}
 
 async def drive(base: str, url: str, runs: int, in_flight: int) -> dict[str, Any]:
     posted: dict[str, float] = {}
+    answered: list[float] = []
     finished: dict[str, float] = {}
     waiting: dict[str, asyncio.Event] = {}
     errors = 0
@@ -85,6 +86,7 @@ async def drive(base: str, url: str, runs: int, in_flight: int) -> dict[str, Any
                 errors += 1
                 return
             run_id = response.json()["id"]
+            answered.append((time.monotonic() - start) * 1000)
             posted[run_id] = start
             event = waiting[run_id] = asyncio.Event()
             await asyncio.wait_for(event.wait(), 120)
@@ -105,7 +107,8 @@ async def drive(base: str, url: str, runs: int, in_flight: int) -> dict[str, Any
     total = [(finished[r] - posted[r]) * 1000 for r in posted if r in finished]
     return {
         "runs": len(total), "errors": errors, "seconds": round(elapsed, 2), "runs_per_s": round(len(total) / elapsed, 2),
-        "post_to_finished_ms": _stats(total), "queue_ms": _stats(queue), "execution_ms": _stats(execution),
+        "post_to_finished_ms": _stats(total), "post_answered_ms": _stats(answered), "queue_ms": _stats(queue),
+        "execution_ms": _stats(execution),
     }
 
 

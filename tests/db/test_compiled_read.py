@@ -1,0 +1,163 @@
+"""config/compiled.py: a read compiled once per shape answers exactly what the ORM answers, with one statement, and
+without building or compiling the queryset again; shapes it cannot carry stay with the ORM (and SQLite always does)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+from unittest import mock
+
+import pytest
+from django.db import connection
+from django.db.models import Count, Model
+from django.db.models.sql.compiler import SQLCompiler
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from agents.models import Run, Session
+from config.compiled import CompiledRead
+from marketplace.installs import install_plugin
+from tenants.scoping import actor_for_user
+from tests.factories import World, make_user, make_world
+from tools.models import Tool
+
+pytestmark = pytest.mark.django_db
+
+ON_POSTGRES = connection.vendor == "postgresql"
+
+
+@pytest.fixture
+def world() -> World:
+    return make_world()
+
+
+def _same(ours: list[Model], theirs: list[Model], related: tuple[str, ...] = ()) -> None:
+    assert [type(o) for o in ours] == [type(t) for t in theirs]
+    for a, b in zip(ours, theirs, strict=True):
+        fields = [f.attname for f in type(a)._meta.concrete_fields]
+        assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
+        assert not a._state.adding and a._state.db == b._state.db
+        for path in related:
+            x, y = a, b
+            for name in path.split("__"):
+                field = type(x)._meta.get_field(name)
+                assert field.is_cached(x) == field.is_cached(y), path
+                x, y = getattr(x, name), getattr(y, name)
+                if x is None or y is None:
+                    assert x is None and y is None, path
+                    break
+                names = [f.attname for f in type(x)._meta.concrete_fields]
+                assert [getattr(x, f) for f in names] == [getattr(y, f) for f in names], path
+
+
+def _tools(tenant_id: int, names: list[str]) -> Any:
+    return Tool.objects.filter(tenant_id=tenant_id, name__in=names).select_related("plugin_install__plugin").order_by("name")
+
+
+def test_tools_with_a_nullable_related_chain_and_lists_of_any_length(world: World) -> None:
+    owner = make_user()
+    from accounts import services as tenant_services
+    from tenants.models import Role
+
+    tenant_services.set_membership(tenant=world.tenant, user=owner, role=Role.OWNER, actor=None)
+    install_plugin(tenant=world.tenant, plugin_key="order-desk", actor=actor_for_user(owner))
+    Tool.objects.create(tenant=world.tenant, name="plain", description="A tool of the tenant's own.", kind="python",
+                        parameters={"type": "object", "properties": {}}, config={"x": ["ü", None, 1.5]})
+    read = CompiledRead(_tools)
+    names = sorted(Tool.objects.filter(tenant=world.tenant).values_list("name", flat=True))
+    assert any(t.plugin_install_id for t in Tool.objects.filter(tenant=world.tenant))
+    assert any(not t.plugin_install_id for t in Tool.objects.filter(tenant=world.tenant))
+    for chosen in (names, names[:1], names[1:3], [], ["no-such-tool"], [*names, *names]):
+        _same(read(world.tenant.pk, chosen), list(_tools(world.tenant.pk, chosen)), ("plugin_install", "plugin_install__plugin"))
+    # every length compiled, except the empty list (Django answers it without a statement)
+    shapes = {key[1][1]: shape for key, shape in read._shapes.items()}
+    assert sorted(shapes) == (sorted({len(names), 1, 2, 0, 2 * len(names)}) if ON_POSTGRES else [])
+    assert all((shape is None) == (length == 0) for length, shape in shapes.items())
+    # another tenant's tools are not the first tenant's
+    other = make_world()
+    assert {t.tenant_id for t in read(other.tenant.pk, names)} == {other.tenant.pk}
+
+
+def _runs(run_id: uuid.UUID) -> Any:
+    return Run.objects.select_related("tenant", "agent", "version", "session", "attention_resolved_by").filter(pk=run_id)
+
+
+def test_a_run_with_its_tenant_agent_version_and_session_and_json_and_time_fields(world: World) -> None:
+    session = Session.objects.create(tenant=world.tenant, agent=world.agent, facts={"a": [1, {"b": "ü"}]})
+    run = Run.objects.create(tenant=world.tenant, agent=world.agent, version=world.version, session=session, input="hi",
+                             state={"messages": [{"role": "user", "content": "x"}]}, usage={"tokens": 3},
+                             started_at=timezone.now())
+    resolved = Run.objects.create(tenant=world.tenant, agent=world.agent, version=world.version, session=session,
+                                  input="resolved", attention_resolved_by=world.operator, attention_resolved_at=timezone.now())
+    read = CompiledRead(_runs)
+    for pk in (run.pk, resolved.pk, uuid.uuid4()):
+        _same(read(pk), list(_runs(pk)), ("tenant", "agent", "version", "session", "attention_resolved_by"))
+    got = read.first(run.pk)
+    assert got is not None and got.state == {"messages": [{"role": "user", "content": "x"}]}
+    assert got.session is not None and got.session.facts == {"a": [1, {"b": "ü"}]}
+    assert isinstance(got.started_at, dt.datetime) and got.started_at.tzinfo is not None
+    assert read.first(uuid.uuid4()) is None
+    assert [s is not None for s in read._shapes.values()] == ([True] if ON_POSTGRES else [])
+
+
+@pytest.mark.skipif(not ON_POSTGRES, reason="SQLite always reads through the ORM (checked below)")
+def test_a_shape_is_built_and_compiled_once_and_then_runs_as_one_statement(world: World) -> None:
+    read = CompiledRead(_tools)
+    built = mock.Mock(side_effect=_tools)
+    read.build = built
+    read(world.tenant.pk, ["query_order", "query_logistics"])  # compiles this shape
+    assert built.call_count == 1
+    with mock.patch.object(SQLCompiler, "as_sql", side_effect=AssertionError("compiled again")), \
+            CaptureQueriesContext(connection) as queries:
+        got = read(world.tenant.pk, ["query_logistics", "sum_order_totals"])
+    assert built.call_count == 1 and len(queries) == 1
+    assert [t.name for t in got] == ["query_logistics", "sum_order_totals"]
+    read(world.tenant.pk, ["query_order"])  # a list of another length is another shape
+    assert built.call_count == 2
+
+
+def _contains(tenant_id: int, fragment: str) -> Any:
+    return Tool.objects.filter(tenant_id=tenant_id, name__icontains=fragment).order_by("name")
+
+
+def _annotated(tenant_id: int) -> Any:
+    return Tool.objects.filter(tenant_id=tenant_id).annotate(n=Count("id")).order_by("name")
+
+
+def _values(tenant_id: int) -> Any:
+    return Tool.objects.filter(tenant_id=tenant_id).values_list("name", flat=True)
+
+
+def _since(tenant_id: int, when: dt.datetime, enabled: bool | None) -> Any:
+    queryset = Tool.objects.filter(tenant_id=tenant_id, created_at__gte=when)
+    return queryset if enabled is None else queryset.filter(enabled=enabled)
+
+
+def test_transformed_values_unsupported_arguments_and_other_iterables_stay_with_the_orm(world: World) -> None:
+    contains = CompiledRead(_contains)
+    assert [t.name for t in contains(world.tenant.pk, "LOGIST")] == ["query_logistics"]  # '%LOGIST%' is not the value
+    assert [t.name for t in contains(world.tenant.pk, "order")] == ["query_order", "sum_order_totals"]
+    assert list(contains._shapes.values()) == ([None] if ON_POSTGRES else [])
+    annotated = CompiledRead(_annotated)
+    assert [(t.name, t.n) for t in annotated(world.tenant.pk)] == [(t.name, 1) for t in _annotated(world.tenant.pk)]
+    values = CompiledRead(_values)
+    assert sorted(values(world.tenant.pk)) == sorted(_values(world.tenant.pk))  # values_list keeps the ORM's answer
+    assert list(values._shapes.values()) in ([None], [])
+    with pytest.raises(TypeError):  # a model instance where an id is expected: the ORM's own error, not a wrong read
+        CompiledRead(lambda t: Tool.objects.filter(tenant_id=t))(object())
+    since = CompiledRead(_since)
+    hour_ago = timezone.now() - dt.timedelta(hours=1)
+    for enabled in (None, True, False):  # a bool or None is part of the shape, never a placeholder
+        expected = sorted(t.pk for t in _since(world.tenant.pk, hour_ago, enabled))
+        assert sorted(t.pk for t in since(world.tenant.pk, hour_ago, enabled)) == expected
+    Tool.objects.filter(tenant=world.tenant, name="query_order").update(enabled=False)
+    assert [t.name for t in since(world.tenant.pk, hour_ago, False)] == ["query_order"]
+    assert since(world.tenant.pk, timezone.now() + dt.timedelta(hours=1), None) == []
+
+
+@pytest.mark.skipif(ON_POSTGRES, reason="the embedded default's path")
+def test_on_sqlite_every_read_goes_through_the_orm(world: World) -> None:
+    read = CompiledRead(_tools)
+    assert [t.name for t in read(world.tenant.pk, ["query_order"])] == ["query_order"]
+    assert read._shapes == {}
