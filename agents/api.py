@@ -37,6 +37,7 @@ from agents.serializers import (
     VersionPreviewSerializer,
 )
 from config.api import CursorPages
+from config.compiled import CompiledRead
 from config.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
 from tools.serializers import PreviewImpactResultSerializer
@@ -66,6 +67,13 @@ class StreamNegotiation(DefaultContentNegotiation):
 
 def wants_event_stream(request: Request) -> bool:
     return "text/event-stream" in request.headers.get("Accept", "")
+
+
+# A new run's agent, with what start_run reads of it (the tenant's settings, the current version): no lazy query per
+# create; compiled once (config/compiled.py).
+_agent_by_slug: CompiledRead[Agent] = CompiledRead(
+    lambda tenant_id, slug: Agent.objects.for_tenant(tenant_id).select_related("tenant", "current_version")
+    .filter(slug=slug).order_by("pk")[:1])
 
 
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
@@ -123,8 +131,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         data = body.validated_data
         tenant = self.acting_tenant("operate")
         # With what start_run reads of it (the tenant's settings, the current version): no lazy query per create.
-        agent = (Agent.objects.for_actor(self.actor, "operate").for_tenant(tenant).select_related("tenant", "current_version")
-                 .filter(slug=data["agent"]).first())
+        agent = _agent_by_slug.first(tenant.pk, data["agent"])  # the acting tenant was checked for "operate" above
         if agent is None or agent.kind != AgentKind.AGENT:
             agents = Agent.objects.for_tenant(tenant).filter(kind=AgentKind.AGENT)
             known = ", ".join(agents.values_list("slug", flat=True)[:20]) or "none"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agents.hooks import VersionRefused
 from agents.models import Run
+from config.compiled import CompiledRead
 
 if TYPE_CHECKING:
     from agents.models import Agent, AgentVersion
@@ -69,21 +70,39 @@ def ordered_weights(rows: Sequence[Any], stable_version_id: Any) -> list[tuple[A
     return [(r.version, r.weight) for r in ordered if r.weight > 0]
 
 
+def _preset_of(agent_id: int) -> Any:
+    from marketplace.models import PresetAgent
+
+    return PresetAgent.objects.filter(agent_id=agent_id).only("plugin_key").order_by("pk")[:1]
+
+
+def _weights_of(agent_id: int) -> Any:
+    from marketplace.models import ReleaseWeight
+
+    return ReleaseWeight.objects.filter(agent_id=agent_id, weight__gt=0).select_related("version")
+
+
+# Read for every new run (config/compiled.py: compiled once per shape).
+_preset: CompiledRead[Any] = CompiledRead(_preset_of)
+_live_weights: CompiledRead[Any] = CompiledRead(_weights_of)
+
+
 def version_for_session(*, agent: Agent, session_id: Any) -> AgentVersion | None:
     """The version a new run of this session gets, or None when no release is configured (use the current one).
 
     Refuses an agent made from a plugin preset whose plugin the tenant no longer has installed and enabled.
     """
-    from marketplace.models import ACTIVE_INSTALL_STATUSES, PluginInstall, PresetAgent, ReleaseWeight
+    from marketplace.models import ACTIVE_INSTALL_STATUSES, PluginInstall
 
-    origin = PresetAgent.objects.filter(agent_id=agent.pk).values_list("plugin_key", flat=True).first()
+    preset = _preset.first(agent.pk)
+    origin = preset.plugin_key if preset is not None else None
     if origin is not None:
         install = PluginInstall.objects.filter(tenant_id=agent.tenant_id, plugin_key=origin).first()
         if install is None or install.status not in ACTIVE_INSTALL_STATUSES or install.plugin_id is None:
             state = "not installed" if install is None else install.get_status_display().lower()
             raise ReleaseRefused(f"The agent {agent.slug!r} comes from the plugin {origin!r}, which is {state} in this tenant; "
                                  "an operator must install or enable it before new runs can start.")
-    rows = list(ReleaseWeight.objects.filter(agent_id=agent.pk, weight__gt=0).select_related("version"))
+    rows = _live_weights(agent.pk)
     if not rows:
         return None
     return assign(ordered_weights(rows, agent.current_version_id), agent.tenant_id, session_id)

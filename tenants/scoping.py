@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
+from config.compiled import CompiledRead
 from config.errors import Forbidden, NotFound
 
 if TYPE_CHECKING:
@@ -183,6 +184,15 @@ class TenantOwned(models.Model):
         abstract = True
 
 
+def _tenant(pk: int) -> models.QuerySet[Any]:
+    from tenants.models import Tenant
+
+    return Tenant.objects.filter(pk=pk)
+
+
+_tenant_by_pk: CompiledRead[Any] = CompiledRead(_tenant)
+
+
 def single_tenant(actor: Actor, action: str, requested: str | None) -> Tenant:
     """The tenant an actor acts in when creating something.
 
@@ -191,12 +201,15 @@ def single_tenant(actor: Actor, action: str, requested: str | None) -> Tenant:
     """
     from tenants.models import Tenant
 
-    allowed = Tenant.objects.for_actor(actor, action).filter(is_active=True)
     if actor.api_key is not None:
         if not actor.can(action, actor.api_key.tenant_id):
             raise LookupError(f"This API key may not {action} here: its role, or its owner's current role in the tenant, "
                               "does not allow it.")
-        return Tenant.objects.get(pk=actor.api_key.tenant_id)
+        tenant = _tenant_by_pk.first(actor.api_key.tenant_id)  # read fresh: its settings hold its guardrails
+        if tenant is None:
+            raise Tenant.DoesNotExist(f"tenant {actor.api_key.tenant_id} of an API key is gone")
+        return tenant
+    allowed = Tenant.objects.for_actor(actor, action).filter(is_active=True)
     if requested:
         tenant = allowed.filter(slug=requested).first()
         if tenant is None:
