@@ -46,6 +46,7 @@ from audit.masking import mask_text, mask_value
 from audit.models import AuditChainHead
 from audit.unit_of_work import StepAudit
 from config.batch import WriteBatch
+from config.compiled import CompiledRead
 from flows.models import FlowNodeRun, NodeStatus
 from runtime.flows import (
     MAP_MAX_ITEMS,
@@ -240,7 +241,20 @@ def _parsed(document: str) -> FlowDefinition:
 
 
 def _rows(run_id: Any) -> dict[str, FlowNodeRun]:
-    return {r.node_id: r for r in FlowNodeRun.objects.filter(run_id=run_id)}
+    return {r.node_id: r for r in _node_rows(_uuid(run_id))}
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+# A flow's hot reads, compiled once per shape (config/compiled.py).
+_node_rows = CompiledRead(lambda run_id: FlowNodeRun.objects.filter(run_id=run_id))
+_one_node_row = CompiledRead(lambda run_id, node_id: FlowNodeRun.objects.filter(run_id=run_id, node_id=node_id))
+_flow_run = CompiledRead(lambda run_id: Run.objects.select_related("tenant", "agent", "version", "session").filter(pk=run_id))
+_locked_flow_run = CompiledRead(
+    lambda run_id: Run.objects.select_for_update().select_related("tenant", "agent", "version", "session").filter(pk=run_id))
+_named_tools = CompiledRead(lambda tenant_id, names: callable_tools(tenant_id).filter(name__in=names))
 
 
 def _append(run: Run, events: list[Event]) -> list[RunEvent]:
@@ -380,7 +394,9 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
     started: list[tuple[str, str]] = []
     with transaction.atomic(savepoint=savepoint):
         if writes is None:
-            run = Run.objects.select_for_update().select_related("tenant", "agent", "version", "session").get(pk=run_id)
+            run = _locked_flow_run.first(_uuid(run_id))
+            if run is None:
+                raise Run.DoesNotExist(f"flow run {run_id} is gone")
             run._locked_row = True  # type: ignore[attr-defined]  # _append need not lock and read it again
             writes = Writes(run, _rows(run.pk))
         run, rows = writes.run, writes.rows
@@ -643,7 +659,7 @@ def _renew(run_id: Any, node_id: str, token: str, seconds: float) -> bool:
 
 def execute_node(run_id: Any, node_id: str, token: str) -> None:
     """Run one started node and commit its completion; a duplicate or stale task (its token gone) does nothing."""
-    run = Run.objects.select_related("tenant", "agent", "version", "session").filter(pk=run_id).first()
+    run = _flow_run.first(_uuid(run_id))
     if run is None:
         log.info("flow run %s is gone (deleted): node %s has nothing to run", run_id, node_id)
         return
@@ -652,7 +668,7 @@ def execute_node(run_id: Any, node_id: str, token: str) -> None:
     # one read: this node's row, and the outputs its conditions and prompts see (a tool or agent node's inputs were
     # evaluated when it started: its own row is all it reads)
     if parts is None and next((n.kind for n in flow.nodes if n.id == node_id), None) in ("tool", "agent"):
-        rows = {r.node_id: r for r in FlowNodeRun.objects.filter(run_id=run_id, node_id=node_id)}
+        rows = {r.node_id: r for r in _one_node_row(_uuid(run_id), node_id)}
     else:
         rows = _rows(run_id)
     row = rows.get(node_id)
@@ -836,7 +852,9 @@ def _run_wave(run_id: Any, wave: list[tuple[str, str]], last: Writes | None = No
     if last is not None:
         run, rows = last.run, last.rows
     else:
-        run = Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
+        run = _flow_run.first(_uuid(run_id))
+        if run is None:
+            raise Run.DoesNotExist(f"flow run {run_id} is gone")
         rows = _rows(run_id)
     context = last.wave if last is not None else None  # what the run's earlier waves in this thread resolved
     if context is None:
@@ -876,7 +894,7 @@ def _start_tools(run: Run, flow: FlowDefinition,
 
 def _flow_tools(run: Run, flow: FlowDefinition) -> list[Any]:
     """The tenant's tools a flow's tool nodes name (its tool list), resolved once per task."""
-    return list(callable_tools(run.tenant_id).filter(name__in=flow.tool_names()))
+    return _named_tools(run.tenant_id, sorted(flow.tool_names()))
 
 
 def _retryable(node: BodyNode, run: Run, tools: list[Any] | None = None) -> bool:
@@ -932,7 +950,7 @@ def _start_tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str
         if wave is not None:
             tools, grants = wave.tools, wave.grants
         else:  # a node task: its own tool, and the conversation's grants only when the tool asks for scopes
-            tools = list(callable_tools(run.tenant_id).filter(name=node.tool))
+            tools = _named_tools(run.tenant_id, [node.tool])
             grants = session_grants(run) if any(t.required_scopes for t in tools) else set()
         policy = wave.tool_policy if wave is not None else tool_allowed_for
         gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=grants, approvals=ApprovalGate(run),
