@@ -12,7 +12,9 @@ hand.
 A shape whose values Django transforms before binding (``__icontains`` wraps them in ``%``, SQLite writes UUIDs as
 text), or that cannot be built from placeholders, is not compiled: it runs through the ORM every time, as does
 everything on SQLite. Arguments must be of the field's own type (an ``int`` id, a ``str`` name, a ``UUID``); model
-instances are not accepted (pass their ids).
+instances are not accepted (pass their ids). The builder must use its arguments as filter values only: not to slice
+(a value written into the SQL text is refused, the shape stays with the ORM) and not to decide anything in Python
+(a shape is built once, with placeholders).
 """
 
 from __future__ import annotations
@@ -157,6 +159,8 @@ class CompiledRead(Generic[M]):
             else:
                 params.append(param)
         if len(found) != len(markers):  # a value was transformed (or dropped): this shape stays with the ORM
+            return None
+        if any(str(value) in sql for _, value in markers):  # a value written into the text (a slice): the same
             return None
         select, klass_info = compiler.select, compiler.klass_info
         fields = klass_info["select_fields"]

@@ -161,3 +161,14 @@ def test_on_sqlite_every_read_goes_through_the_orm(world: World) -> None:
     read = CompiledRead(_tools)
     assert [t.name for t in read(world.tenant.pk, ["query_order"])] == ["query_order"]
     assert read._shapes == {}
+
+
+def _first_n(tenant_id: int, n: int) -> Any:
+    return Tool.objects.filter(tenant_id=tenant_id).order_by("name")[:n]
+
+
+def test_an_argument_written_into_the_sql_text_keeps_the_shape_with_the_orm(world: World) -> None:
+    read = CompiledRead(_first_n)
+    assert [t.name for t in read(world.tenant.pk, 1)] == [t.name for t in _first_n(world.tenant.pk, 1)]
+    assert [t.name for t in read(world.tenant.pk, 2)] == [t.name for t in _first_n(world.tenant.pk, 2)]
+    assert list(read._shapes.values()) == ([None] if ON_POSTGRES else [])
