@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import uuid
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import Exists, OuterRef
+from django.http import Http404
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -76,6 +79,21 @@ _agent_by_slug: CompiledRead[Agent] = CompiledRead(
     .filter(slug=slug).order_by("pk")[:1])
 
 
+def _lean_runs(tenant_ids: list[int] | None, pk: uuid.UUID) -> Any:
+    """``RunViewSet.get_queryset()`` for a lean action, narrowed to one run (``tenant_ids`` None: a superuser's)."""
+    queryset = RunViewSet.queryset.only(*RUN_READ_FIELDS)
+    return (queryset if tenant_ids is None else queryset.for_tenant_ids(tenant_ids)).filter(pk=pk)
+
+
+_lean_run: CompiledRead[Run] = CompiledRead(_lean_runs)
+
+
+@functools.lru_cache(maxsize=32)
+def _events_after(limit: int) -> CompiledRead[RunEvent]:
+    """A page of a run's events after a seq, ``limit`` + 1 of them (the extra one says whether there are more)."""
+    return CompiledRead(lambda run_id, after: RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[: limit + 1])
+
+
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     content_negotiation_class = StreamNegotiation
     queryset = Run.objects.select_related("agent", "version", "attention_resolved_by")
@@ -92,6 +110,21 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     def get_queryset(self) -> Any:
         queryset = super().get_queryset()
         return queryset.only(*RUN_READ_FIELDS) if self.action in self.lean_actions else queryset
+
+    def get_object(self) -> Any:
+        """A lean read of one run (detail, events, stream) is the same query as DRF's, compiled once per shape; a run
+        of a tenant the actor cannot see, or an id that is not one, is a 404 as before."""
+        if self.action not in self.lean_actions:
+            return super().get_object()
+        try:
+            pk = uuid.UUID(str(self.kwargs[self.lookup_url_kwarg or self.lookup_field]))
+        except ValueError:
+            raise Http404("No Run matches the given query.") from None
+        run = _lean_run.first(self.actor.tenant_ids("view"), pk)
+        if run is None:
+            raise Http404("No Run matches the given query.")
+        self.check_object_permissions(self.request, run)
+        return run
 
     @extend_schema(
         request=PolymorphicProxySerializer("RunOrFlowRunCreate", [RunCreateSerializer, FlowRunCreateSerializer],
@@ -196,7 +229,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         run = self.get_object()
         after = _non_negative_int(request.query_params.get("after"), "after", 0)
         limit = min(_non_negative_int(request.query_params.get("limit"), "limit", 100) or 100, EVENTS_PAGE_MAX)
-        rows = list(RunEvent.objects.filter(run=run, seq__gt=after).order_by("seq")[: limit + 1])
+        rows = _events_after(limit)(run.pk, after)
         has_more = len(rows) > limit
         rows = rows[:limit]
         next_after = rows[-1].seq if rows else after

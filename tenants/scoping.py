@@ -162,6 +162,10 @@ class TenantScopedQuerySet(models.QuerySet):
         ids = actor.tenant_ids(action)
         if ids is None:
             return self
+        return self.for_tenant_ids(ids)
+
+    def for_tenant_ids(self, ids: list[int]) -> TenantScopedQuerySet:
+        """Rows of these tenants (``for_actor`` once the actor's tenants are known)."""
         return self.filter(**{f"{self.tenant_field}__in": ids})
 
     def for_tenant(self, tenant: Tenant | int) -> TenantScopedQuerySet:

@@ -115,3 +115,33 @@ def test_a_run_creation_reads_the_agents_tenant_and_current_version_with_the_age
 
     assert by_id("agents_agentversion") == []
     assert len(by_id("tenants_tenant")) == 1
+
+
+def test_one_run_is_read_in_one_query_and_a_foreign_or_malformed_id_is_a_404(world: World) -> None:
+    import uuid
+
+    from django.contrib.auth import get_user_model
+
+    api = _api(world)
+    (run,) = _runs(world, 1)
+    other = make_world()
+    (foreign,) = _runs(other, 1)
+    assert api.get(f"/api/v1/runs/{run.pk}").status_code == 200  # warm: the key, the compiled read
+    with CaptureQueriesContext(connection) as queries:
+        body = api.get(f"/api/v1/runs/{run.pk}").json()
+    assert body["id"] == str(run.pk) and body["agent"] == world.agent.slug
+    reads = [q["sql"] for q in queries if 'FROM "agents_run"' in q["sql"]]
+    assert len(reads) == 1 and '"agents_run"."state"' not in reads[0]
+    for pk in (foreign.pk, uuid.uuid4(), "not-a-run-id"):
+        for tail in ("", "/events"):
+            answer = api.get(f"/api/v1/runs/{pk}{tail}")
+            assert answer.status_code == 404, (pk, tail, answer.content)
+    assert api.get(f"/api/v1/runs/{run.pk}/events").status_code == 200
+    # an operator of the other tenant sees its own run and not the first tenant's; a superuser sees both
+    theirs = APIClient()
+    theirs.credentials(HTTP_AUTHORIZATION=f"Bearer {other.raw_key}")
+    assert theirs.get(f"/api/v1/runs/{foreign.pk}").status_code == 200
+    assert theirs.get(f"/api/v1/runs/{run.pk}").status_code == 404
+    root = APIClient()
+    root.force_authenticate(get_user_model().objects.create_superuser("root-lean", password="correct-horse-battery"))
+    assert {root.get(f"/api/v1/runs/{pk}").status_code for pk in (run.pk, foreign.pk)} == {200}
