@@ -40,7 +40,7 @@ from agents.serializers import (
     VersionPreviewSerializer,
 )
 from config.api import CursorPages
-from config.compiled import CompiledRead
+from config.compiled import CompiledRead, LeanModelIterable
 from config.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
 from tools.serializers import PreviewImpactResultSerializer
@@ -109,7 +109,11 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
 
     def get_queryset(self) -> Any:
         queryset = super().get_queryset()
-        return queryset.only(*RUN_READ_FIELDS) if self.action in self.lean_actions else queryset
+        if self.action not in self.lean_actions:
+            return queryset
+        queryset = queryset.only(*RUN_READ_FIELDS)
+        queryset._iterable_class = LeanModelIterable  # a page of runs: instances without Model.__init__
+        return queryset
 
     def get_object(self) -> Any:
         """A lean read of one run (detail, events, stream) is the same query as DRF's, compiled once per shape; a run

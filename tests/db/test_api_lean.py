@@ -145,3 +145,24 @@ def test_one_run_is_read_in_one_query_and_a_foreign_or_malformed_id_is_a_404(wor
     root = APIClient()
     root.force_authenticate(get_user_model().objects.create_superuser("root-lean", password="correct-horse-battery"))
     assert {root.get(f"/api/v1/runs/{pk}").status_code for pk in (run.pk, foreign.pk)} == {200}
+
+
+def test_a_page_of_runs_made_without_model_init_answers_what_orm_instances_answer(world: World) -> None:
+    from config.compiled import LeanModelIterable
+
+    api = _api(world)
+    runs = _runs(world, 3)
+    resolver = make_user()
+    Run.objects.filter(pk=runs[0].pk).update(attention_resolved_by=resolver, attention_resolved_at=timezone.now(),
+                                             usage={"tokens": 5}, facts={"k": ["ü"]})
+    page = api.get("/api/v1/runs?limit=10").json()["results"]
+    request = APIClient().get("/").wsgi_request
+    serializer = RunSerializer(context={"request": request})
+    loaded = Run.objects.select_related("agent", "version", "attention_resolved_by").only(*RUN_READ_FIELDS)
+    expected = {str(r.pk): serializer.generic_representation(r) for r in loaded.filter(tenant=world.tenant)}
+    assert {item["id"]: item for item in page} == expected
+    lean = loaded.filter(pk=runs[0].pk)
+    lean._iterable_class = LeanModelIterable
+    (run,) = list(lean)
+    assert run.attention_resolved_by.username == resolver.username and run.agent.slug == world.agent.slug
+    assert not run._state.adding and run.get_deferred_fields() == loaded.get(pk=run.pk).get_deferred_fields()

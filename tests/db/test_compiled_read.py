@@ -172,3 +172,29 @@ def test_an_argument_written_into_the_sql_text_keeps_the_shape_with_the_orm(worl
     assert [t.name for t in read(world.tenant.pk, 1)] == [t.name for t in _first_n(world.tenant.pk, 1)]
     assert [t.name for t in read(world.tenant.pk, 2)] == [t.name for t in _first_n(world.tenant.pk, 2)]
     assert list(read._shapes.values()) == ([None] if ON_POSTGRES else [])
+
+
+def test_instances_behave_as_the_orm_s_save_defer_and_signal_alike(world: World) -> None:
+    from django.db.models.signals import post_init
+
+    read = CompiledRead(lambda tenant_id, name: Tool.objects.filter(tenant_id=tenant_id, name=name).only("id", "name",
+                                                                                                          "tenant_id"))
+    tool = read.first(world.tenant.pk, "query_order")
+    assert tool is not None and not tool._state.adding
+    assert tool.get_deferred_fields() == Tool.objects.only("id", "name", "tenant_id").get(pk=tool.pk).get_deferred_fields()
+    assert tool.description == Tool.objects.get(pk=tool.pk).description  # a deferred field loads on access
+    tool.description = "changed through a compiled read's instance"
+    tool.save(update_fields=["description"])  # an UPDATE of the row, not an INSERT of a new one
+    assert Tool.objects.get(pk=tool.pk).description == "changed through a compiled read's instance"
+    assert Tool.objects.filter(tenant=world.tenant, name="query_order").count() == 1
+    seen: list[Any] = []
+
+    def receiver(sender: Any, instance: Any, **kwargs: Any) -> None:
+        seen.append(instance)
+
+    post_init.connect(receiver, sender=Tool)
+    try:
+        again = read.first(world.tenant.pk, "query_order")
+    finally:
+        post_init.disconnect(receiver, sender=Tool)
+    assert seen == [again]  # a receiver connected: instances are made by Django's own from_db, signals and all
