@@ -10,14 +10,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from rest_framework.test import APIClient
 
-from agents import model_clients, services
+from agents import services
 from agents.models import Run, RunEvent, RunMessage
 from audit.models import ToolCallAudit
 from tenants.scoping import Actor
-from tests.factories import World, make_world
+from tests.factories import World
 from tests.support.fake_openai import FakeOpenAI, call, text, tool_calls
+from tests.support.provider_world import world_with_provider
 from tests.support.recording_sink import RecordingSink
 from tools.models import Tool, ToolCategory, ToolKind
 
@@ -36,15 +36,7 @@ def fake() -> Iterator[FakeOpenAI]:
 
 
 def _world(settings: Any, fake: FakeOpenAI, sink: RecordingSink) -> World:
-    settings.PROVIDER_EGRESS_ALLOW = ["127.0.0.1"]
-    settings.TOOL_EGRESS_ALLOW = ["127.0.0.1"]
-    model_clients.clear_cache()
-    w = make_world(model=MODEL)
-    client = APIClient()
-    client.force_authenticate(w.operator)
-    made = client.post("/api/v1/providers", {"name": "acme", "base_url": fake.base_url, "api_key": KEY, "models": PRICES},
-                       format="json")
-    assert made.status_code == 201, made.content
+    w = world_with_provider(settings, fake, api_key=KEY, models=PRICES, model=MODEL)
     Tool.objects.create(tenant=w.tenant, name="lookup", kind=ToolKind.HTTP, category=ToolCategory.READ,
                         description="Look an order up.",
                         parameters={"type": "object", "properties": {"order_id": {"type": "string"}},

@@ -9,16 +9,16 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from rest_framework.test import APIClient
 
-from agents import model_clients, services
+from agents import services
 from agents.models import AgentVersion, Run, RunEvent, Session
 from audit.models import ToolCallAudit
 from releases import services as releases
 from releases.models import ReplayBatch, ReplayRun
 from tenants.scoping import Actor, actor_for_user
-from tests.factories import World, make_world
+from tests.factories import World
 from tests.support.fake_openai import FakeOpenAI, call, text, tool_calls
+from tests.support.provider_world import world_with_provider
 from tests.support.recording_sink import RecordingSink
 from tools.models import Tool, ToolCategory, ToolKind
 
@@ -44,15 +44,7 @@ def sink() -> Iterator[RecordingSink]:
 
 @pytest.fixture
 def world(settings: Any, fake: FakeOpenAI, sink: RecordingSink) -> World:
-    settings.PROVIDER_EGRESS_ALLOW = ["127.0.0.1"]
-    settings.TOOL_EGRESS_ALLOW = ["127.0.0.1"]
-    model_clients.clear_cache()
-    w = make_world(model=MODEL)
-    client = APIClient()
-    client.force_authenticate(w.operator)
-    made = client.post("/api/v1/providers", {"name": "acme", "base_url": fake.base_url, "api_key": KEY, "models": PRICES},
-                       format="json")
-    assert made.status_code == 201, made.content
+    w = world_with_provider(settings, fake, api_key=KEY, models=PRICES, model=MODEL)
     Tool.objects.create(tenant=w.tenant, name="add_note", kind=ToolKind.HTTP, category=ToolCategory.WRITE, idempotent=False,
                         description="Add a note to an order.",
                         parameters={"type": "object", "properties": {"order_id": {"type": "string"}},
