@@ -34,6 +34,7 @@ from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttrib
 from django.db.models.query import ModelIterable, get_related_populators
 from django.db.models.query_utils import DeferredAttribute
 from django.db.models.signals import post_init, pre_init
+from django.db.transaction import TransactionManagementError
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class _Shape:
     converters: list[tuple[int, tuple[list[Callable[..., Any]], Any]]]
     populators: list[Any]
     annotations: dict[str, int]
+    locks: bool  # SELECT ... FOR UPDATE: only inside a transaction, as Django says
 
 
 @dataclass(frozen=True)
@@ -181,12 +183,15 @@ class CompiledRead(Generic[M]):
             converters=list(converters.items()),
             populators=get_related_populators(klass_info, select, queryset.db),
             annotations=dict(compiler.annotation_col_map or {}),
+            locks=bool(queryset.query.select_for_update),
         )
 
     # -- running it -------------------------------------------------------------------------------------------------
 
     def _run(self, shape: _Shape, args: Sequence[Any]) -> list[M]:
         """Django's ``ModelIterable`` over the bound statement; instances made as :func:`_instance` says."""
+        if shape.locks and connection.get_autocommit():
+            raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")
         params = list(shape.params)
         for position in shape.slots:
             slot = params[position]

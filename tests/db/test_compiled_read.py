@@ -198,3 +198,16 @@ def test_instances_behave_as_the_orm_s_save_defer_and_signal_alike(world: World)
     finally:
         post_init.disconnect(receiver, sender=Tool)
     assert seen == [again]  # a receiver connected: instances are made by Django's own from_db, signals and all
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_locking_read_outside_a_transaction_is_refused_as_django_refuses_it(world: World) -> None:
+    from django.db import transaction
+    from django.db.transaction import TransactionManagementError
+
+    read = CompiledRead(lambda tenant_id: Tool.objects.select_for_update().filter(tenant_id=tenant_id).order_by("name"))
+    with transaction.atomic():
+        assert [t.name for t in read(world.tenant.pk)] == sorted(t.name for t in Tool.objects.filter(tenant=world.tenant))
+    if connection.features.has_select_for_update:  # autocommit: refused, as Django's own evaluation is (not on SQLite)
+        with pytest.raises(TransactionManagementError):
+            read(world.tenant.pk)
