@@ -156,8 +156,8 @@ def test_transformed_values_unsupported_arguments_and_other_iterables_stay_with_
     assert since(world.tenant.pk, timezone.now() + dt.timedelta(hours=1), None) == []
 
 
-@pytest.mark.skipif(ON_POSTGRES, reason="the embedded default's path")
-def test_on_sqlite_every_read_goes_through_the_orm(world: World) -> None:
+def test_on_sqlite_every_read_goes_through_the_orm(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connection, "vendor", "sqlite")  # the embedded default's branch, on either database
     read = CompiledRead(_tools)
     assert [t.name for t in read(world.tenant.pk, ["query_order"])] == ["query_order"]
     assert read._shapes == {}
