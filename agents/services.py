@@ -201,10 +201,7 @@ def acquire_lease(run_id: str, token: str) -> Run | None:
         taken = cursor.rowcount
     if not taken:
         return None
-    run = _leased_run.first(uuid.UUID(str(run_id)))
-    if run is None:
-        raise Run.DoesNotExist(f"run {run_id} was leased and is gone")
-    return run
+    return _leased_run.get(uuid.UUID(str(run_id)))
 
 
 _leased_run = CompiledRead(lambda pk: Run.objects.select_related("tenant", "agent", "version", "session").filter(pk=pk))

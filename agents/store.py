@@ -9,7 +9,6 @@ step's events reach websocket clients after commit, in one batch.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -25,6 +24,7 @@ from audit.models import AuditChainHead
 from audit.unit_of_work import StepAudit
 from config import live
 from config.batch import WriteBatch
+from config.compiled import CompiledRead
 from runtime.protocols import Checkpoint, StepAck, StepRecord
 from runtime.types import Event, Phase, Usage
 
@@ -118,13 +118,9 @@ def _json_column(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-@functools.cache
-def _lock_session_sql(vendor: str) -> str:
-    """The session's counters, its row locked until the step commits (as ``select_for_update``: not on SQLite)."""
-    session = Session._meta
-    columns = ", ".join(f'"{session.get_field(name).column}"' for name in ("usage", "model_calls", "turns"))
-    lock = " FOR UPDATE" if vendor == "postgresql" else ""
-    return f'SELECT {columns} FROM "{session.db_table}" WHERE "{session.pk.column}" = %s{lock}'  # noqa: S608 (model names)
+# The session's counters, its row locked until the step commits (config/compiled.py: compiled once).
+_locked_session = CompiledRead(
+    lambda pk: Session.objects.select_for_update().only("usage", "model_calls", "turns").filter(pk=pk))
 
 
 class DjangoRunStore:
@@ -227,10 +223,8 @@ class DjangoRunStore:
     def _close_session_turn(self, run: Run, record: StepRecord, batch: WriteBatch, now: Any) -> None:
         """Append the exchange to the session's conversation and carry the run's counters over: the session's row
         locked and read here (its turn number), its update and the turn's row sent with the step's batch."""
-        with connection.cursor() as cursor:
-            cursor.execute(_lock_session_sql(connection.vendor), [Session._meta.pk.get_db_prep_value(run.session_id, connection)])
-            usage, model_calls, turns = cursor.fetchone()
-        usage = dict(_json_column(usage) or {})
+        session = _locked_session.get(run.session_id)
+        usage, model_calls, turns = dict(session.usage or {}), session.model_calls, session.turns
         run_usage = record.usage.to_dict()
         for key in ("input_tokens", "output_tokens"):
             usage[key] = int(usage.get(key, 0)) + int(run_usage.get(key, 0))

@@ -112,6 +112,14 @@ class CompiledRead(Generic[M]):
         rows = self(*args)
         return rows[0] if rows else None
 
+    def get(self, *args: Any) -> M:
+        """The one row, or the model's ``DoesNotExist`` (as ``QuerySet.get``; the builder narrows to one row)."""
+        row = self.first(*args)
+        if row is None:
+            model = self.build(*args).model  # built, not run: only on this rare path
+            raise model.DoesNotExist(f"No {model.__name__} matches the given query.")
+        return row
+
     # -- compiling a shape ------------------------------------------------------------------------------------------
 
     def _compile(self, key: tuple[Any, ...], args: Sequence[Any]) -> _Shape | None:
@@ -208,13 +216,20 @@ class CompiledRead(Generic[M]):
                 for convert in convs:
                     value = convert(value, expression, connection)
                 row[position] = value
-            obj = _instance(shape.model, db, shape.init_list, row[shape.start:shape.end])
-            for populator in shape.populators:
-                _populate(populator, row, obj)
-            for name, position in shape.annotations.items():
-                setattr(obj, name, row[position])
-            objects.append(obj)  # type: ignore[arg-type]
+            objects.append(_from_row(row, shape.model, db, shape.init_list, shape.start, shape.end, shape.populators,
+                                     shape.annotations))  # type: ignore[arg-type]
         return objects
+
+
+def _from_row(row: list[Any], model: type[Model], db: str, attnames: list[str], start: int, end: int,
+              populators: list[Any], annotations: dict[str, int]) -> Model:
+    """One converted row as ``ModelIterable`` makes it: the instance, its ``select_related`` objects, annotations."""
+    obj = _instance(model, db, attnames, row[start:end])
+    for populator in populators:
+        _populate(populator, row, obj)
+    for name, position in annotations.items():
+        setattr(obj, name, row[position])
+    return obj
 
 
 def _instance(model: type[Model], db: str, attnames: list[str], values: Sequence[Any]) -> Model:
@@ -294,10 +309,4 @@ class LeanModelIterable(ModelIterable):
         attnames = [f[0].target.attname for f in select[start:end]]
         populators = get_related_populators(klass_info, select, db)
         for row in compiler.results_iter(results):
-            obj = _instance(model, db, attnames, row[start:end])
-            for populator in populators:
-                _populate(populator, row, obj)
-            if annotations:
-                for name, position in annotations.items():
-                    setattr(obj, name, row[position])
-            yield obj
+            yield _from_row(row, model, db, attnames, start, end, populators, annotations or {})

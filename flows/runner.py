@@ -394,9 +394,7 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
     started: list[tuple[str, str]] = []
     with transaction.atomic(savepoint=savepoint):
         if writes is None:
-            run = _locked_flow_run.first(_uuid(run_id))
-            if run is None:
-                raise Run.DoesNotExist(f"flow run {run_id} is gone")
+            run = _locked_flow_run.get(_uuid(run_id))
             run._locked_row = True  # type: ignore[attr-defined]  # _append need not lock and read it again
             writes = Writes(run, _rows(run.pk))
         run, rows = writes.run, writes.rows
@@ -852,9 +850,7 @@ def _run_wave(run_id: Any, wave: list[tuple[str, str]], last: Writes | None = No
     if last is not None:
         run, rows = last.run, last.rows
     else:
-        run = _flow_run.first(_uuid(run_id))
-        if run is None:
-            raise Run.DoesNotExist(f"flow run {run_id} is gone")
+        run = _flow_run.get(_uuid(run_id))
         rows = _rows(run_id)
     context = last.wave if last is not None else None  # what the run's earlier waves in this thread resolved
     if context is None:

@@ -209,10 +209,7 @@ def single_tenant(actor: Actor, action: str, requested: str | None) -> Tenant:
         if not actor.can(action, actor.api_key.tenant_id):
             raise LookupError(f"This API key may not {action} here: its role, or its owner's current role in the tenant, "
                               "does not allow it.")
-        tenant = _tenant_by_pk.first(actor.api_key.tenant_id)  # read fresh: its settings hold its guardrails
-        if tenant is None:
-            raise Tenant.DoesNotExist(f"tenant {actor.api_key.tenant_id} of an API key is gone")
-        return tenant
+        return _tenant_by_pk.get(actor.api_key.tenant_id)  # read fresh: its settings hold its guardrails
     allowed = Tenant.objects.for_actor(actor, action).filter(is_active=True)
     if requested:
         tenant = allowed.filter(slug=requested).first()

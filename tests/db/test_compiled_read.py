@@ -98,6 +98,9 @@ def test_a_run_with_its_tenant_agent_version_and_session_and_json_and_time_field
     assert got.session is not None and got.session.facts == {"a": [1, {"b": "ü"}]}
     assert isinstance(got.started_at, dt.datetime) and got.started_at.tzinfo is not None
     assert read.first(uuid.uuid4()) is None
+    assert read.get(run.pk).pk == run.pk
+    with pytest.raises(Run.DoesNotExist):
+        read.get(uuid.uuid4())
     assert [s is not None for s in read._shapes.values()] == ([True] if ON_POSTGRES else [])
 
 
