@@ -1,4 +1,4 @@
-"""Django's ASGI handler with the middleware chain run synchronously: one thread hop per request, not twenty.
+"""Django's ASGI handler with the middleware chain run synchronously, on threads kept from one request to the next.
 
 Django's ``ASGIHandler`` loads the middleware in async mode. Every ``MiddlewareMixin`` middleware is async-capable,
 so each runs its ``process_request`` and ``process_response`` through ``sync_to_async`` — a hop to the request's
@@ -9,26 +9,82 @@ CPU in-process and over HTTP.
 
 Every middleware in ``settings.MIDDLEWARE`` and every HTTP view is synchronous, so here the chain is loaded in sync
 mode (as under WSGI) and the whole of it — middleware, view, exception handling, response logging — runs in one
-``sync_to_async`` call on the request's thread-sensitive thread (Django's ``ThreadSensitiveContext`` per request is
-kept, so the ``request_started`` receivers, the chain and ``response.close()`` still share one thread and its
-database connection). Streaming responses (the SSE run streams' async iterators) are still sent by the async
-handler afterwards, exactly as before. An async view or middleware would still work (Django adapts it with
-``async_to_sync``), only slower: keep HTTP views and middleware synchronous (websockets go through Channels).
+``sync_to_async`` call on the request's thread-sensitive thread. Streaming responses (the SSE run streams' async
+iterators) are still sent by the async handler afterwards, exactly as before. An async view or middleware would still
+work (Django adapts it with ``async_to_sync``), only slower: keep HTTP views and middleware synchronous (websockets go
+through Channels).
+
+**One thread per request, not a new one.** Django enters a ``ThreadSensitiveContext`` per request so that the
+``request_started`` receivers, the chain and ``response.close()`` (``request_finished``: the pooled database
+connection goes back) run on one thread. asgiref makes that thread anew for every request — a ``ThreadPoolExecutor``
+and its thread, a second thread to join it at the end, and on the new thread a new ``DatabaseWrapper`` per
+database alias (Django's connections are per thread) — which under load was about a tenth of a server's CPU. Here
+each request borrows a single-thread executor from :class:`Threads` for its context (asgiref's
+``ThreadSensitiveContext(executor=...)``: same rules, one call at a time on one thread) and gives it back when the
+request is done, so the threads and their connection objects live as long as the process. The same request still
+runs on one thread; two requests never share one at the same time.
 """
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.base import BaseHandler
+
+#: Idle threads a server process keeps for the next requests; past it, a thread given back is let go.
+#: ``MAX_CONCURRENT_REQUESTS`` bounds the requests in progress (config/admission.py); an event stream holds its thread
+#: while it lasts, as it did when every request made its own.
+KEEP_IDLE = 64
+
+
+class Threads:
+    """Single-thread executors lent to requests, one at a time each: ``borrow()`` a free one (or a new one),
+    ``give_back()`` when the request is over. Used only from the server's event loop thread; the lock makes it safe
+    from anywhere else too."""
+
+    def __init__(self, keep_idle: int = KEEP_IDLE) -> None:
+        self.keep_idle = keep_idle
+        self._idle: list[ThreadPoolExecutor] = []
+        self._lock = threading.Lock()
+        self.made = 0
+
+    def borrow(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            self.made += 1
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="request")
+
+    def give_back(self, executor: ThreadPoolExecutor) -> None:
+        with self._lock:
+            if len(self._idle) < self.keep_idle:
+                self._idle.append(executor)
+                return
+        executor.shutdown(wait=False)  # its thread ends once what it runs (if anything) returns
 
 
 class SyncChainASGIHandler(ASGIHandler):
     def __init__(self) -> None:
         BaseHandler.__init__(self)
         self.load_middleware(is_async=False)
+        self.threads = Threads()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        executor = self.threads.borrow()
+        try:
+            # Django's handle(): request_started, the chain, response.close() — all on the borrowed thread.
+            async with ThreadSensitiveContext(executor=executor):
+                await self.handle(scope, receive, send)
+        finally:
+            # A view still running after a client went away only delays the next request given this executor: it
+            # runs one call at a time, in order.
+            self.threads.give_back(executor)
 
     async def get_response_async(self, request: Any) -> Any:
         # BaseHandler.get_response: set the urlconf, run the chain, attach request.close, log 4xx/5xx — on one thread.

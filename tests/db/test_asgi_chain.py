@@ -1,21 +1,26 @@
 """Issue #14, goal 2: the production ASGI app runs Django's middleware chain synchronously (config/handler.py, one
 thread hop per request) and nothing the chain enforced got lost: sessions still need CSRF on the API, the CSP and
-other security headers are still set, metrics still count API requests, API keys and tenancy still decide."""
+other security headers are still set, metrics still count API requests, API keys and tenancy still decide; a request
+runs on one thread borrowed from the process's kept threads, never shared with a request in progress."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from typing import Any
 
 import httpx
 import pytest
 from django.conf import settings
+from django.core.signals import request_finished, request_started
 from django.test import Client
 from django.utils.module_loading import import_string
 from prometheus_client import REGISTRY
 
 from config.asgi import application, django_asgi_app
+from config.handler import Threads
 from tests.factories import World, make_world
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the app serves from its own threads and connections
@@ -83,3 +88,74 @@ def test_a_bad_key_is_refused_and_another_tenant_s_run_is_not_found(world: World
     run_id = json.loads(created.text)["id"]
     foreign = _call("GET", f"/api/v1/runs/{run_id}", headers={"Authorization": f"Bearer {other.raw_key}"})
     assert foreign.status_code == 404
+
+
+@pytest.fixture
+def seen_threads(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
+    """The thread each request's request_started, chain and request_finished ran on, in order."""
+    seen: dict[str, list[int]] = {"started": [], "chain": [], "finished": []}
+
+    def on_started(**_: Any) -> None:
+        seen["started"].append(threading.get_ident())
+
+    def on_finished(**_: Any) -> None:
+        seen["finished"].append(threading.get_ident())
+
+    chain = django_asgi_app.get_response
+
+    def get_response(request: Any) -> Any:
+        seen["chain"].append(threading.get_ident())
+        time.sleep(float(request.headers.get("X-Test-Sleep", "0")))
+        return chain(request)
+
+    request_started.connect(on_started, weak=False)
+    request_finished.connect(on_finished, weak=False)
+    monkeypatch.setattr(django_asgi_app, "get_response", get_response)
+    yield seen
+    request_started.disconnect(on_started)
+    request_finished.disconnect(on_finished)
+
+
+def test_a_request_runs_on_one_thread_and_the_next_request_reuses_it(world: World, seen_threads: dict) -> None:
+    made = django_asgi_app.threads.made
+    for _ in range(5):
+        response = _call("GET", "/api/v1/runs", headers={"Authorization": f"Bearer {world.raw_key}"})
+        assert response.status_code == 200, response.text
+    # request_started, the chain and request_finished (the pooled connection goes back) on the request's one thread
+    assert seen_threads["started"] == seen_threads["chain"] == seen_threads["finished"]
+    assert threading.get_ident() not in seen_threads["chain"]
+    # one after the other: one thread served them all, none was made for them (Django's handler made one per request)
+    assert len(set(seen_threads["chain"])) == 1
+    assert django_asgi_app.threads.made - made <= 1
+
+
+def test_requests_in_progress_together_never_share_a_thread(world: World, seen_threads: dict) -> None:
+    headers = {"Authorization": f"Bearer {world.raw_key}", "X-Test-Sleep": "0.3"}
+
+    async def together() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=application, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            return await asyncio.gather(*(http.get("/api/v1/runs", headers=headers) for _ in range(4)))
+
+    responses = asyncio.run(together())
+    assert [r.status_code for r in responses] == [200] * 4
+    assert len(set(seen_threads["chain"])) == 4  # four at once: four threads
+    assert sorted(seen_threads["started"]) == sorted(seen_threads["chain"]) == sorted(seen_threads["finished"])
+    # given back: the next four take the same threads, none is made
+    made = django_asgi_app.threads.made
+    again = asyncio.run(together())
+    assert [r.status_code for r in again] == [200] * 4
+    assert django_asgi_app.threads.made == made
+    assert set(seen_threads["chain"][4:]) == set(seen_threads["chain"][:4])
+
+
+def test_a_thread_pool_lends_each_executor_to_one_borrower_and_keeps_a_bounded_number_idle() -> None:
+    threads = Threads(keep_idle=2)
+    first, second, third = threads.borrow(), threads.borrow(), threads.borrow()
+    assert len({id(first), id(second), id(third)}) == 3 and threads.made == 3
+    for executor in (first, second, third):
+        threads.give_back(executor)
+    assert threads.borrow() in (first, second) and threads.borrow() in (first, second)
+    assert threads.borrow() is not third and threads.made == 4  # the third was let go, not kept
+    with pytest.raises(RuntimeError):
+        third.submit(lambda: None)  # shut down
