@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import functools
 import json
 import uuid
@@ -10,6 +12,8 @@ from typing import Any
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import Exists, OuterRef
 from django.http import Http404
+from django.utils import timezone
+from django_filters.utils import translate_validation
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -94,6 +98,62 @@ def _events_after(limit: int) -> CompiledRead[RunEvent]:
     return CompiledRead(lambda run_id, after: RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[: limit + 1])
 
 
+@functools.lru_cache(maxsize=256)
+def _runs_page(filters: tuple[str, ...], ordering: tuple[str, ...], position_lookup: str | None, start: int,
+               stop: int) -> CompiledRead[Run]:
+    """A page of the runs list as DRF's cursor pagination asks for it (ordered, after the cursor's position, sliced),
+    compiled once per shape: the filters are RunFilter's own, applied to the values its form cleaned."""
+
+    def build(tenant_ids: list[int] | None, *values: Any) -> Any:
+        queryset = RunViewSet.queryset.only(*RUN_READ_FIELDS)
+        if tenant_ids is not None:
+            queryset = queryset.for_tenant_ids(tenant_ids)
+        filterset = RunFilter(queryset=queryset)
+        filterset.form.cleaned_data = dict(zip(filters, values, strict=False))
+        queryset = filterset.filter_queryset(queryset).order_by(*ordering)
+        if position_lookup is not None:
+            queryset = queryset.filter(**{position_lookup: values[len(filters)]})
+        return queryset[start:stop]
+
+    return CompiledRead(build)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunsPage:
+    """What ``CursorPagination.paginate_queryset`` does to a queryset — ``order_by``, one ``filter`` on the cursor's
+    position, a slice — recorded, and the slice answered by :func:`_runs_page`: the runs list's query is built and
+    compiled once per shape instead of on every request (issue #14)."""
+
+    model = Run
+    tenant_ids: list[int] | None
+    filters: tuple[str, ...]
+    values: tuple[Any, ...]
+    ordering: tuple[str, ...] = ()
+    position_lookup: str | None = None
+    position: Any = None
+
+    def order_by(self, *ordering: str) -> _RunsPage:
+        return dataclasses.replace(self, ordering=ordering)
+
+    def filter(self, **lookup: Any) -> _RunsPage:
+        ((name, value),) = lookup.items()
+        return dataclasses.replace(self, position_lookup=name, position=_position(name, value))
+
+    def __getitem__(self, window: slice) -> list[Run]:
+        read = _runs_page(self.filters, self.ordering, self.position_lookup, window.start or 0, window.stop)
+        extra = (self.position,) if self.position_lookup is not None else ()
+        return read(self.tenant_ids, *self.values, *extra)
+
+
+def _position(lookup: str, value: Any) -> Any:
+    """The cursor's position as the ordering field's value (a cursor was checked to fit it: CursorPages)."""
+    field = Run._meta.get_field(lookup.split("__")[0])
+    value = field.to_python(value)
+    if isinstance(value, datetime.datetime) and timezone.is_naive(value):
+        value = timezone.make_aware(value, datetime.UTC)  # as the field would, without its warning
+    return value
+
+
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     content_negotiation_class = StreamNegotiation
     queryset = Run.objects.select_related("agent", "version", "attention_resolved_by")
@@ -114,6 +174,18 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         queryset = queryset.only(*RUN_READ_FIELDS)
         queryset._iterable_class = LeanModelIterable  # a page of runs: instances without Model.__init__
         return queryset
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """DRF's list (filters checked by the filter backend, a cursor page, the lean serializer) with the page read by
+        a compiled query (:class:`_RunsPage`)."""
+        backend = ListFilterBackend()
+        filterset = backend.get_filterset(request, self.get_queryset(), self)
+        if not filterset.is_valid():
+            raise translate_validation(filterset.errors)
+        filters = tuple(filterset.form.cleaned_data)
+        values = tuple(filterset.form.cleaned_data[name] for name in filters)
+        page = self.paginator.paginate_queryset(_RunsPage(self.actor.tenant_ids("view"), filters, values), request, self)
+        return self.paginator.get_paginated_response(self.get_serializer(page, many=True).data)
 
     def get_object(self) -> Any:
         """A lean read of one run (detail, events, stream) is the same query as DRF's, compiled once per shape; a run

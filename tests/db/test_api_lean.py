@@ -3,6 +3,7 @@ bodies out by hand — and answer exactly what DRF's generic serializers answere
 
 from __future__ import annotations
 
+import datetime
 from datetime import timedelta
 from typing import Any
 
@@ -166,3 +167,75 @@ def test_a_page_of_runs_made_without_model_init_answers_what_orm_instances_answe
     (run,) = list(lean)
     assert run.attention_resolved_by.username == resolver.username and run.agent.slug == world.agent.slug
     assert not run._state.adding and run.get_deferred_fields() == loaded.get(pk=run.pk).get_deferred_fields()
+
+
+def _walk(api: APIClient, path: str) -> tuple[list[str], list[str]]:
+    """Every run id of a list, following next links to the end, then previous links back to the start."""
+    forward: list[str] = []
+    page = api.get(path).json()
+    forward += [r["id"] for r in page["results"]]
+    pages = [page]
+    while page["next"]:
+        page = api.get(page["next"]).json()
+        forward += [r["id"] for r in page["results"]]
+        pages.append(page)
+    backward: list[str] = []
+    while page["previous"]:
+        page = api.get(page["previous"]).json()
+        backward = [r["id"] for r in page["results"]] + backward
+    return forward, backward + [r["id"] for r in pages[-1]["results"]]
+
+
+def test_the_runs_list_pages_read_by_compiled_queries_answer_what_the_orm_answers(world: World) -> None:
+    from agents.api import _runs_page
+
+    api = _api(world)
+    runs = _runs(world, 9)
+    other = make_world("other-tenant")
+    _runs(other, 4)  # never on the first tenant's pages
+    base = timezone.now().replace(microsecond=0)
+    for i, run in enumerate(runs):
+        Run.objects.filter(pk=run.pk).update(created_at=base - timedelta(seconds=i), needs_attention=i % 2 == 0)
+    ordered = [str(r.pk) for r in Run.objects.filter(tenant=world.tenant).order_by("-created_at", "-pk")]
+    flagged = {str(r.pk) for r in runs[::2]}
+
+    forward, backward = _walk(api, "/api/v1/runs?limit=2")
+    assert forward == ordered  # newest first, each once
+    assert backward == forward  # back from the last page through the previous links: the same runs, same order
+    only_flagged, _ = _walk(api, "/api/v1/runs?limit=2&needs_attention=true")
+    assert only_flagged == [pk for pk in ordered if pk in flagged]
+    not_flagged, _ = _walk(api, "/api/v1/runs?limit=4&needs_attention=false")
+    assert not_flagged == [pk for pk in ordered if pk not in flagged]
+
+    # each page is one read of the runs table, also with a cursor and a filter
+    second = api.get("/api/v1/runs?limit=2").json()["next"]
+    with CaptureQueriesContext(connection) as queries:
+        assert api.get(second + "&needs_attention=true").status_code == 200
+    assert len([q for q in queries if 'FROM "agents_run"' in q["sql"]]) == 1
+    if connection.vendor == "postgresql":  # compiled once per shape, then only bound: no new shape for a new cursor
+        hits = _runs_page.cache_info().hits
+        assert api.get(second).status_code == 200
+        assert _runs_page.cache_info().hits == hits + 1
+
+    # the other tenant's key sees its own four and none of these; a bad filter or cursor is a 400 naming it
+    assert {r["id"] for r in _api(other).get("/api/v1/runs?limit=200").json()["results"]}.isdisjoint(ordered)
+    assert len(_api(other).get("/api/v1/runs?limit=200").json()["results"]) == 4
+    bad = api.get("/api/v1/runs?needs_attention=maybe")
+    assert bad.status_code == 400 and "needs_attention" in bad.text, bad.json()
+    assert api.get("/api/v1/runs?cursor=bm9wZQ").status_code == 400
+
+
+@pytest.mark.filterwarnings("ignore:DateTimeField Run.created_at received a naive datetime")
+def test_a_forged_cursor_with_a_naive_time_reads_that_time_in_utc(world: World) -> None:
+    import base64
+    from urllib.parse import urlencode
+
+    api = _api(world)
+    (old, new) = _runs(world, 2)
+    cut = timezone.now().replace(microsecond=0) - timedelta(hours=1)
+    Run.objects.filter(pk=old.pk).update(created_at=cut - timedelta(minutes=1))
+    Run.objects.filter(pk=new.pk).update(created_at=cut + timedelta(minutes=1))
+    position = cut.astimezone(datetime.UTC).replace(tzinfo=None).isoformat(" ")
+    cursor = base64.b64encode(urlencode({"p": position}).encode()).decode()
+    page = api.get("/api/v1/runs?" + urlencode({"cursor": cursor})).json()
+    assert [r["id"] for r in page["results"]] == [str(old.pk)]
