@@ -8,8 +8,9 @@ middle of the stack, so the chain goes sync → async (``async_to_sync``) → sy
 CPU in-process and over HTTP.
 
 Every middleware in ``settings.MIDDLEWARE`` and every HTTP view is synchronous, so here the chain is loaded in sync
-mode (as under WSGI) and the whole of it — middleware, view, exception handling, response logging — runs in one
-``sync_to_async`` call on the request's thread-sensitive thread. Streaming responses (the SSE run streams' async
+mode (as under WSGI) and the whole of it — ``request_started``, middleware, view, exception handling, response
+logging and ``request_finished`` — runs in one ``sync_to_async`` call on the request's thread-sensitive thread
+(:meth:`SyncChainASGIHandler.handle`). Streaming responses (the SSE run streams' async
 iterators) are still sent by the async handler afterwards, exactly as before. An async view or middleware would still
 work (Django adapts it with ``async_to_sync``), only slower: keep HTTP views and middleware synchronous (websockets go
 through Channels).
@@ -27,13 +28,19 @@ runs on one thread; two requests never share one at the same time.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
-from django.core.handlers.asgi import ASGIHandler
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
+from django.http import FileResponse
+from django.urls import set_script_prefix
 
 #: Idle threads a server process keeps for the next requests; past it, a thread given back is let go.
 #: ``MAX_CONCURRENT_REQUESTS`` bounds the requests in progress (config/admission.py); an event stream holds its thread
@@ -86,9 +93,64 @@ class SyncChainASGIHandler(ASGIHandler):
             # runs one call at a time, in order.
             self.threads.give_back(executor)
 
-    async def get_response_async(self, request: Any) -> Any:
-        # BaseHandler.get_response: set the urlconf, run the chain, attach request.close, log 4xx/5xx — on one thread.
-        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+    async def handle(self, scope: Any, receive: Any, send: Any) -> None:
+        """Django's ``ASGIHandler.handle`` in one hop to the request's thread instead of three.
+
+        Django sends ``request_started`` (a hop), runs the chain (a hop) while a second task listens for the client
+        going away, sends the response and calls ``response.close()`` (``request_finished``: a third hop). Here
+        ``request_started``, the request, the chain and — for an ordinary response, whose content is in memory —
+        ``close()`` run in one call on the request's thread (:meth:`respond`); the response is then sent. Only a
+        streaming response (an SSE run stream) is sent while a second task listens for the client going away, and
+        closed afterwards, as Django does: a stream may last as long as its run. Listening while a synchronous view
+        runs bought nothing: a thread cannot be cancelled, and a response sent to a client that left is dropped by
+        the server.
+        """
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        try:
+            set_script_prefix(get_script_prefix(scope))
+            response = await sync_to_async(self.respond, thread_sensitive=True)(scope, body_file)
+            if response.streaming:
+                await self._stream(response, receive, send)
+                await sync_to_async(response.close, thread_sensitive=True)()
+            else:
+                await self.send_response(response, send)
+        finally:
+            body_file.close()
+
+    def respond(self, scope: Any, body_file: Any) -> Any:
+        """``request_started``, the request, the chain and (unless it streams) ``response.close()``, on one thread."""
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            # BaseHandler.get_response: set the urlconf, run the chain, attach request.close, log 4xx/5xx.
+            response = self.get_response(request)
+            response._handler_class = self.__class__
+            if isinstance(response, FileResponse):
+                response.block_size = self.chunk_size
+        if not response.streaming:
+            response.close()  # request_finished: the pooled connection goes back, from the thread that used it
+        return response
+
+    async def _stream(self, response: Any, receive: Any, send: Any) -> None:
+        """Send a streaming response while listening for the client going away (Django's two tasks)."""
+
+        async def send_all() -> None:
+            with contextlib.suppress(asyncio.CancelledError):  # the client went away while it was sent
+                await self.send_response(response, send)
+
+        tasks = [asyncio.create_task(self.listen_for_disconnect(receive)), asyncio.create_task(send_all())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if task.done():
+                with contextlib.suppress(RequestAborted):
+                    task.result()
+            else:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
 
 def get_asgi_application() -> SyncChainASGIHandler:

@@ -159,3 +159,28 @@ def test_a_thread_pool_lends_each_executor_to_one_borrower_and_keeps_a_bounded_n
     assert threads.borrow() is not third and threads.made == 4  # the third was let go, not kept
     with pytest.raises(RuntimeError):
         third.submit(lambda: None)  # shut down
+
+
+def test_an_ordinary_request_is_one_call_on_its_thread(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """request_started, the chain and request_finished in one hop to the request's thread (Django's handler: three)."""
+    calls: list[str] = []
+    borrow = django_asgi_app.threads.borrow
+
+    def counting_borrow() -> Any:
+        executor = borrow()
+        if "submit" in vars(executor):  # counted already (lent again)
+            return executor
+        submit = executor.submit
+
+        def counted(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            calls.append(fn.args[-1].args[0]["path"])  # thread_handler(..., child): child = respond(scope, body)
+            return submit(fn, *args, **kwargs)
+
+        monkeypatch.setattr(executor, "submit", counted)
+        return executor
+
+    monkeypatch.setattr(django_asgi_app.threads, "borrow", counting_borrow)
+    headers = {"Authorization": f"Bearer {world.raw_key}"}
+    assert _call("GET", "/api/v1/runs", headers=headers).status_code == 200
+    assert _call("GET", "/api/v1/runs/not-a-run", headers=headers).status_code == 404
+    assert len(calls) == 2, "\n".join(calls)
