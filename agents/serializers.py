@@ -6,6 +6,7 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
+from django.utils.functional import cached_property
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
@@ -130,16 +131,17 @@ class RunSerializer(serializers.ModelSerializer):
         """The fields above, written out: the same body as DRF's field-by-field walk (``generic_representation``;
         tests/db/test_api_lean.py compares them), at a fraction of its cost on a page of runs (issue #14)."""
         resolved_by = run.attention_resolved_by
+        zone = self._zone
         return {
             "id": str(run.pk), "status": run.status, "terminal_reason": run.terminal_reason, "agent": run.agent.slug,
             "version": run.version.number, "session": str(run.session_id), "input": run.input, "output": run.output,
             "error": run.error, "usage": run.usage, "step": run.step, "last_seq": run.last_seq,
-            "cancel_requested": run.cancel_requested, "created_at": iso_datetime(run.created_at),
-            "started_at": iso_datetime(run.started_at), "finished_at": iso_datetime(run.finished_at),
+            "cancel_requested": run.cancel_requested, "created_at": iso_datetime(run.created_at, zone),
+            "started_at": iso_datetime(run.started_at, zone), "finished_at": iso_datetime(run.finished_at, zone),
             "injection_flags": self.get_injection_flags(run), "needs_attention": run.needs_attention,
             "attention_reasons": [None if reason is None else {str(k): v for k, v in reason.items()}
                                   for reason in run.attention_reasons],
-            "attention_resolved_at": iso_datetime(run.attention_resolved_at),
+            "attention_resolved_at": iso_datetime(run.attention_resolved_at, zone),
             "attention_resolved_by": resolved_by.username if resolved_by is not None else None,
             "attention_resolution": run.attention_resolution, "parent_run": self.get_parent_run(run),
             "playground": run.playground, "links": self.get_links(run),
@@ -148,10 +150,19 @@ class RunSerializer(serializers.ModelSerializer):
     def generic_representation(self, run: Run) -> dict[str, Any]:
         return dict(super().to_representation(run))
 
-    def get_links(self, run: Run) -> dict[str, str]:
+    @cached_property
+    def _zone(self) -> Any:
+        """The time zone dates are written in, looked up once per page (the serializer lives for one request)."""
+        return timezone.get_current_timezone()
+
+    @cached_property
+    def _bases(self) -> tuple[str, str]:
         request = self.context.get("request")
         base = request.build_absolute_uri("/") if request is not None else "/"
-        ws_base = base.replace("https://", "wss://").replace("http://", "ws://")
+        return base, base.replace("https://", "wss://").replace("http://", "ws://")
+
+    def get_links(self, run: Run) -> dict[str, str]:
+        base, ws_base = self._bases  # once per page, not once per run
         return {
             "self": f"{base}api/v1/runs/{run.pk}",
             "events": f"{base}api/v1/runs/{run.pk}/events",
@@ -192,11 +203,12 @@ RUN_READ_FIELDS = (
 )
 
 
-def iso_datetime(value: Any) -> str | None:
-    """DRF's rendering of a DateTimeField (ISO 8601 in the current time zone, UTC as ``Z``)."""
+def iso_datetime(value: Any, zone: Any = None) -> str | None:
+    """DRF's rendering of a DateTimeField (ISO 8601 in the current time zone — or ``zone``, when the caller looked
+    it up once for many values — UTC as ``Z``)."""
     if not value:
         return None
-    text = timezone.localtime(value).isoformat() if timezone.is_aware(value) else value.isoformat()
+    text = timezone.localtime(value, zone).isoformat() if timezone.is_aware(value) else value.isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
