@@ -44,7 +44,7 @@ from agents.serializers import (
     VersionPreviewSerializer,
 )
 from config.api import CursorPages
-from config.compiled import CompiledRead, LeanModelIterable
+from config.compiled import CompiledRead
 from config.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
 from tools.serializers import PreviewImpactResultSerializer
@@ -169,11 +169,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
 
     def get_queryset(self) -> Any:
         queryset = super().get_queryset()
-        if self.action not in self.lean_actions:
-            return queryset
-        queryset = queryset.only(*RUN_READ_FIELDS)
-        queryset._iterable_class = LeanModelIterable  # a page of runs: instances without Model.__init__
-        return queryset
+        return queryset.only(*RUN_READ_FIELDS) if self.action in self.lean_actions else queryset
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """DRF's list (filters checked by the filter backend, a cursor page, the lean serializer) with the page read by

@@ -83,7 +83,16 @@ class FlowRunCreateSerializer(serializers.Serializer):
         return value
 
 
-class RunSerializer(serializers.ModelSerializer):
+class OnePageZone:
+    """``_zone``: the time zone a page's dates are written in, looked up once per page, not once per date (a
+    serializer lives for one request; with ``many=True`` its one child writes every row)."""
+
+    @cached_property
+    def _zone(self) -> Any:
+        return timezone.get_current_timezone()
+
+
+class RunSerializer(OnePageZone, serializers.ModelSerializer):
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     version = serializers.IntegerField(source="version.number", read_only=True)
     session = serializers.UUIDField(source="session_id", read_only=True)
@@ -151,11 +160,6 @@ class RunSerializer(serializers.ModelSerializer):
         return dict(super().to_representation(run))
 
     @cached_property
-    def _zone(self) -> Any:
-        """The time zone dates are written in, looked up once per page (the serializer lives for one request)."""
-        return timezone.get_current_timezone()
-
-    @cached_property
     def _bases(self) -> tuple[str, str]:
         request = self.context.get("request")
         base = request.build_absolute_uri("/") if request is not None else "/"
@@ -178,7 +182,7 @@ class ResolveAttentionSerializer(serializers.Serializer):
     )
 
 
-class RunEventSerializer(serializers.ModelSerializer):
+class RunEventSerializer(OnePageZone, serializers.ModelSerializer):
     class Meta:
         model = RunEvent
         fields = ["seq", "step", "type", "span_id", "parent_span_id", "payload", "at"]
@@ -187,7 +191,7 @@ class RunEventSerializer(serializers.ModelSerializer):
     def to_representation(self, event: RunEvent) -> dict[str, Any]:
         """Written out, as :meth:`RunSerializer.to_representation` (same body as DRF's walk, a fraction of its cost)."""
         return {"seq": event.seq, "step": event.step, "type": event.type, "span_id": event.span_id,
-                "parent_span_id": event.parent_span_id, "payload": event.payload, "at": iso_datetime(event.at)}
+                "parent_span_id": event.parent_span_id, "payload": event.payload, "at": iso_datetime(event.at, self._zone)}
 
     def generic_representation(self, event: RunEvent) -> dict[str, Any]:
         return dict(super().to_representation(event))

@@ -287,26 +287,3 @@ def _populate(populator: Any, row: list[Any], from_obj: Model | None) -> None:
     populator.local_setter(from_obj, obj)
     if obj is not None:
         populator.remote_setter(obj, from_obj)
-
-
-class LeanModelIterable(ModelIterable):
-    """Django's ``ModelIterable`` with instances made by :func:`_instance` (``queryset._iterable_class = ...``): for
-    pages of many rows whose queryset changes per request (a list with filters and a cursor), where compiling once
-    does not apply but making fifty instances through ``Model.__init__`` is most of the page's CPU."""
-
-    def __iter__(self) -> Any:
-        queryset = self.queryset
-        if queryset._known_related_objects:  # rows tied to instances the caller holds: Django's own way
-            yield from ModelIterable(queryset, self.chunked_fetch, self.chunk_size)
-            return
-        db = queryset.db
-        compiler = queryset.query.get_compiler(using=db)
-        results = compiler.execute_sql(chunked_fetch=self.chunked_fetch, chunk_size=self.chunk_size)
-        select, klass_info, annotations = compiler.select, compiler.klass_info, compiler.annotation_col_map
-        model = klass_info["model"]
-        fields = klass_info["select_fields"]
-        start, end = fields[0], fields[-1] + 1
-        attnames = [f[0].target.attname for f in select[start:end]]
-        populators = get_related_populators(klass_info, select, db)
-        for row in compiler.results_iter(results):
-            yield _from_row(row, model, db, attnames, start, end, populators, annotations or {})
