@@ -24,8 +24,8 @@ class VersionRefused(Exception):
 class MarketplaceHooks:
     #: tenant_id -> the Tool queryset a tenant's agents may resolve.
     resolvable_tools: Callable[[int], Any] | None = None
-    #: (tool, tenant_id, session_key) -> (allowed, a reason the model can read).
-    tool_allowed_for: Callable[[Tool, int, Any], tuple[bool, str]] | None = None
+    #: (tool, tenant_id, session_key, as_read=False) -> (allowed, a reason the model can read).
+    tool_allowed_for: Callable[..., tuple[bool, str]] | None = None
     #: tenant_id -> the scopes an owner granted to the tenant's live plugin installs.
     granted_scopes: Callable[[int], Iterable[str]] | None = None
     #: (agent, session_id) -> the released version for the session, None for the current one; raises VersionRefused.
@@ -51,8 +51,10 @@ def resolvable_tools(tenant_id: int) -> Any:
 
 def callable_tools(tenant_id: int) -> Any:
     """:func:`resolvable_tools` for a tool gateway: each with its plugin install and plugin, which its approval floor
-    reads on its first call (``approvals.policy.declared_policy``), so that costs no query per tool."""
-    return resolvable_tools(tenant_id).select_related("plugin_install__plugin")
+    reads on its first call (``approvals.policy.declared_policy``), so that costs no query per tool, and its rollout:
+    with those, a caller that calls the tool right after reading it decides its policy from what it read
+    (:func:`tool_allowed_as_read`)."""
+    return resolvable_tools(tenant_id).select_related("plugin_install__plugin", "rollout")
 
 
 def tool_allowed_for(tool: Tool, tenant_id: int, session_key: Any) -> tuple[bool, str]:
@@ -63,6 +65,14 @@ def tool_allowed_for(tool: Tool, tenant_id: int, session_key: Any) -> tuple[bool
     if not tool.enabled:
         return False, f"The tool {tool.name} is switched off by an operator. Do not retry it; tell the user it is unavailable."
     return True, ""
+
+
+def tool_allowed_as_read(tool: Tool, tenant_id: int, session_key: Any) -> tuple[bool, str]:
+    """:func:`tool_allowed_for` for a tool :func:`callable_tools` read just now, right before this call (a flow node
+    task's): decided from that row instead of reading the kill switch, install and rollout again."""
+    if marketplace.tool_allowed_for is not None:
+        return marketplace.tool_allowed_for(tool, tenant_id, session_key, as_read=True)
+    return tool_allowed_for(tool, tenant_id, session_key)
 
 
 def granted_scopes(tenant_id: int) -> set[str]:

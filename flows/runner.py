@@ -36,7 +36,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents.engine import session_grants
-from agents.hooks import callable_tools, resolvable_tools, tool_allowed_for
+from agents.hooks import callable_tools, resolvable_tools, tool_allowed_as_read, tool_allowed_for
 from agents.lease import LeaseHeartbeat
 from agents.models import Run, RunEvent, RunStatus
 from agents.services import finish_without_worker
@@ -249,8 +249,9 @@ def _uuid(value: Any) -> uuid.UUID:
 
 
 # A flow's hot reads, compiled once per shape (config/compiled.py).
-_node_rows = CompiledRead(lambda run_id: FlowNodeRun.objects.filter(run_id=run_id))
-_one_node_row = CompiledRead(lambda run_id, node_id: FlowNodeRun.objects.filter(run_id=run_id, node_id=node_id))
+_node_rows = CompiledRead(lambda run_id: FlowNodeRun.objects.filter(run_id=run_id).order_by("id"))  # no join for the default order
+_node_with_run = CompiledRead(lambda run_id, node_id: FlowNodeRun.objects.select_related(
+    "run__tenant", "run__agent", "run__version", "run__session").filter(run_id=run_id, node_id=node_id))
 _flow_run = CompiledRead(lambda run_id: Run.objects.select_related("tenant", "agent", "version", "session").filter(pk=run_id))
 _locked_flow_run = CompiledRead(
     lambda run_id: Run.objects.select_for_update().select_related("tenant", "agent", "version", "session").filter(pk=run_id))
@@ -279,8 +280,8 @@ class Writes:
     is changed twice in one statement.
     """
 
-    def __init__(self, run: Run, rows: dict[str, FlowNodeRun], others_busy: int | None = None) -> None:
-        self.run, self.rows, self.others_busy = run, rows, others_busy  # others_busy: the tenant's other runs' nodes
+    def __init__(self, run: Run, rows: dict[str, FlowNodeRun]) -> None:
+        self.run, self.rows = run, rows
         self.batch = WriteBatch()
         self._run_changes: dict[str, Any] = {}
         self.left_seq: int | None = None  # the run's last event when this transaction's writes went out
@@ -312,16 +313,16 @@ _LOCKED = ("status", "cancel_requested", "last_seq", "step", "usage", "phase", "
 
 
 def _lock_sql(with_head: bool) -> str:
-    """The run's row, its tenant's (the tenant's node bound is decided under it, as advance() always did) and, for a
-    commit with audit rows, the tenant's audit chain head, locked and read in one statement, with the tenant's running
-    nodes of other runs counted. Names come from the models' metadata; the values are parameters."""
-    run, node, tenant, head = Run._meta, FlowNodeRun._meta, Tenant._meta, AuditChainHead._meta
+    """The run's row and its tenant's (the tenant's node bound is decided under it, as advance() always did) and, for a
+    commit with audit rows, the tenant's audit chain head, locked and read in one statement. The tenant's running nodes
+    are NOT counted here: this statement reads other tables with the snapshot it took before it waited for the locks,
+    so a count here would miss the nodes that a transaction holding the tenant's lock started meanwhile, and the
+    tenant's bound would be exceeded (``advance`` counts after the lock, when it has something to start). Names come
+    from the models' metadata; the value is a parameter."""
+    run, tenant, head = Run._meta, Tenant._meta, AuditChainHead._meta
     tenant_col = run.get_field("tenant").column
     columns = ", ".join(f'r."{run.get_field(name).column}"' for name in _LOCKED)
-    others = (f'(SELECT count(*) FROM "{node.db_table}" n WHERE n."{node.get_field("tenant").column}" = r."{tenant_col}" '  # noqa: S608
-              f'AND n."{node.get_field("status").column}" = %s AND n."{node.get_field("lease_expires_at").column}" >= %s '
-              f'AND n."{node.get_field("run").column}" <> r."{run.pk.column}")')
-    sql = f'SELECT {columns}, {others}'
+    sql = f'SELECT {columns}'
     if with_head:
         sql += f', h."{head.get_field("seq").column}", h."{head.get_field("hash").column}"'
     sql += (f' FROM "{run.db_table}" r JOIN "{tenant.db_table}" t ON t."{tenant.pk.column}" = r."{tenant_col}"')
@@ -333,14 +334,14 @@ def _lock_sql(with_head: bool) -> str:
 _LOCK_SQL = {True: _lock_sql(True), False: _lock_sql(False)}
 
 
-def _lock(run: Run, now: Any, *, with_head: bool) -> tuple[bool, int | None, AuditChainHead | None]:
+def _lock(run: Run, *, with_head: bool) -> tuple[bool, AuditChainHead | None]:
     """Lock the run (and its tenant, and the audit chain head when asked) and refresh the run's changing fields in
-    place: ``(found, the tenant's running nodes in other runs, head)``. One statement on PostgreSQL once the head
-    exists; elsewhere the run here, the count in :func:`advance` and the head by the audit's own lock."""
+    place: ``(found, head)``. One statement on PostgreSQL once the head exists; elsewhere the run here and the head
+    by the audit's own lock."""
     if connection.vendor == "postgresql":
         for head_too in ((True, False) if with_head else (False,)):  # a tenant's first audit row: no head yet
             with connection.cursor() as cursor:
-                cursor.execute(_LOCK_SQL[head_too], [NodeStatus.RUNNING, now, run.pk])
+                cursor.execute(_LOCK_SQL[head_too], [run.pk])
                 found = cursor.fetchone()
             if found is None:
                 continue
@@ -351,15 +352,15 @@ def _lock(run: Run, now: Any, *, with_head: bool) -> tuple[bool, int | None, Aud
                 setattr(run, name, value)
             run._locked_row = True  # type: ignore[attr-defined]
             head = AuditChainHead(tenant_id=run.tenant_id, seq=found[-2], hash=found[-1]) if head_too else None
-            return True, int(found[len(_LOCKED)]), head
-        return False, None, None
+            return True, head
+        return False, None
     values = Run.objects.select_for_update().filter(pk=run.pk).values(*_LOCKED).first()
     if values is None:
-        return False, None, None
+        return False, None
     for name, value in values.items():
         setattr(run, name, value)
     run._locked_row = True  # type: ignore[attr-defined]
-    return True, None, None
+    return True, None
 
 
 def call_id(run_id: Any, node_id: str) -> str:
@@ -463,11 +464,9 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
         item_steps = _map_steps(run, flow, rows, states, room=flow.max_parallel)
         wanted = [(m, i, c) for m, ms in item_steps.items() for i, c in ms.ready] if not step.failed_node else []
         busy = 0  # the tenant's running nodes: counted only when there is something to start (a fan-in waits often)
-        if ready or wanted:  # the tenant's other runs' (counted under the lock) and this run's live nodes
-            others = writes.others_busy
-            if others is None:
-                others = FlowNodeRun.objects.filter(tenant_id=run.tenant_id, status=NodeStatus.RUNNING,
-                                                    lease_expires_at__gte=now).exclude(run_id=run.pk).count()
+        if ready or wanted:  # the tenant's other runs' and this run's live nodes, counted now that the tenant is locked
+            others = FlowNodeRun.objects.filter(tenant_id=run.tenant_id, status=NodeStatus.RUNNING,
+                                                lease_expires_at__gte=now).exclude(run_id=run.pk).count()
             busy = others + sum(1 for nid, r in rows.items() if r.status == NodeStatus.RUNNING and nid not in stale
                                 and r.lease_expires_at is not None and r.lease_expires_at >= now)
         room = max(_tenant_bound() - busy, 0)
@@ -657,19 +656,20 @@ def _renew(run_id: Any, node_id: str, token: str, seconds: float) -> bool:
 
 def execute_node(run_id: Any, node_id: str, token: str) -> None:
     """Run one started node and commit its completion; a duplicate or stale task (its token gone) does nothing."""
-    run = _flow_run.first(_uuid(run_id))
-    if run is None:
-        log.info("flow run %s is gone (deleted): node %s has nothing to run", run_id, node_id)
+    # one read: this node's row with its run (a tool or agent node's inputs were evaluated when it started: its own
+    # row is all it reads); a node whose conditions or prompts see earlier outputs reads the run's rows too
+    row = _node_with_run.first(_uuid(run_id), node_id)
+    if row is None:
+        log.info("flow run %s: node %s has nothing to run (the run or its row is gone)", run_id, node_id)
         return
+    run = row.run
     flow = _definition(run)
     parts = split_item_node_id(node_id)
-    # one read: this node's row, and the outputs its conditions and prompts see (a tool or agent node's inputs were
-    # evaluated when it started: its own row is all it reads)
     if parts is None and next((n.kind for n in flow.nodes if n.id == node_id), None) in ("tool", "agent"):
-        rows = {r.node_id: r for r in _one_node_row(_uuid(run_id), node_id)}
+        rows = {node_id: row}
     else:
         rows = _rows(run_id)
-    row = rows.get(node_id)
+        row = rows.get(node_id)
     if row is None or not row.lease_token or row.lease_token != token or row.status != NodeStatus.RUNNING:
         log.info("flow run %s: node %s is not this task's to run (finished, or restarted by another)", run_id, node_id)
         return
@@ -717,7 +717,7 @@ def _complete(run: Run, done: list[Done], last: Writes | None = None, wave: Wave
     then they are not read again."""
     with transaction.atomic():
         now = timezone.now()
-        found, others, head = _lock(run, now, with_head=any(len(d.audit) for d in done))
+        found, head = _lock(run, with_head=any(len(d.audit) for d in done))
         if not found:
             return
         if last is not None and run.last_seq == last.left_seq and not any(
@@ -725,7 +725,7 @@ def _complete(run: Run, done: list[Done], last: Writes | None = None, wave: Wave
             rows = last.rows
         else:
             rows = _rows(run.pk)
-        writes = Writes(run, rows, others)
+        writes = Writes(run, rows)
         writes.wave = wave  # the next wave of this run, in this thread, starts from it
         audit, events, calls = StepAudit(), [], []
         for d in done:
@@ -948,7 +948,8 @@ def _start_tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str
         else:  # a node task: its own tool, and the conversation's grants only when the tool asks for scopes
             tools = _named_tools(run.tenant_id, [node.tool])
             grants = session_grants(run) if any(t.required_scopes for t in tools) else set()
-        policy = wave.tool_policy if wave is not None else tool_allowed_for
+        # a node task read its tool just now (above): its policy is decided from that row, not read again
+        policy = wave.tool_policy if wave is not None else tool_allowed_as_read
         gateway = ToolGateway(run=run, tools=tools, audit=audit, grants=grants, approvals=ApprovalGate(run),
                               tool_policy=policy)
         gateway.whitelist = flow.tool_names()  # the flow's tool nodes are its tool list

@@ -28,16 +28,20 @@ def resolvable_tools(tenant_id: int) -> QuerySet[Tool]:
     return Tool.objects.for_tenant(tenant_id).filter(Q(plugin_install__isnull=True) | _PLUGIN_LIVE)
 
 
-def tool_allowed_for(tool: Tool, tenant_id: int, session_key: Any) -> tuple[bool, str]:
+def tool_allowed_for(tool: Tool, tenant_id: int, session_key: Any, *, as_read: bool = False) -> tuple[bool, str]:
     """Whether this session may call the tool now, and if not, a reason the model can read.
 
     Checks, in order: the tenant, the kill switch, the plugin install, and the tool's gray release
     (enabled for N % of sessions, sticky per session: a stable hash of tenant + tool + session).
-    One query.
+    One query; none with ``as_read``: the caller read ``tool`` just now, before this call, with its install, plugin
+    and rollout (``agents.hooks.callable_tools``), so the row it holds is as fresh as a read here would be (a flow's
+    node task reads its tool right before calling it). A tool read without them is read here, as without the flag.
     """
     if tool.tenant_id != tenant_id:
         return False, f"There is no tool named {tool.name!r} here."
-    row = _policy_row(tool.pk)
+    row = _row_as_read(tool) if as_read else None
+    if row is None:
+        row = _policy_row(tool.pk)
     if row is None:
         return False, f"The tool {tool.name} no longer exists. Do not retry it."
     if not row["enabled"]:
@@ -70,6 +74,28 @@ def _policy_sql(alias: str) -> str:
     if list(params) != [0]:  # pragma: no cover - the query's one parameter is the tool's id
         raise RuntimeError(f"unexpected parameters in the tool policy query: {params!r}")
     return str(statement)
+
+
+def _row_as_read(tool: Tool) -> dict[str, Any] | None:
+    """What :func:`_policy_row` reads, from a tool loaded with its install, plugin and rollout (None when it was not:
+    then nothing here may trigger a query of its own)."""
+    install_field, rollout = Tool._meta.get_field("plugin_install"), Tool._meta.get_field("rollout")
+    if not rollout.is_cached(tool) or (tool.plugin_install_id is not None and not install_field.is_cached(tool)):
+        return None
+    install = tool.plugin_install if tool.plugin_install_id is not None else None
+    if install is not None and install.plugin_id is not None and not type(install)._meta.get_field("plugin").is_cached(install):
+        return None
+    plugin = install.plugin if install is not None and install.plugin_id is not None else None
+    release = rollout.get_cached_value(tool)
+    return {
+        "enabled": tool.enabled,
+        "plugin_install_id": tool.plugin_install_id,
+        "plugin_install__status": install.status if install is not None else None,
+        "plugin_install__plugin_id": install.plugin_id if install is not None else None,
+        "plugin_install__plugin__available": plugin.available if plugin is not None else None,
+        "plugin_install__plugin_key": install.plugin_key if install is not None else None,
+        "rollout__enabled_percent": release.enabled_percent if release is not None else None,
+    }
 
 
 def _policy_row(pk: Any) -> dict[str, Any] | None:

@@ -34,7 +34,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from graphlib import CycleError, TopologicalSorter
+from types import MappingProxyType
 from typing import Annotated, Any
 
 import jmespath
@@ -328,18 +330,39 @@ class FlowDefinition(Document):
 
     def dependencies(self) -> dict[str, set[str]]:
         """Each node's dependencies: its ``after`` and the switches that may choose it."""
+        return {node_id: set(deps) for node_id, deps in self.shape.dependencies.items()}
+
+    def handlers(self) -> set[str]:
+        return set(self.shape.handlers)
+
+    def order(self) -> list[str]:
+        """The nodes in an order where each comes after its dependencies; ``CycleError`` when there is none."""
+        return list(self.static_order)
+
+    @cached_property
+    def shape(self) -> GraphShape:
+        """The graph's dependencies and handlers, worked out once per parsed definition (it is frozen): the runner
+        plans every step of every run of a version from the same parsed definition."""
         deps = {n.id: set(n.after) for n in self.nodes}
         for n in self.nodes:
             for target in n.targets():
                 if target in deps:
                     deps[target].add(n.id)
-        return deps
+        return GraphShape(dependencies=MappingProxyType({k: frozenset(v) for k, v in deps.items()}),
+                          handlers=frozenset(n.handler for n in self.nodes if n.handler))
 
-    def handlers(self) -> set[str]:
-        return {n.handler for n in self.nodes if n.handler}
+    @cached_property
+    def static_order(self) -> tuple[str, ...]:
+        """:meth:`order`, worked out once (a graph with a cycle raises ``CycleError`` each time it is asked)."""
+        return tuple(TopologicalSorter(self.shape.dependencies).static_order())
 
-    def order(self) -> list[str]:
-        return list(TopologicalSorter(self.dependencies()).static_order())
+
+@dataclass(frozen=True)
+class GraphShape:
+    """What :attr:`FlowDefinition.shape` holds, read-only."""
+
+    dependencies: Mapping[str, frozenset[str]]
+    handlers: frozenset[str]
 
 
 def _where(flow: FlowDefinition) -> dict[str, str]:
@@ -598,8 +621,7 @@ def plan(flow: FlowDefinition, states: Mapping[str, str], chosen: Mapping[str, I
     chosen = {k: set(v) for k, v in (chosen or {}).items()}
     routed_to = set(routed)
     state = {n.id: NodeState(states.get(n.id, NodeState.PENDING)) for n in flow.nodes}
-    deps = flow.dependencies()
-    handlers = flow.handlers()
+    deps, handlers = flow.shape.dependencies, flow.shape.handlers
     running = busy + sum(1 for n in flow.nodes if state[n.id] == NodeState.RUNNING and n.kind != "map")
     failed = [n for n in flow.nodes if state[n.id] == NodeState.FAILED and n.on_error == "fail"]
     if failed:
@@ -623,7 +645,7 @@ def plan(flow: FlowDefinition, states: Mapping[str, str], chosen: Mapping[str, I
 
     ready: list[str] = []
     skip: list[str] = []
-    for node_id in flow.order():
+    for node_id in flow.static_order:
         if state[node_id] != NodeState.PENDING:
             continue
         if node_id in handlers:
@@ -650,7 +672,7 @@ def plan(flow: FlowDefinition, states: Mapping[str, str], chosen: Mapping[str, I
     return Plan(ready=tuple(ready), skip=tuple(skip))
 
 
-def _all_finished_except_handlers(flow: FlowDefinition, state: Mapping[str, NodeState], handlers: set[str]) -> bool:
+def _all_finished_except_handlers(flow: FlowDefinition, state: Mapping[str, NodeState], handlers: frozenset[str]) -> bool:
     return all(state[n.id] in FINISHED for n in flow.nodes if n.id not in handlers)
 
 
