@@ -101,10 +101,11 @@ def test_an_inline_wave_writes_its_nodes_in_the_same_statements_however_wide_on_
     two = _wave_statements(world, 2, django_capture_on_commit_callbacks, settings)
     ten = _wave_statements(world, 10, django_capture_on_commit_callbacks, settings)
     assert ten == two, f"a 10-wide wave took {ten - two} more statements than a 2-wide one"
-    # 28: the run's lease and its first decision (9), the flow's tools and grants once, and per wave the kill
-    # switch, the lock, the tenant's running nodes when it starts more (counted after the lock: 26 when the lock
-    # counted them, from a snapshot older than the lock), the writes (the test's savepoints included: 2 a transaction)
-    assert two <= 28, f"{two} statements for a 4-node inline run (start, a 2-wide wave, join)"
+    # 27: the run's lease and its first decision (9), the flow's tools and grants once (the first wave decides their
+    # kill switch from that read), and per later wave the kill switch, the lock, the tenant's running nodes when it
+    # starts more (counted after the lock: 26 when the lock counted them, from a snapshot older than the lock), the
+    # writes (the test's savepoints included: 2 a transaction)
+    assert two <= 27, f"{two} statements for a 4-node inline run (start, a 2-wide wave, join)"
 
 
 def test_a_wave_reads_the_rows_again_when_another_writer_changed_the_run_meanwhile(
@@ -232,3 +233,30 @@ def test_a_refused_call_in_a_side_by_side_wave_fails_only_its_node(world: World,
     statuses = dict(ToolCallAudit.objects.filter(run_id=run.pk).values_list("call_id", "status"))
     assert statuses[call_id(run.pk, "off")] == "denied"
     assert call_id(run.pk, "broken") not in statuses, "a call that never began has no audit row"
+
+
+def test_each_wave_sees_a_kill_switch_flipped_after_the_wave_before(world: World, django_capture_on_commit_callbacks: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first wave decides its tools' policy from the read that resolved them just before it; every later wave reads
+    the policy again, so a tool switched off while the first wave committed is refused in the second."""
+    from tenants.scoping import actor_for_user
+    from tools.services import set_tool_enabled
+
+    make_flow(world, {"nodes": [lookup("a"), {**lookup("b", ["a"]), "on_error": "continue"}], "inline": True},
+              slug="two-waves")
+    real_complete = runner._complete
+    flipped: list[bool] = []
+
+    def complete_then_switch_off(*args: Any, **kwargs: Any) -> Any:
+        if not flipped:  # the first wave's commit: the operator switches the tool off meanwhile
+            flipped.append(True)
+            set_tool_enabled(tool=Tool.objects.get(tenant=world.tenant, name="query_order"), enabled=False,
+                             actor=actor_for_user(world.operator))
+        return real_complete(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_complete", complete_then_switch_off)
+    run = _run(world, "two-waves", django_capture_on_commit_callbacks)
+    rows = {r.node_id: r for r in FlowNodeRun.objects.filter(run=run)}
+    assert rows["a"].status == "done"
+    assert rows["b"].status == "failed" and "switched off" in rows["b"].error
+    assert ToolCallAudit.objects.get(run_id=run.pk, call_id=call_id(run.pk, "b")).status == "denied"
