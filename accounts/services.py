@@ -80,6 +80,11 @@ def set_membership(*, tenant: Tenant, user: Any, role: str, actor: Actor | None)
 @transaction.atomic
 def remove_membership(*, membership: Membership, actor: Actor | None) -> None:
     acting(actor).require("own", membership.tenant_id)
+    # the membership's row, then the tenant's (_keep_an_owner): the order set_membership takes them in
+    locked = Membership.objects.select_for_update().filter(pk=membership.pk).first()
+    if locked is None:
+        return  # removed meanwhile
+    membership.role = locked.role
     if membership.role == Role.OWNER:
         _keep_an_owner(membership.tenant, membership)
     details = {"user": membership.user.get_username(), "role": membership.role}
@@ -131,6 +136,10 @@ def _check_role(role: str) -> None:
 
 
 def _keep_an_owner(tenant: Tenant, leaving: Membership) -> None:
+    """Refuse to let the tenant's last owner go. The tenant's row is locked first, so two owners demoting or removing
+    each other at the same moment are taken one after the other: each counts the owners after the other committed
+    (locking only the leaving membership let both see the other still an owner, and both leave)."""
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).values_list("pk", flat=True).first()
     others = Membership.objects.filter(tenant=tenant, role=Role.OWNER).exclude(pk=leaving.pk)
     if not others.exists():
         raise Conflict(f"{leaving.user.get_username()} is the last owner of {tenant.slug}; make someone else an owner "
