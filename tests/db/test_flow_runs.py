@@ -561,10 +561,7 @@ def test_a_completion_that_waited_for_the_tenant_s_lock_counts_the_nodes_started
     it starts nodes. Once the first commits, the second must count those nodes before it starts its own, or the
     tenant's bound is exceeded. (The count once rode in the statement that takes the lock, whose snapshot is older
     than the lock it waited for: it missed them.)"""
-    import threading
-
-    import psycopg
-    from django.db import connections
+    from tests.support.concurrency import other_transaction, waits_for
 
     settings.FLOW_TENANT_MAX_NODES = 3
     make_flow(world, {"nodes": [lookup("a"), lookup("b", ["a"]), lookup("c", ["a"]), lookup("d", ["a"])],
@@ -574,34 +571,15 @@ def test_a_completion_that_waited_for_the_tenant_s_lock_counts_the_nodes_started
     run_id = start(world, {"flow": "fan", "input": {"order_id": ORDER}}).json()["id"]
     services.execute_run(run_id)  # this run: its "a" runs; the tenant has 2 running nodes, its bound is 3
     [(node_id, token)] = in_flight(Run.objects.get(pk=run_id))
-    db = connection.settings_dict
-    holder = psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"])
-    try:
+    with other_transaction() as holder:
         # what another completion of the tenant does: the tenant's row locked, a node of the other run started
         holder.execute('SELECT 1 FROM "tenants_tenant" WHERE id = %s FOR UPDATE', [world.tenant.pk])
         holder.execute(
             'INSERT INTO "flows_flownoderun" (tenant_id, run_id, node_id, kind, status, attempt, inputs, output, chosen, '
             "error, span_id, lease_token, lease_expires_at, started_at) VALUES (%s, %s, 'b', 'tool', 'running', 1, "
             "'{}', NULL, '[]', '', 'span', 'token', now() + interval '1 hour', now())", [world.tenant.pk, other])
-        errors: list[BaseException] = []
-
-        def complete() -> None:
-            try:
-                execute_node(run_id, node_id, token)  # "a" done: it wants b, c and d
-            except BaseException as exc:  # pragma: no cover - reported below
-                errors.append(exc)
-            finally:
-                connections.close_all()
-
-        worker = threading.Thread(target=complete)
-        worker.start()
-        worker.join(2.0)
-        assert worker.is_alive(), "the completion did not wait for the tenant's lock: nothing was tested"
-        holder.commit()  # the other completion commits its started node
-        worker.join(30)
-        assert not worker.is_alive() and not errors, errors
-    finally:
-        holder.close()
+        # "a" done: it wants b, c and d; the other completion then commits its started node
+        waits_for(lambda: execute_node(run_id, node_id, token), holder.commit, what="the tenant's lock")
     running = FlowNodeRun.objects.filter(tenant_id=world.tenant.pk, status="running").count()
     assert running <= 3, f"{running} nodes running in a tenant bound to 3"
     assert [n for n, _ in in_flight(Run.objects.get(pk=run_id))] == ["b"], "room for one: 2 of the other run's run"

@@ -5,16 +5,14 @@ demoted owner as still one, and the tenant was left without an owner.)"""
 
 from __future__ import annotations
 
-import threading
-
-import psycopg
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
 from accounts import services
 from config.errors import Conflict
 from tenants.models import Membership, Role
 from tests.factories import make_user, make_world
+from tests.support.concurrency import other_transaction, waits_for
 
 ON_POSTGRES = connection.vendor == "postgresql"
 
@@ -28,33 +26,20 @@ def test_an_owner_removed_while_another_steps_down_leaves_the_tenant_an_owner() 
         services.set_membership(tenant=world.tenant, user=user, role=Role.OWNER, actor=None)
     Membership.objects.filter(tenant=world.tenant, role=Role.OWNER).exclude(user__in=[first, second]).update(role=Role.OPERATOR)
     leaving = Membership.objects.get(tenant=world.tenant, user=first)
-    db = connection.settings_dict
-    other = psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"])
-    try:
+    with other_transaction() as other:
         # the second owner steps down in another transaction, as set_membership does it: the tenant's row locked, the
         # owners counted (the first is still one), the membership demoted; not committed yet
         other.execute('SELECT 1 FROM "tenants_tenant" WHERE id = %s FOR UPDATE', [world.tenant.pk])
         other.execute('UPDATE "tenants_membership" SET role = %s WHERE tenant_id = %s AND user_id = %s',
                       [Role.OPERATOR, world.tenant.pk, second.pk])
-        outcome: list[object] = []
 
-        def remove_first() -> None:
+        def remove_first() -> object:
             try:
                 services.remove_membership(membership=leaving, actor=None)
-                outcome.append("removed")
             except Conflict as exc:
-                outcome.append(exc)
-            finally:
-                connections.close_all()
+                return exc
+            return "removed"
 
-        worker = threading.Thread(target=remove_first)
-        worker.start()
-        worker.join(2.0)
-        assert worker.is_alive(), "the removal did not wait for the tenant's row: the two changes were not serialized"
-        other.commit()
-        worker.join(30)
-        assert not worker.is_alive()
-    finally:
-        other.close()
-    assert len(outcome) == 1 and isinstance(outcome[0], Conflict) and "last owner" in str(outcome[0]), outcome
+        outcome = waits_for(remove_first, other.commit, what="the tenant's row")
+    assert isinstance(outcome, Conflict) and "last owner" in str(outcome), outcome
     assert list(Membership.objects.filter(tenant=world.tenant, role=Role.OWNER).values_list("user", flat=True)) == [first.pk]
