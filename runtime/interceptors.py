@@ -9,7 +9,6 @@ To leave a note in the trace, append a ``{"type": ...}`` dict to ``response.trac
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -28,13 +27,13 @@ class ToolInterceptor(Protocol):
 
 
 def chain_model(interceptors: Sequence[ModelInterceptor], inner: ModelCall) -> ModelCall:
-    """The first interceptor is the outermost. The request handed in is deep-copied once."""
+    """The first interceptor is the outermost. The request handed in is copied once (``private_copy``)."""
     call: ModelCall = inner
     for interceptor in reversed(interceptors):
         call = _bind_model(interceptor, call)
 
     def start(request: ModelRequest) -> ModelResponse:
-        return call(copy.deepcopy(request))
+        return call(request.private_copy())
 
     return start
 

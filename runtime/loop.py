@@ -17,7 +17,6 @@ misconfigured hook).
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -54,6 +53,7 @@ from runtime.types import (
     ToolSpec,
     ToolStatus,
     Usage,
+    copy_json,
     new_span_id,
 )
 
@@ -335,7 +335,7 @@ class AgentLoop:
                 run_id=run.run_id,
                 step=step.number,
                 position=position,
-                state=MappingProxyType(copy.deepcopy(step.state)),
+                state=MappingProxyType(copy_json(step.state)),
                 messages=tuple(dict(m) for m in run.checkpoint.messages + step.appended),
                 usage=step.usage,
                 elapsed_seconds=self._elapsed(run),

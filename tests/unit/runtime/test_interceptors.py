@@ -82,3 +82,30 @@ def test_interceptors_receive_no_state() -> None:
     h = harness([say("ok")], model_interceptors=[spy], state={"secret_business_key": "s3cr3t"})
     h.run()
     assert "s3cr3t" not in repr(seen[0])
+
+
+def test_the_request_an_interceptor_gets_shares_nothing_mutable_with_the_run() -> None:
+    """``ModelRequest.private_copy`` (what ``chain_model`` hands the interceptors) copies every nested part: a change
+    to a tool call, a tool's schema or the metadata in the copy leaves the original as it was."""
+    from datetime import datetime
+
+    from runtime.types import ToolSpec
+
+    stamp = datetime(2026, 1, 1)
+    original = ModelRequest(
+        model="m",
+        messages=[{"role": "assistant", "content": None,
+                   "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "echo", "arguments": "{}"}}]}],
+        tools=[ToolSpec("echo", "Echo.", {"type": "object", "properties": {"n": {"type": "integer"}}})],
+        metadata={"tags": ["a"], "when": [stamp], "pair": (1, [2])},
+        max_output_tokens=7,
+    )
+    copied = original.private_copy()
+    assert copied == original and copied is not original
+    copied.messages[0]["tool_calls"][0]["function"]["name"] = "changed"
+    copied.tools[0].parameters["properties"]["n"]["type"] = "string"
+    copied.metadata["tags"].append("b")
+    copied.metadata["pair"][1].append(3)
+    assert original.messages[0]["tool_calls"][0]["function"]["name"] == "echo"
+    assert original.tools[0].parameters["properties"]["n"]["type"] == "integer"
+    assert original.metadata == {"tags": ["a"], "when": [stamp], "pair": (1, [2])}
