@@ -75,7 +75,18 @@ def _message_text(message: Message) -> str:
 
 
 def count_messages(messages: list[Message], model: str = "") -> int:
-    return sum(PER_MESSAGE_OVERHEAD + count_tokens(_message_text(m), model) for m in messages)
+    # Counted several times a step over the whole conversation: a message without tool calls is its content as it
+    # is (what ``_message_text`` would join), so its cached count is found without building a new string.
+    total = PER_MESSAGE_OVERHEAD * len(messages)
+    for message in messages:
+        if message.get("tool_calls"):
+            text = _message_text(message)
+        else:
+            content = message.get("content")
+            text = content if type(content) is str else str(content or "")
+        if text:
+            total += count_tokens(text, model)
+    return total
 
 
 def count_tools(tools: list[dict[str, Any]], model: str = "") -> int:
