@@ -166,7 +166,8 @@ def cancel_run(*, actor: Actor, run: Run) -> Run:
         cancel_for_run(locked)
         finish_without_worker(locked, TerminalReason.CANCELLED, f"cancelled by {who}")
         child = (locked.facts or {}).get("awaiting_child")  # a waiting supervisor's sub-agent run ends with it
-        awaited = Run.objects.filter(pk=child).exclude(status=RunStatus.FINISHED).first() if child else None
+        awaited = (Run.objects.filter(pk=child, tenant_id=locked.tenant_id).exclude(status=RunStatus.FINISHED).first()
+                   if child else None)  # the run's own tenant only, whatever its facts say
         if awaited is not None:
             cancel_run(actor=actor, run=awaited)
         if (locked.facts or {}).get("parent_run"):
@@ -289,11 +290,12 @@ def resume_waiting_run(run_id: Any) -> bool:
     """Re-enqueue a run waiting for approvals once they are all decided (``approvals.decisions.resume_run`` asks)."""
     with transaction.atomic():
         waiting = Run.objects.filter(pk=run_id, status=RunStatus.WAITING, lease_token="")
-        facts = waiting.values_list("facts", flat=True).first()
-        if facts is None:
+        found = waiting.values_list("facts", "tenant_id").first()
+        if found is None:
             return False
+        facts, tenant_id = found
         child = (facts or {}).get("awaiting_child")  # a supervisor waits for its sub-agent's run (agents/supervisor.py)
-        if child and Run.objects.filter(pk=child).exclude(status=RunStatus.FINISHED).exists():
+        if child and Run.objects.filter(pk=child, tenant_id=tenant_id).exclude(status=RunStatus.FINISHED).exists():
             return False
         if waiting.update(status=RunStatus.QUEUED):
             enqueue_run(run_id)

@@ -33,7 +33,9 @@ MODES = ("flag", "block", "off")
 DEFAULT_MODE = "flag"
 FLAGS_KEY = "injection_flags"
 #: Facts only the console writes.
-RESERVED_FACTS = frozenset({FLAGS_KEY, "agent_depth", "parent_run", "parent_agent"})
+#: ``awaiting_child`` names the sub-agent run a supervisor waits for (agents/supervisor.py): a client that set it
+#: could make its own run's cancellation reach another run.
+RESERVED_FACTS = frozenset({FLAGS_KEY, "agent_depth", "parent_run", "parent_agent", "awaiting_child", "parent_flow", "flow_node"})
 _LABEL_WORDS = {
     "ignore_instructions": "an instruction to ignore the assistant's instructions",
     "reveal_system_prompt": "a request to reveal the system prompt",

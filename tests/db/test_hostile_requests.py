@@ -1,0 +1,66 @@
+"""What a sweep of every API endpoint with a second tenant's key and hostile bodies found (2026-12-06), each pinned:
+a run's cancellation reaching another tenant's run, and requests that answered 500 or burned CPU unbounded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from agents import services
+from agents.models import Run, RunStatus
+from tenants.scoping import actor_for_api_key
+from tests.factories import World, make_world
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def world() -> World:
+    return make_world()
+
+
+def api(world: World) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
+    return client
+
+
+def raw_post(client: APIClient, path: str, body: str) -> Any:
+    """A body sent as it is written (``1e400``, lone surrogates: what ``json.dumps`` would not write)."""
+    return client.generic("POST", path, body.encode("utf-8", "surrogatepass"), content_type="application/json")
+
+
+# -- a run's facts cannot name another tenant's run ---------------------------------------------------------
+
+
+def test_a_client_cannot_set_the_fact_that_links_a_supervisor_to_its_child_and_cancel_another_tenant_s_run(
+        world: World) -> None:
+    victim = make_world()
+    theirs = services.start_run(actor=actor_for_api_key(victim.key), agent=victim.agent, text="order O202411280001?")
+    client = api(world)
+    created = client.post("/api/v1/runs", {"agent": "order-assistant", "input": "hello",
+                                           "facts": {"awaiting_child": str(theirs.pk), "parent_run": str(theirs.pk),
+                                                     "parent_flow": "x", "flow_node": "y", "user_tier": "gold"}},
+                          format="json")
+    assert created.status_code == 202, created.content
+    mine = Run.objects.get(pk=created.json()["id"])
+    assert mine.facts == {"user_tier": "gold"}, "the console's own keys are dropped, the client's kept"
+    assert client.post(f"/api/v1/runs/{mine.pk}/cancel").status_code == 202
+    theirs.refresh_from_db()
+    assert theirs.status == RunStatus.QUEUED and theirs.terminal_reason == "", "another tenant's run was cancelled"
+
+
+def test_a_stored_fact_naming_another_tenant_s_run_reaches_neither_cancel_nor_resume(world: World) -> None:
+    """Rows written before the keys were reserved: the lookups are scoped to the run's own tenant too."""
+    victim = make_world()
+    theirs = services.start_run(actor=actor_for_api_key(victim.key), agent=victim.agent, text="order O202411280001?")
+    actor = actor_for_api_key(world.key)
+    mine = services.start_run(actor=actor, agent=world.agent, text="hello")
+    Run.objects.filter(pk=mine.pk).update(status=RunStatus.WAITING, facts={"awaiting_child": str(theirs.pk)})
+    assert services.resume_waiting_run(mine.pk) is True, "another tenant's unfinished run held this one waiting"
+    Run.objects.filter(pk=mine.pk).update(status=RunStatus.WAITING)
+    services.cancel_run(actor=actor, run=Run.objects.get(pk=mine.pk))
+    theirs.refresh_from_db()
+    assert theirs.status == RunStatus.QUEUED
