@@ -8,6 +8,10 @@ that picks the node up again does too. Here every list and object the evaluation
 flattening, functions) and the strings ``join`` and ``to_string`` make count against one allowance per evaluation,
 and the value is measured as JSON (stopping as soon as it is too large) before anyone stores or sends it. Past
 either, ``ValueTooLarge``.
+
+An expression nested past ``MAX_DEPTH`` (``((((…))))``, ``!!!!…``, ``a | b | c | …`` a thousand times; a field
+chain ``a.b.c`` is one level) is refused when it is parsed (``parse``): the parser, the checks that walk the tree and
+the evaluator all recurse, and such an expression would exhaust Python's stack in any of them.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any
 
 import jmespath
 from jmespath import functions
+from jmespath.exceptions import JMESPathError
+from jmespath.parser import ParsedResult
 from jmespath.visitor import TreeInterpreter
 
 #: The largest value an expression may give, as JSON (roughly: the size of its strings, keys and punctuation).
@@ -24,6 +30,31 @@ MAX_VALUE_BYTES = 2 * 1024 * 1024
 #: characters ``join``/``to_string`` may make.
 MAX_MADE_ITEMS = 1_000_000
 MAX_MADE_CHARS = MAX_VALUE_BYTES
+
+
+#: How deep an expression's tree may nest (``nodes.a.b[0].c > `1` && !d`` is 5 deep).
+MAX_DEPTH = 64
+
+
+class TooDeep(JMESPathError):  # type: ignore[misc]  # jmespath ships no types
+    """An expression nested deeper than ``MAX_DEPTH`` (a ``JMESPathError``: it is refused where a malformed one is)."""
+
+
+def parse(expression: str) -> ParsedResult:
+    """``jmespath.compile(expression)``, refusing with ``TooDeep`` an expression nested past ``MAX_DEPTH``."""
+    too_deep = TooDeep(f"it nests deeper than {MAX_DEPTH} levels (parentheses, brackets, ! and | chains); "
+                       "split it or select less at once")
+    try:
+        parsed = jmespath.compile(expression)
+    except RecursionError:
+        raise too_deep from None
+    stack = [(parsed.parsed, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise too_deep
+        stack.extend((child, depth + 1) for child in node.get("children") or () if isinstance(child, dict))
+    return parsed
 
 
 class ValueTooLarge(ValueError):
@@ -124,7 +155,7 @@ def search(expression: str, data: Any) -> Any:
     """``jmespath.search(expression, data)`` within the bounds; ``ValueTooLarge`` past them (JMESPath's own errors as
     they are)."""
     allowance = _Allowance(expression)
-    value = _Interpreter(allowance).visit(jmespath.compile(expression).parsed, data)
+    value = _Interpreter(allowance).visit(parse(expression).parsed, data)
     if not json_size_within(value, MAX_VALUE_BYTES):
         raise _too_large(expression, f"gives a value larger than {MAX_VALUE_BYTES // (1024 * 1024)} MiB as JSON")
     return value

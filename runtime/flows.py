@@ -39,7 +39,6 @@ from graphlib import CycleError, TopologicalSorter
 from types import MappingProxyType
 from typing import Annotated, Any
 
-import jmespath
 from jmespath.exceptions import JMESPathError
 from pydantic import ValidationInfo, model_validator
 
@@ -85,7 +84,7 @@ def _expression(value: Any) -> str:
     if len(value) > MAX_EXPRESSION_CHARS:
         raise problem(f"must be at most {MAX_EXPRESSION_CHARS} characters; got {len(value)}")
     try:
-        jmespath.compile(value)
+        expressions.parse(value)
     except JMESPathError as exc:
         raise problem(f"is not a JMESPath expression ({str(exc).splitlines()[0]})", value) from None
     return value
@@ -117,7 +116,7 @@ def _referenced(root: str, expression: str) -> set[str]:
             if isinstance(child, dict):
                 walk(child)
 
-    walk(jmespath.compile(expression).parsed)
+    walk(expressions.parse(expression).parsed)
     return found
 
 

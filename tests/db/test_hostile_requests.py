@@ -64,3 +64,46 @@ def test_a_stored_fact_naming_another_tenant_s_run_reaches_neither_cancel_nor_re
     services.cancel_run(actor=actor, run=Run.objects.get(pk=mine.pk))
     theirs.refresh_from_db()
     assert theirs.status == RunStatus.QUEUED
+
+
+# -- expressions nested past what the parser, the checks and the evaluator can recurse -------------------------
+
+DEEP = {
+    "parentheses": "(" * 600 + "input" + ")" * 600,
+    "brackets": "[" * 600 + "input" + "]" * 600,
+    "nots": "!" * 1990 + "input",
+    "pipes": "input" + "|b" * 997,
+}
+
+
+@pytest.mark.parametrize("shape", sorted(DEEP))
+@pytest.mark.parametrize("where", ["inputs", "prompt", "output", "when"])
+def test_an_expression_nested_too_deep_is_refused_at_save_naming_its_path(world: World, shape: str, where: str) -> None:
+    deep = DEEP[shape]
+    node: dict[str, Any] = {"id": "a", "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}}
+    nodes = [node]
+    if where == "inputs":
+        node["inputs"] = {"order_id": deep}
+    elif where == "prompt":
+        nodes.append({"id": "s", "kind": "llm", "after": ["a"], "prompt": "Say {" + deep + "}"})
+    elif where == "when":
+        nodes += [{"id": "r", "kind": "switch", "after": ["a"], "cases": [{"when": deep, "goto": ["z"]}], "default": []},
+                  {"id": "z", "kind": "llm", "prompt": "done"}]
+    definition: dict[str, Any] = {"nodes": nodes, **({"output": deep} if where == "output" else {})}
+    client = api(world)
+    assert client.post("/api/v1/flows", {"slug": "deep", "name": "Deep"}, format="json").status_code == 201
+    response = client.post("/api/v1/flows/deep/versions", {"model": "demo/planner", "definition": definition},
+                           format="json")
+    assert response.status_code == 400, response.content[:300]
+    assert "nests deeper than 64 levels" in response.content.decode() or "at most 2000 characters" in response.content.decode()
+
+
+def test_an_expression_of_ordinary_depth_still_saves_and_evaluates() -> None:
+    from runtime import expressions
+
+    nested = "(" * 30 + "input.a" + ")" * 30
+    assert expressions.search(nested, {"input": {"a": 1}}) == 1
+    assert expressions.search("input" + ".b" * 997, {"input": {}}) is None  # a field chain is one level
+    assert expressions.search("input" + " | @" * 62, {"input": 3}) == 3
+    with pytest.raises(expressions.TooDeep):
+        expressions.search("input" + " | @" * 64, {"input": 3})
