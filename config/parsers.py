@@ -1,6 +1,8 @@
 """The API's JSON parser: bounded in size (413) and in nesting depth (400), so no body can exhaust the stack or memory.
 
-It also refuses NUL characters in strings (``\\u0000``): PostgreSQL cannot store them, so they would be a 500 later.
+It also refuses NUL characters in strings (``\\u0000``): PostgreSQL cannot store them, so they would be a 500 later;
+lone UTF-16 surrogates (``\\ud800``), which no UTF-8 text (a database's, a response's) can hold; and numbers too large
+for a double (``1e400`` decodes to infinity, which is not JSON and no JSON column stores).
 
 DRF's own parser hands the request stream to ``json.load`` unread: Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is
 never consulted, and JSON nested a few thousand levels deep raises ``RecursionError`` (a 500) in the decoder or,
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 import codecs
 import io
+import math
 import re
+from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
 
@@ -30,6 +34,9 @@ MAX_JSON_DEPTH = 64
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+#: An escaped UTF-16 surrogate (``\\ud83d``); a well-formed pair decodes to one character, a lone one stays.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def too_big_message(limit: int) -> str:
@@ -52,11 +59,28 @@ def read_bounded(stream: Any, limit: int) -> bytes:
 
 def contains_nul(value: Any) -> bool:
     """Whether a NUL character is in any key or string of ``value`` (PostgreSQL cannot store one); no recursion."""
+    return _any_text(value, lambda text: "\x00" in text)
+
+
+def contains_surrogate(value: Any) -> bool:
+    """Whether a lone UTF-16 surrogate is in any key or string of ``value`` (it cannot be encoded as UTF-8)."""
+    return _any_text(value, lambda text: _SURROGATE.search(text) is not None)
+
+
+def _finite(number: str) -> float:
+    value = float(number)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {number[:40]} is beyond the largest a double holds (about 1.8e308); send a "
+                         "smaller one or send it as a string")
+    return value
+
+
+def _any_text(value: Any, test: Callable[[str], bool]) -> bool:
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            if "\x00" in item:
+            if test(item):
                 return True
         elif isinstance(item, dict):
             stack.extend(item.keys())
@@ -81,11 +105,14 @@ class JSONParser(parsers.JSONParser):
             raise ParseError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels (this body nests {depth}); flatten the data.")
         strict = api_settings.STRICT_JSON
         try:
-            data = json.loads(text, parse_constant=json.strict_constant if strict else None)
+            data = json.loads(text, parse_constant=json.strict_constant if strict else None, parse_float=_finite)
         except ValueError as exc:
             raise ParseError(f"JSON parse error - {exc}") from None
         if "\\u0000" in text and contains_nul(data):
             raise ParseError("Text in the body may not contain NUL (\\u0000) characters.")
+        if _SURROGATE_ESCAPE.search(text) and contains_surrogate(data):
+            raise ParseError("Text in the body may not contain a lone UTF-16 surrogate (\\ud800 to \\udfff without its "
+                             "pair); send valid Unicode text.")
         return data
 
 

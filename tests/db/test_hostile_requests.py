@@ -107,3 +107,36 @@ def test_an_expression_of_ordinary_depth_still_saves_and_evaluates() -> None:
     assert expressions.search("input" + " | @" * 62, {"input": 3}) == 3
     with pytest.raises(expressions.TooDeep):
         expressions.search("input" + " | @" * 64, {"input": 3})
+
+
+# -- numbers past a double and lone surrogates: refused by the parser, for every endpoint ---------------------
+
+BAD_BODIES = {
+    "a number past a double": ('{"agent": "order-assistant", "input": "hi", "facts": {"x": 1e400}}',
+                               "beyond the largest a double holds"),
+    "one nested in a list": ('{"agent": "order-assistant", "input": "hi", "facts": {"x": [1, -1e400]}}',
+                             "beyond the largest a double holds"),
+    "a lone surrogate in a value": ('{"agent": "order-assistant", "input": "hi", "facts": {"k": "\\ud800"}}',
+                                    "lone UTF-16 surrogate"),
+    "a lone low surrogate in a key": ('{"agent": "order-assistant", "input": "hi", "facts": {"\\uDC00": 1}}',
+                                      "lone UTF-16 surrogate"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BODIES))
+@pytest.mark.parametrize("path", ["/api/v1/runs", "/api/v1/tools", "/api/v1/tools/query_order/dry-run"])
+def test_a_body_no_json_column_or_utf8_text_can_hold_is_a_400_saying_what(world: World, case: str, path: str) -> None:
+    body, says = BAD_BODIES[case]
+    before = Run.objects.count()
+    response = raw_post(api(world), path, body)
+    assert response.status_code == 400, response.content[:300]
+    assert says in response.json()["detail"]
+    assert Run.objects.count() == before
+
+
+def test_a_well_formed_surrogate_pair_and_a_large_finite_number_still_pass(world: World) -> None:
+    response = raw_post(api(world), "/api/v1/runs",
+                        '{"agent": "order-assistant", "input": "hi \\ud83d\\ude00", "facts": {"x": 1.5e308, "y": "\\ud83d\\ude00"}}')
+    assert response.status_code == 202, response.content
+    run = Run.objects.get(pk=response.json()["id"])
+    assert run.input == "hi \U0001f600" and run.facts == {"x": 1.5e308, "y": "\U0001f600"}
