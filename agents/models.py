@@ -89,10 +89,15 @@ class AgentVersion(TenantOwned):
         interceptor kinds must be in the platform's extension table (built-in or installed and allowed),
         and a contributed kind's ``config`` must match its schema.
         """
-        from agents.extensions import registry  # the extension table reads settings: built on first use, not at import
-
         if self.is_locked:
             return  # history: nothing may change (the admin shows it read-only, the API answers 409)
+        self.check_contents()
+
+    def check_contents(self) -> None:
+        """The checks of ``clean`` whether or not runs used the version (a preview of a change to one is checked as
+        a new version would be); ``ValidationError`` by field."""
+        from agents.extensions import registry  # the extension table reads settings: built on first use, not at import
+
         errors: dict[str, list[str]] = {}
         extensions = registry()
         policy_errors = check_policy(self.policy, extensions=extensions)

@@ -229,6 +229,8 @@ def preview_version_change(*, version: Any, actor: Actor, fields: dict[str, Any]
     for name in changed:
         setattr(candidate, name, fields[name])
     candidate.full_clean()
+    if candidate.is_locked:  # runs used it: ``clean`` leaves history as it is, but the change is checked as new
+        candidate.check_contents()
     floor = approval_floor_errors(actor=actor, version=candidate, before=version.policy)
     if floor:
         raise ValidationError({"policy": floor})

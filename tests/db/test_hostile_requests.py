@@ -140,3 +140,19 @@ def test_a_well_formed_surrogate_pair_and_a_large_finite_number_still_pass(world
     assert response.status_code == 202, response.content
     run = Run.objects.get(pk=response.json()["id"])
     assert run.input == "hi \U0001f600" and run.facts == {"x": 1.5e308, "y": "\U0001f600"}
+
+
+# -- a preview of a change to a version runs used is checked as saving it would be ------------------------------
+
+
+@pytest.mark.parametrize("used", [False, True], ids=["unused version", "version runs used"])
+@pytest.mark.parametrize("policy", [True, "x", 1, [], {"limits": {"max_recursion": "lots"}},
+                                    {"approvals": {"tools": {"query_order": "always"}}}])
+def test_a_preview_of_a_policy_that_could_not_be_saved_is_a_400_naming_the_policy(world: World, used: bool,
+                                                                                   policy: Any) -> None:
+    if used:
+        services.start_run(actor=actor_for_api_key(world.key), agent=world.agent, text="hello")
+    response = api(world).post("/api/v1/agents/order-assistant/versions/1/preview-impact", {"policy": policy},
+                               format="json")
+    assert response.status_code == 400, response.content[:300]
+    assert "policy" in response.json()
