@@ -181,8 +181,11 @@ class CursorPages(CursorPagination):
         if "\x00" in position:
             return False
         field = self._model._meta.get_field(self.ordering[0].lstrip("-"))
+        target = getattr(field, "target_field", None) or field  # a foreign key's position is its target's value
         try:
-            field.get_prep_value(field.to_python(position))
+            value = target.to_python(position)
+            target.get_prep_value(value)
+            target.run_validators(value)  # e.g. an integer column's range: past it the database refuses the query
         except (DjangoValidationError, ValueError, TypeError, OverflowError):
             return False
         return True

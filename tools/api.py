@@ -49,7 +49,8 @@ class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
 
     def get_object(self) -> Tool:
         ref = str(self.kwargs["pk"])
-        match = Q(name=ref) | Q(pk=int(ref)) if ref.isdigit() else Q(name=ref)
+        # a name, or an id: ASCII digits that fit the column ("²" is a digit to isdigit(), and int() refuses it)
+        match = Q(name=ref) | Q(pk=int(ref)) if ref.isascii() and ref.isdigit() and len(ref) <= 18 else Q(name=ref)
         candidates = self.get_queryset().filter(match)
         tenant = self.request.headers.get("X-Tenant")
         if tenant:

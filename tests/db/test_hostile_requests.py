@@ -156,3 +156,27 @@ def test_a_preview_of_a_policy_that_could_not_be_saved_is_a_400_naming_the_polic
                                format="json")
     assert response.status_code == 400, response.content[:300]
     assert "policy" in response.json()
+
+
+# -- path segments and cursors that parse but do not fit ------------------------------------------------------
+
+
+@pytest.mark.parametrize("ref", ["%C2%B2", "9" * 5000, "99999999999999999999", "%D9%A3"])
+def test_a_tool_reference_that_is_no_id_or_name_here_is_a_404(world: World, ref: str) -> None:
+    client = api(world)
+    assert client.get(f"/api/v1/tools/{ref}").status_code == 404
+    assert client.post(f"/api/v1/tools/{ref}/dry-run", {"arguments": {}}, format="json").status_code == 404
+
+
+@pytest.mark.parametrize("path", ["agents", "flows", "tools", "evaluation-sets", "notification-channels", "runs",
+                                  "audit/tool-calls", "approvals"])
+@pytest.mark.parametrize("position", ["999999999999999999999999999999", "-99999999999999999999", "9" * 400])
+def test_a_cursor_whose_position_does_not_fit_its_column_is_a_400_naming_cursor(world: World, path: str,
+                                                                                position: str) -> None:
+    import base64
+    from urllib.parse import quote
+
+    cursor = quote(base64.b64encode(f"p={position}".encode()).decode())
+    response = api(world).get(f"/api/v1/{path}?cursor={cursor}")
+    assert response.status_code == 400, response.content[:300]
+    assert "cursor" in response.json()
