@@ -38,11 +38,17 @@ def _require(actor: Actor, tenant_id: int, doing: str) -> None:
 
 
 def _when(value: Any, name: str) -> dt.datetime:
-    parsed = parse_datetime(value) if isinstance(value, str) else value if isinstance(value, dt.datetime) else None
+    expected = f"filters.{name} must be an ISO 8601 date-time like 2026-12-01T00:00:00Z; got {value!r}"
+    try:  # parse_datetime: None for a wrong form, ValueError for an impossible value (an offset of +99:00)
+        parsed = parse_datetime(value) if isinstance(value, str) else value if isinstance(value, dt.datetime) else None
+    except ValueError as exc:
+        raise Invalid(f"{expected} ({exc}).", field=f"filters.{name}") from None
     if parsed is None:
-        raise Invalid(f"filters.{name} must be an ISO 8601 date-time like 2026-12-01T00:00:00Z; got {value!r}.",
-                      field=f"filters.{name}")
-    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed, dt.UTC)
+        raise Invalid(f"{expected}.", field=f"filters.{name}")
+    try:  # in UTC now: 0001-01-01T00:00+05:00 is out of range there, and would fail in the query
+        return (parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed, dt.UTC)).astimezone(dt.UTC)
+    except (ValueError, OverflowError) as exc:
+        raise Invalid(f"filters.{name} is out of range ({exc}); got {value!r}.", field=f"filters.{name}") from None
 
 
 FILTER_KEYS = ("versions", "created_after", "created_before", "terminal_reason", "limit", "playground")
@@ -64,7 +70,8 @@ def _filtered(agent: Agent, filters: dict[str, Any]) -> list[Any]:
                               playground=bool(filters.get("playground", False)))
     if "versions" in filters:
         versions = filters["versions"]
-        if not isinstance(versions, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in versions):
+        if not isinstance(versions, list) or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31
+                                                     for v in versions):
             raise Invalid("filters.versions must be a list of version numbers like [1, 2].", field="filters.versions")
         runs = runs.filter(version__number__in=versions)
     if "created_after" in filters:

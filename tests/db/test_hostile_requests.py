@@ -180,3 +180,33 @@ def test_a_cursor_whose_position_does_not_fit_its_column_is_a_400_naming_cursor(
     response = api(world).get(f"/api/v1/{path}?cursor={cursor}")
     assert response.status_code == 400, response.content[:300]
     assert "cursor" in response.json()
+
+
+# -- an evaluation set's filters: dates past the calendar and numbers past the column ---------------------------
+
+
+@pytest.mark.parametrize("filters, field", [
+    ({"created_after": "0001-01-01T00:00:00+05:00"}, "filters.created_after"),
+    ({"created_before": "9999-12-31T23:59:59-05:00"}, "filters.created_before"),
+    ({"created_after": "2020-01-01T00:00:00+99:00"}, "filters.created_after"),
+    ({"created_after": "2020-13-45T00:00:00Z"}, "filters.created_after"),
+    ({"versions": [100000000000000000000000]}, "filters.versions"),
+    ({"versions": [0]}, "filters.versions"),
+])
+def test_an_evaluation_set_filter_out_of_range_is_a_400_naming_it(world: World, filters: dict[str, Any],
+                                                                  field: str) -> None:
+    response = api(world).post("/api/v1/evaluation-sets", {"name": "e", "agent": "order-assistant", "filters": filters},
+                               format="json")
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["error"]["field"] == field
+
+
+def test_an_evaluation_set_filter_in_range_still_picks_runs(world: World) -> None:
+    run = services.start_run(actor=actor_for_api_key(world.key), agent=world.agent, text="order O202411280001?")
+    services.execute_run(str(run.pk))
+    response = api(world).post("/api/v1/evaluation-sets", {
+        "name": "e", "agent": "order-assistant",
+        "filters": {"created_after": "2000-01-01T00:00:00+05:00", "created_before": "9999-12-30T00:00:00Z", "versions": [1]}},
+        format="json")
+    assert response.status_code == 201, response.content[:300]
+    assert response.json()["runs"] == 1
