@@ -1,8 +1,11 @@
 """A tenant's JSON Schemas (tool arguments, a flow's ``input_schema``, a plugin's settings): what is refused at save
 and how an instance is checked against one.
 
-At save, a schema must be one (``invalid``), may reference only itself (jsonschema resolves no other document, so a
-``$ref`` to one would fail every check later) and its patterns must compile within bounds (``unsafe_parts``).
+At save, a schema must be one (``invalid``) of a size a person writes (at most ``MAX_SUBSCHEMAS`` objects and
+``MAX_PATTERNS`` distinct patterns: checking a schema costs about half a millisecond per object and compiling a
+pattern about a third, so a 2 MB body of 40,000 properties held a server for half a minute), may reference only
+itself (jsonschema resolves no other document, so a ``$ref`` to one would fail every check later) and its patterns
+must compile within bounds (``unsafe_parts``).
 A check (``problems_of``) runs inside one time budget: its patterns match on the bounded engine
 (``runtime/patterns.py``), and every keyword checks the budget before it applies, because a schema needs no pattern
 to be slow (``anyOf`` branches that descend into each other through a ``$ref`` cost branches ** depth: a forty-byte
@@ -70,8 +73,16 @@ def problems_of(schema: Any, instance: Any, format_checker: FormatChecker | None
 Located = tuple[list[str | int], str]
 
 
+#: The most objects (subschemas, their ``properties`` maps, …) and distinct patterns a schema may hold.
+MAX_SUBSCHEMAS = 1000
+MAX_PATTERNS = 200
+
+
 def invalid(schema: Any) -> Located | None:
-    """Why ``schema`` is not a JSON Schema (Draft 2020-12) at all, and where; or None."""
+    """Why ``schema`` is not a JSON Schema (Draft 2020-12) at all, or is larger than one is written, and where; or
+    None."""
+    if (too_large := _too_large(schema)) is not None:
+        return [], too_large
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -94,6 +105,30 @@ def unsafe_parts(schema: Any) -> list[Located]:
             found += [([*where, "patternProperties"], problem) for key in node["patternProperties"]
                       if (problem := patterns.compile_problem(str(key)))]
     return refs + sorted(found, key=lambda located: [str(p) for p in located[0]])
+
+
+def _too_large(schema: Any) -> str | None:
+    """Why a schema is larger than ``MAX_SUBSCHEMAS``/``MAX_PATTERNS`` allow; None if it is not. Stops counting as
+    soon as it is."""
+    objects, found = 0, set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            objects += 1
+            if objects > MAX_SUBSCHEMAS:
+                return (f"has more than {MAX_SUBSCHEMAS} objects; a schema that large is generated, not written: "
+                        "describe the arguments a person or a model fills in, and check the rest in the tool")
+            if isinstance(node.get("pattern"), str):
+                found.add(node["pattern"])
+            if isinstance(node.get("patternProperties"), dict):
+                found.update(str(key) for key in node["patternProperties"])
+            if len(found) > MAX_PATTERNS:
+                return f"has more than {MAX_PATTERNS} distinct patterns; reuse one through a $defs entry and $ref"
+            stack.extend(node.values())
+    return None
 
 
 def _objects(node: Any, where: list[str | int]) -> list[tuple[list[str | int], dict[str, Any]]]:

@@ -210,3 +210,48 @@ def test_an_evaluation_set_filter_in_range_still_picks_runs(world: World) -> Non
         format="json")
     assert response.status_code == 201, response.content[:300]
     assert response.json()["runs"] == 1
+
+
+# -- schemas of a size no person writes are refused before they are checked ------------------------------------
+
+
+def _wide_schema(properties: int, patterns: bool) -> dict[str, Any]:
+    def prop(i: int) -> dict[str, Any]:
+        return {"type": "string", **({"pattern": f"^[a-z]{{{i}}}$"} if patterns else {})}
+
+    return {"type": "object", "properties": {f"p{i}": prop(i) for i in range(properties)}}
+
+
+@pytest.mark.parametrize("schema, says", [
+    (_wide_schema(20_000, patterns=False), "more than 1000 objects"),
+    (_wide_schema(300, patterns=True), "more than 200 distinct patterns"),
+], ids=["objects", "patterns"])
+@pytest.mark.parametrize("where", ["tool parameters", "tool output_schema", "flow input_schema"])
+def test_a_schema_larger_than_a_person_writes_is_refused_at_once(world: World, schema: dict[str, Any], says: str,
+                                                                  where: str) -> None:
+    import time
+
+    client = api(world)
+    began = time.process_time()
+    if where == "flow input_schema":
+        assert client.post("/api/v1/flows", {"slug": "wide", "name": "Wide"}, format="json").status_code == 201
+        definition = {"input_schema": schema, "nodes": [{"id": "a", "kind": "tool", "tool": "query_order",
+                                                         "values": {"order_id": "O202411280001"}}]}
+        response = client.post("/api/v1/flows/wide/versions", {"model": "demo/planner", "definition": definition},
+                               format="json")
+    else:
+        field = "parameters" if where == "tool parameters" else "output_schema"
+        body = {"name": "wide", "kind": "http", "description": "d", "config": {"url": "https://api.example.com/x"},
+                "parameters": {"type": "object", "properties": {}}, field: schema}
+        response = client.post("/api/v1/tools", body, format="json")
+    spent = time.process_time() - began
+    assert response.status_code == 400, response.content[:300]
+    assert says in response.content.decode()
+    print(f"{where}: refused in {spent:.2f} s of CPU")  # about 36 s before the bound, for the 2 MB schema
+
+
+def test_a_schema_of_ordinary_size_with_patterns_still_saves(world: World) -> None:
+    body = {"name": "ordinary", "kind": "http", "description": "d", "config": {"url": "https://api.example.com/x"},
+            "parameters": _wide_schema(150, patterns=True)}
+    response = api(world).post("/api/v1/tools", body, format="json")
+    assert response.status_code == 201, response.content[:300]
