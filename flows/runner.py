@@ -1011,18 +1011,37 @@ def _llm(run: Run, node: BodyNode, scope: dict[str, Any], span: str, trace: list
     from agents.model_clients import model_client_for
 
     prompt = render(node.prompt or "", scope)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    if node.output_schema:
+        messages.insert(0, {"role": "system", "content": "Reply with JSON only, no prose around it, matching this JSON "
+                            f"Schema: {json.dumps(node.output_schema, ensure_ascii=False)}"})
     request = ModelRequest(model=node.model or run.version.model, tools=[], task="summarize",
-                           messages=[{"role": "user", "content": prompt}], metadata={"run_id": str(run.pk)})
+                           messages=messages, metadata={"run_id": str(run.pk)})
     began = time.monotonic()
     response = model_client_for(run).complete(request)
     trace.append(Event("model.call", {"model": response.model, **response.usage.to_dict(), "node": node.id,
                                       "latency_ms": int((time.monotonic() - began) * 1000)}, parent_span_id=span))
     if node.output_schema:
-        try:
-            return json.loads(response.content or "")
-        except ValueError:
-            raise NodeFailed("the model's reply is not the JSON the node's output_schema asks for") from None
+        return _checked_reply(node.output_schema, response.content or "")
     return response.content or ""
+
+
+def _checked_reply(schema: dict[str, Any], content: str) -> Any:
+    """The model's reply as the JSON its node's ``output_schema`` asks for; ``NodeFailed`` saying where it is not."""
+    from runtime.schemas import CheckError, problems_of
+
+    try:
+        value = json.loads(content)
+    except ValueError:
+        raise NodeFailed("the model's reply is not the JSON the node's output_schema asks for") from None
+    try:
+        problems = problems_of(schema, value)
+    except CheckError as exc:
+        raise NodeFailed(f"the model's reply could not be checked against the node's output_schema: {exc}") from None
+    if problems:
+        shown = "; ".join(f"{'/'.join(map(str, p.absolute_path)) or 'the reply'}: {p.message}"[:200] for p in problems[:3])
+        raise NodeFailed(f"the model's reply does not match the node's output_schema ({shown})")
+    return value
 
 
 def _agent(run: Run, node: BodyNode, inputs: dict[str, Any], trace: list[Event], span: str) -> Any:

@@ -207,6 +207,8 @@ class BodyNode(Document):
             found.append('$.handler: only with on_error "route"')
         if self.retries and self.kind not in ("tool", "llm"):
             found.append(f"$.retries: only tool and llm nodes are retried, not a {self.kind} node")
+        if self.output_schema:
+            found += output_schema_problems(self.output_schema)
         if found:
             raise problems_of(found)
         return self
@@ -401,6 +403,13 @@ def input_schema_problems(schema: dict[str, Any] | None) -> list[str]:
         return ['$.input_schema.type: must be "object": a flow\'s input is a JSON object (its keys are read as '
                 f"input.<key>); got {json.dumps(schema.get('type'))}"]
     return [f"$.input_schema{_json_path(where)}: {problem}" for where, problem in schemas.unsafe_parts(schema)]
+
+
+def output_schema_problems(schema: dict[str, Any]) -> list[str]:
+    """Why an llm node's ``output_schema`` cannot check the model's reply (its paths relative to the node)."""
+    if (wrong := schemas.invalid(schema)) is not None:
+        return [f"$.output_schema{_json_path(wrong[0])}: {wrong[1]}"]
+    return [f"$.output_schema{_json_path(where)}: {problem}" for where, problem in schemas.unsafe_parts(schema)]
 
 
 def _json_path(parts: Iterable[str | int]) -> str:

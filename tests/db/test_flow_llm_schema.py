@@ -1,0 +1,84 @@
+"""An llm node's ``output_schema``: checked at save like every schema a tenant writes, given to the model as the shape
+to reply in, and the reply checked against it (a reply that does not match fails the node, saying where)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agents import model_clients, services
+from agents.models import Run
+from flows.models import FlowNodeRun
+from runtime.scripted import ScriptedModel, say
+from tests.db.test_flow_runs import ORDER, drain, make_flow, start
+from tests.factories import World, make_world
+
+pytestmark = pytest.mark.django_db
+
+VERDICT = {"type": "object", "properties": {"refund": {"type": "boolean"}, "reason": {"type": "string", "maxLength": 40}},
+           "required": ["refund", "reason"], "additionalProperties": False}
+
+
+@pytest.fixture
+def world() -> World:
+    return make_world()
+
+
+def flow(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"nodes": [
+        {"id": "order", "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}},
+        {"id": "verdict", "kind": "llm", "after": ["order"], "prompt": "Refund {nodes.order}?", "output_schema": schema},
+    ], "output": "nodes.verdict"}
+
+
+def run_with_reply(world: World, monkeypatch: pytest.MonkeyPatch, reply: str) -> tuple[Run, ScriptedModel]:
+    model = ScriptedModel([], summarizer=lambda request: say(reply))  # an llm node's call is of the summarize class
+    monkeypatch.setattr(model_clients, "model_client_for", lambda run: model)
+    make_flow(world, flow(VERDICT))
+    answer = start(world, {"flow": "desk", "input": {"order_id": ORDER}})
+    assert answer.status_code == 202, answer.content
+    run = Run.objects.get(pk=answer.json()["id"])
+    services.execute_run(str(run.pk))
+    drain(run)
+    return Run.objects.get(pk=run.pk), model
+
+
+def test_a_reply_that_matches_is_the_node_s_output_and_the_model_was_told_the_shape(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, model = run_with_reply(world, monkeypatch, '{"refund": true, "reason": "damaged in transit"}')
+    assert run.terminal_reason == "final_answer", run.error
+    assert FlowNodeRun.objects.get(run=run, node_id="verdict").output == {"refund": True, "reason": "damaged in transit"}
+    [request] = model.summary_requests
+    assert request.messages[0]["role"] == "system" and '"required": ["refund", "reason"]' in request.messages[0]["content"]
+
+
+@pytest.mark.parametrize("reply, says", [
+    ('{"refund": "yes", "reason": "x"}', "refund: 'yes' is not of type 'boolean'"),
+    ('{"refund": true}', "the reply: 'reason' is a required property"),
+    ('{"refund": true, "reason": "' + "long " * 20 + '"}', "reason: "),
+    ("Sure! I think a refund is fair.", "is not the JSON the node's output_schema asks for"),
+])
+def test_a_reply_that_does_not_match_fails_the_node_saying_where(world: World, monkeypatch: pytest.MonkeyPatch,
+                                                                 reply: str, says: str) -> None:
+    run, _ = run_with_reply(world, monkeypatch, reply)
+    node = FlowNodeRun.objects.get(run=run, node_id="verdict")
+    assert node.status == "failed" and says in node.error, node.error
+    assert run.terminal_reason == "error"
+
+
+@pytest.mark.parametrize("schema, says", [
+    ({"type": "nope"}, "nodes[1].output_schema.type: not a valid JSON Schema"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(a"}}},
+     "nodes[1].output_schema.properties.a.pattern"),
+    ({"$ref": "https://example.com/schema.json"}, "nodes[1].output_schema: $ref"),
+])
+def test_an_output_schema_that_cannot_check_a_reply_is_refused_at_save_with_its_path(world: World, schema: dict[str, Any],
+                                                                                     says: str) -> None:
+    from tests.db.test_flow_runs import client_for
+
+    api = client_for(world.raw_key)
+    assert api.post("/api/v1/flows", {"slug": "desk", "name": "desk"}, format="json").status_code == 201
+    response = api.post("/api/v1/flows/desk/versions", {"model": "demo/planner", "definition": flow(schema)}, format="json")
+    assert response.status_code == 400, response.content[:300]
+    assert any(says in problem for problem in response.json()["definition"]), response.json()["definition"]
