@@ -139,7 +139,8 @@ def test_a_well_formed_surrogate_pair_and_a_large_finite_number_still_pass(world
                         '{"agent": "order-assistant", "input": "hi \\ud83d\\ude00", "facts": {"x": 1.5e308, "y": "\\ud83d\\ude00"}}')
     assert response.status_code == 202, response.content
     run = Run.objects.get(pk=response.json()["id"])
-    assert run.input == "hi \U0001f600" and run.facts == {"x": 1.5e308, "y": "\U0001f600"}
+    # (PostgreSQL's jsonb gives 1.5e308 back written out as an integer: the same number)
+    assert run.input == "hi \U0001f600" and run.facts["y"] == "\U0001f600" and float(run.facts["x"]) == 1.5e308
 
 
 # -- a preview of a change to a version runs used is checked as saving it would be ------------------------------
