@@ -1040,7 +1040,7 @@ def _checked_reply(schema: dict[str, Any], content: str) -> Any:
         raise NodeFailed(f"the model's reply could not be checked against the node's output_schema: {exc}") from None
     if problems:
         shown = "; ".join(f"{'/'.join(map(str, p.absolute_path)) or 'the reply'}: {p.message}"[:200] for p in problems[:3])
-        raise NodeFailed(f"the model's reply does not match the node's output_schema ({shown})")
+        raise NodeFailed(f"the model's reply does not match the node's output_schema ({mask_text(shown)})")
     return value
 
 

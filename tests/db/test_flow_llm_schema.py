@@ -82,3 +82,9 @@ def test_an_output_schema_that_cannot_check_a_reply_is_refused_at_save_with_its_
     response = api.post("/api/v1/flows/desk/versions", {"model": "demo/planner", "definition": flow(schema)}, format="json")
     assert response.status_code == 400, response.content[:300]
     assert any(says in problem for problem in response.json()["definition"]), response.json()["definition"]
+
+
+def test_what_the_failure_quotes_from_the_reply_is_masked(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, _ = run_with_reply(world, monkeypatch, '{"refund": "sk-abcdefghijklmnopqrstuvwxyz123456", "reason": "x"}')
+    error = FlowNodeRun.objects.get(run=run, node_id="verdict").error
+    assert "is not of type 'boolean'" in error and "sk-abcdefghijklmnopqrstuvwxyz123456" not in error, error
