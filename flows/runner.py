@@ -1015,8 +1015,9 @@ def _llm(run: Run, node: BodyNode, scope: dict[str, Any], span: str, trace: list
     if node.output_schema:
         messages.insert(0, {"role": "system", "content": "Reply with JSON only, no prose around it, matching this JSON "
                             f"Schema: {json.dumps(node.output_schema, ensure_ascii=False)}"})
-    request = ModelRequest(model=node.model or run.version.model, tools=[], task="summarize",
-                           messages=messages, metadata={"run_id": str(run.pk)})
+    metadata: dict[str, Any] = {"run_id": str(run.pk), **({"output_schema": node.output_schema} if node.output_schema else {})}
+    request = ModelRequest(model=node.model or run.version.model, tools=[], task="summarize", messages=messages,
+                           metadata=metadata)
     began = time.monotonic()
     response = model_client_for(run).complete(request)
     trace.append(Event("model.call", {"model": response.model, **response.usage.to_dict(), "node": node.id,

@@ -15,6 +15,7 @@ It answers in the user's language (Chinese when the user wrote Chinese). Its rea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -72,6 +73,9 @@ class DeterministicPlanner:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         plan = self._summarize(request.messages) if request.task == "summarize" else self._plan(request)
+        schema = request.metadata.get("output_schema")
+        if isinstance(schema, dict):  # an llm node asks for JSON of a shape: the summary, shaped
+            plan = dataclasses.replace(plan, content=json.dumps(_instance(schema, plan.content or ""), ensure_ascii=False))
         return self._response(request, plan)
 
     # -- planning -------------------------------------------------------------------------
@@ -273,3 +277,32 @@ def _render_value(value: Any, zh: bool, depth: int) -> str:
     if isinstance(value, bool):
         return ("是" if value else "否") if zh else ("yes" if value else "no")
     return str(value)
+
+
+def _instance(schema: Any, text: str, depth: int = 0) -> Any:
+    """A value of ``schema``'s shape for the deterministic planner's reply: its first enum value or const, else the
+    summary for strings (clipped to ``maxLength``), the minimum or 0 for numbers, false, empty lists, and objects with
+    their required properties filled in the same way."""
+    if not isinstance(schema, dict) or depth > 8:
+        return None
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    kind = schema.get("type")
+    kind = next((k for k in kind if k != "null"), "null") if isinstance(kind, list) else kind
+    if kind == "string":
+        limit = schema.get("maxLength")
+        return text[:limit] if isinstance(limit, int) else text
+    if kind in ("number", "integer"):
+        low = schema.get("minimum", schema.get("exclusiveMinimum", 0))
+        return (int(low) + (1 if "exclusiveMinimum" in schema else 0)) if kind == "integer" else low
+    if kind == "boolean":
+        return False
+    if kind == "array":
+        return []
+    if kind == "object" or "properties" in schema:
+        properties = schema.get("properties") or {}
+        return {name: _instance(properties.get(name, {}), text, depth + 1) for name in schema.get("required") or []
+                if isinstance(name, str)}
+    return None

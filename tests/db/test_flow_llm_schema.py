@@ -88,3 +88,22 @@ def test_what_the_failure_quotes_from_the_reply_is_masked(world: World, monkeypa
     run, _ = run_with_reply(world, monkeypatch, '{"refund": "sk-abcdefghijklmnopqrstuvwxyz123456", "reason": "x"}')
     error = FlowNodeRun.objects.get(run=run, node_id="verdict").error
     assert "is not of type 'boolean'" in error and "sk-abcdefghijklmnopqrstuvwxyz123456" not in error, error
+
+
+def test_the_deterministic_planner_answers_in_the_shape_asked_for(world: World) -> None:
+    """Embedded mode (``demo/planner``): an llm node with an output_schema gets JSON of that shape, the summary in
+    its strings, so a flow an operator tries out in ``make run`` finishes."""
+    schema = {"type": "object", "required": ["refund", "reason", "tier", "score", "notes"], "additionalProperties": False,
+              "properties": {"refund": {"type": "boolean"}, "reason": {"type": "string", "maxLength": 30},
+                             "tier": {"enum": ["gold", "silver"]}, "score": {"type": "integer", "minimum": 1},
+                             "notes": {"type": "array", "items": {"type": "string"}}, "extra": {"type": "string"}}}
+    make_flow(world, flow(schema))
+    answer = start(world, {"flow": "desk", "input": {"order_id": ORDER}})
+    run = Run.objects.get(pk=answer.json()["id"])
+    services.execute_run(str(run.pk))
+    drain(run)
+    run.refresh_from_db()
+    assert run.terminal_reason == "final_answer", run.error
+    output = FlowNodeRun.objects.get(run=run, node_id="verdict").output
+    assert output["refund"] is False and output["tier"] == "gold" and output["score"] == 1 and output["notes"] == []
+    assert 0 < len(output["reason"]) <= 30 and set(output) == {"refund", "reason", "tier", "score", "notes"}
