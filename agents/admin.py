@@ -17,6 +17,8 @@ from agents.flow_graph import render_svg
 from agents.models import Agent, AgentKind, AgentVersion, Flow, FlowVersion, Run, RunEvent, Session
 from config.documents import DocumentWidget
 from config.errors import DomainError
+from config.numbers import number_or_text
+from config.parsers import loads_bounded
 from llm.pricing import DEMO_PRICE_LABEL, demo_price_text, is_demo_price
 from runtime.documents import DocumentError, parse
 from runtime.flows import FlowDefinition
@@ -111,9 +113,11 @@ class AgentVersionAdmin(TenantScopedAdmin):
             if raw is None:
                 continue
             try:
-                fields[spec["name"]] = json.loads(raw)
-            except ValueError as exc:
+                fields[spec["name"]] = loads_bounded(raw)
+            except json.JSONDecodeError as exc:
                 errors[spec["name"]] = [f"Must be JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})."]
+            except ValueError as exc:
+                errors[spec["name"]] = [f"Must be JSON within bounds: {exc}."]
         impact: dict[str, Any] = {}
         if not errors:
             probe = AgentVersion.objects.select_related("agent", "tenant").get(pk=version.pk)
@@ -127,7 +131,7 @@ class AgentVersionAdmin(TenantScopedAdmin):
                 fields = {name: getattr(probe, name) for name, value in fields.items() if value != getattr(version, name)}
                 impact = shadow.preview_version_change(
                     version=AgentVersion.objects.select_related("agent__tenant").get(pk=version.pk),
-                    actor=self._actor(request), fields=fields, days=int(raw_days) if raw_days.isdigit() else raw_days)
+                    actor=self._actor(request), fields=fields, days=number_or_text(raw_days))
             except ValidationError as exc:
                 errors = {k: [str(m) for m in v] for k, v in exc.message_dict.items()} if hasattr(exc, "error_dict") \
                     else {"__all__": list(exc.messages)}

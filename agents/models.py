@@ -132,6 +132,8 @@ class AgentVersion(TenantOwned):
                 "Only a flow's versions have a definition; this version's agent is an agent (kind agent)."]
         if self.tools:
             return ["A flow names its tools in its definition's tool nodes; leave tools empty."]
+        if self.tenant_id is None:
+            return []  # no tenant (a form's refused choice, reported on its field): no catalog to check the graph against
         definition, found = problems(FlowDefinition, self.definition, context={"catalog": flow_catalog(self.tenant_id)})
         if definition is not None:
             self.definition = definition.to_json()

@@ -16,6 +16,7 @@ from django.utils.html import format_html
 
 from approvals import channels, decisions, edits
 from approvals.models import ApprovalRequest, Delivery, NotificationChannel, NotifyEvent
+from config.parsers import BoundedJSONField
 from tenants.admin_mixins import TenantScopedAdmin
 from tenants.scoping import actor_for_user
 
@@ -109,7 +110,7 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
 
 
 class ApproveWithEditsForm(forms.Form):
-    arguments = forms.JSONField(help_text='The fields to change, e.g. {"amount": "30.00"}; the others keep their values.')
+    arguments = BoundedJSONField(help_text='The fields to change, e.g. {"amount": "30.00"}; the others keep their values.')
     note = forms.CharField(required=False, max_length=2000)
     arguments_hash = forms.CharField(required=False, widget=forms.HiddenInput)
 

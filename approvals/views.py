@@ -17,6 +17,7 @@ from approvals import decisions, edits, reveal
 from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.masking import mask_value
 from config.errors import Forbidden, Invalid, NotFound
+from config.parsers import loads_bounded
 from tenants.scoping import actor_for_user
 
 
@@ -150,8 +151,8 @@ def _submitted_edits(request: HttpRequest, item: ApprovalRequest) -> tuple[dict[
         value: Any = text
         if (props.get(key) or {}).get("type") != "string":
             try:
-                value = json.loads(text)
-            except ValueError:
+                value = loads_bounded(text)
+            except ValueError:  # malformed, or past the bounds: taken as typed, and the tool's schema judges it
                 value = text
         if item.current_arguments.get(key) != value:
             changes[key] = value

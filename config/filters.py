@@ -20,6 +20,8 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 from django_filters.rest_framework import DjangoFilterBackend
 
+from config.numbers import whole_number
+
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
 
 
@@ -170,9 +172,10 @@ class IdNumberField(forms.CharField):
         value = super().clean(value)
         if not value:
             return None
-        if not (value.isascii() and value.isdigit()) or int(value) > MAX_ID:
+        number = whole_number(value)
+        if number is None or number > MAX_ID:
             raise refused("Must be a number (an id); got %(got)s.", got=repr(value))
-        return int(value)
+        return number
 
 
 class DayField(forms.CharField):

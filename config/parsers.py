@@ -18,10 +18,13 @@ import math
 import re
 from collections.abc import Callable
 from itertools import accumulate
+from json import JSONDecodeError
 from typing import Any
 
+from django import forms
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.forms.fields import InvalidJSONInput
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError
 from rest_framework.settings import api_settings
@@ -90,6 +93,20 @@ def _any_text(value: Any, test: Callable[[str], bool]) -> bool:
     return False
 
 
+def loads_bounded(text: str) -> Any:
+    """JSON typed into a form field, within the API body's bounds (nesting, no NaN or infinity, no lone surrogate,
+    no NUL); ``ValueError`` saying what is wrong otherwise (``JSONDecodeError`` for malformed JSON)."""
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels (this nests {depth}); flatten the data")
+    value = json.loads(text, parse_constant=json.strict_constant, parse_float=_finite)
+    if "\\u0000" in text and contains_nul(value):
+        raise ValueError("text may not contain NUL (\\u0000) characters")
+    if _SURROGATE_ESCAPE.search(text) and contains_surrogate(value):
+        raise ValueError("text may not contain a lone UTF-16 surrogate (\\ud800 to \\udfff without its pair)")
+    return value
+
+
 class JSONParser(parsers.JSONParser):
     """``application/json`` bodies up to ``DATA_UPLOAD_MAX_MEMORY_SIZE`` bytes and :data:`MAX_JSON_DEPTH` levels."""
 
@@ -137,3 +154,29 @@ class MultiPartParser(parsers.MultiPartParser):
         if declared > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
             raise RequestDataTooBig(too_big_message(settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
         return super().parse(stream, media_type, parser_context)
+
+
+class BoundedJSONField(forms.JSONField):
+    """A form's JSON field within the API body's bounds (``loads_bounded``): a value nested thousands deep, or holding a
+    lone surrogate, is a form error instead of a ``RecursionError`` or a page that cannot be encoded."""
+
+    def to_python(self, value: Any) -> Any:
+        if isinstance(value, str) and value.strip() and not self.disabled:
+            try:
+                loads_bounded(value)
+            except JSONDecodeError:
+                pass  # malformed: Django's own message says so
+            except ValueError as exc:
+                raise forms.ValidationError(f"Must be JSON within bounds: {exc}.", code="invalid") from None
+        return super().to_python(value)
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        """The form shown again: a value past the bounds as typed (Django's own decodes it again to show it)."""
+        if isinstance(data, str) and not self.disabled:
+            try:
+                loads_bounded(data)
+            except JSONDecodeError:
+                pass
+            except ValueError:
+                return InvalidJSONInput(data)
+        return super().bound_data(data, initial)

@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agents import acceptance, services
 from agents.models import Agent, AgentKind, AgentVersion
+from config.numbers import whole_number
 from tenants.scoping import Actor, actor_for_user
 
 INPUT_MAX_CHARS = 20_000
@@ -76,20 +77,21 @@ def start(request: HttpRequest) -> JsonResponse:
     actor = _player(request)
     agent_id, version_id = request.POST.get("agent", ""), request.POST.get("version", "")
     text = request.POST.get("input", "").strip()
-    if not agent_id.isdigit():
+    agent_pk, version_pk = whole_number(agent_id), whole_number(version_id)
+    if agent_pk is None:
         return _refused("Pick an agent (its id).", "agent")
-    if not version_id.isdigit():
+    if version_pk is None:
         return _refused("Pick a version of the agent (its id).", "version")
     if not text:
         return _refused("Type a message for the agent.", "input")
     if len(text) > INPUT_MAX_CHARS:
         return _refused(f"The message has {len(text)} characters; at most {INPUT_MAX_CHARS} are accepted.", "input")
     # Unknown, foreign-tenant and flow agents look the same: not found. So does a version of another agent.
-    agent = (Agent.objects.for_actor(actor, "operate").filter(kind=AgentKind.AGENT, pk=int(agent_id))
+    agent = (Agent.objects.for_actor(actor, "operate").filter(kind=AgentKind.AGENT, pk=agent_pk)
              .select_related("tenant").first())
     if agent is None:
         raise Http404("No such agent here.")
-    version = AgentVersion.objects.for_actor(actor, "operate").filter(agent=agent, pk=int(version_id)).first()
+    version = AgentVersion.objects.for_actor(actor, "operate").filter(agent=agent, pk=version_pk).first()
     if version is None:
         raise Http404(f"No such version of the agent {agent.slug!r}.")
     try:

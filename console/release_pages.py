@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from agents.models import Agent, AgentVersion, Run
 from config.errors import DomainError
+from config.numbers import number_or_text, whole_number
 from releases import diffs, services
 from releases.models import EvaluationSet, MissPolicy, ModelMode, ReplayBatch
 from tenants.scoping import Actor, actor_for_user
@@ -62,15 +63,16 @@ def _filters_from(post: Any) -> dict[str, Any]:
     filters: dict[str, Any] = {}
     versions = _split(post.get("versions", ""))
     if versions:
-        filters["versions"] = [int(v.lower().removeprefix("v")) if v.lower().removeprefix("v").isdigit() else v for v in versions]
+        filters["versions"] = [number_or_text(v.lower().removeprefix("v")) for v in versions]
     for key in ("created_after", "created_before", "terminal_reason"):
         value = (post.get(key) or "").strip()
         if value:
             filters[key] = value
     limit = (post.get("limit") or "").strip()
     if limit:
-        filters["limit"] = int(limit) if limit.isdigit() else limit
+        filters["limit"] = number_or_text(limit)
     return filters
+
 
 
 @login_required
@@ -147,7 +149,7 @@ def _checks_from(post: Any) -> list[dict[str, Any]]:
 def start_replay(request: HttpRequest, set_id: Any) -> HttpResponse:
     actor = _actor(request)
     row = _visible_set(actor, set_id)
-    version = AgentVersion.objects.filter(agent=row.agent, pk=request.POST.get("candidate") or 0).first()
+    version = AgentVersion.objects.filter(agent=row.agent, pk=whole_number(request.POST.get("candidate") or "") or 0).first()
     try:
         if version is None:
             raise DomainError("candidate: choose a version of the set's agent.", field="candidate")
@@ -157,7 +159,7 @@ def start_replay(request: HttpRequest, set_id: Any) -> HttpResponse:
             model_mode=request.POST.get("model_mode") or ModelMode.RECORDED,
             miss_policy=request.POST.get("miss_policy") or MissPolicy.STOP, checks=_checks_from(request.POST) or None,
             cost_cap=(request.POST.get("cost_cap") or "").strip() or None,
-            concurrency=int(concurrency) if concurrency.isdigit() else (concurrency or None))
+            concurrency=number_or_text(concurrency) if concurrency else None)
     except DomainError as exc:
         messages.error(request, f"Replay not started: {exc.message}")
         return redirect("console:evaluation-set", set_id=row.pk)

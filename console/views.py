@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 from agents import attention
 from agents.models import RunEvent, Session
 from audit.models import ToolCallAudit
+from config.numbers import whole_number
 from console import queries
 from console.flow_view import flow_context
 from tenants.scoping import Actor, actor_for_user
@@ -136,7 +137,7 @@ def run_tool_calls(request: HttpRequest, run_id: Any) -> JsonResponse:
 @require_GET
 def spend(request: HttpRequest) -> HttpResponse:
     raw = request.GET.get("days", "30")
-    days = int(raw) if raw.isdigit() else 30
+    days = whole_number(raw, digits=4) or 30
     days = min(max(days, 1), queries.SPEND_MAX_DAYS)
     report = queries.spend_for(_actor(request), days=days)
     return render(request, "console/spend.html", {

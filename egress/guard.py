@@ -274,7 +274,7 @@ class AllowEntry:
 
 
 def _port(text: str, entry: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    if not (text.isascii() and text.isdigit() and len(text) <= 5) or not 1 <= int(text) <= 65535:
         raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535, got {text!r}")
     return int(text)
 
@@ -437,7 +437,7 @@ def _split(url: str | httpx.URL) -> tuple[str, str, int]:
         if not host:
             host, port_text = authority, ""
         default_port = 443 if scheme == "https" else 80
-        return scheme, host, int(port_text) if port_text.isdigit() else default_port
+        return scheme, host, int(port_text) if port_text.isascii() and port_text.isdigit() and len(port_text) <= 5 else default_port
     return _split(parsed)
 
 

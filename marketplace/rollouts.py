@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from agents.models import Agent, AgentVersion, Run, RunStatus
 from audit.services import record_change
+from config.numbers import whole_number
 from marketplace import gate
 from marketplace.errors import (
     InvalidWeights,
@@ -45,9 +46,10 @@ def _version_number(agent: Agent, key: Any) -> int:
             raise InvalidWeights([f"{key} is not a version of agent {agent.slug!r}."])
         return key.number
     text = str(key).lower().removeprefix("v")
-    if not text.isdigit():
+    number = whole_number(text, digits=9)
+    if number is None:
         raise InvalidWeights([f"Name versions by number (1 or v1); got {key!r}."])
-    return int(text)
+    return number
 
 
 def _snapshot(agent: Agent) -> dict[str, int]:

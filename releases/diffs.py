@@ -11,6 +11,9 @@ from releases.recording import Recording
 from releases.replay import Replayed
 
 #: check name -> the parameter it takes (None: none)
+#: The largest 'times' a check takes (NaN and infinity are no numbers a JSON column stores).
+MAX_TIMES = 1e6
+
 CHECKS: dict[str, str | None] = {
     "same_tools": None,
     "same_terminal_reason": None,
@@ -41,8 +44,9 @@ def check_errors(checks: Any) -> list[str]:
         value = entry.get(param) if param else None
         if param == "text" and (not isinstance(value, str) or not value):
             errors.append(f"checks[{i}] ({name}) needs a non-empty 'text'.")
-        if param == "times" and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
-            errors.append(f"checks[{i}] ({name}) needs 'times', a number > 0 (1.5 = at most one and a half times the recording).")
+        if param == "times" and (isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_TIMES):
+            errors.append(f"checks[{i}] ({name}) needs 'times', a number > 0 and at most {MAX_TIMES:g} (1.5 = at most one and "
+                          "a half times the recording).")
     return errors
 
 

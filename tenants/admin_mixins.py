@@ -11,6 +11,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import get_fields_from_path
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
@@ -18,6 +19,7 @@ from django.db import models
 from django.http import HttpRequest, HttpResponseRedirect
 
 from config.errors import DomainError
+from config.parsers import BoundedJSONField
 from tenants.models import Membership
 from tenants.scoping import Actor, actor_for_user
 
@@ -140,6 +142,20 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin):
     view_action = "view"
     read_only = False
     author_field: str | None = None
+    #: JSON typed into a form is bounded like an API body (nesting, lone surrogates, NaN): a form error, not a 500.
+    formfield_overrides = {models.JSONField: {"form_class": BoundedJSONField}}
+    #: A search longer than this is cut to it (a 100,000-character LIKE pattern is refused by SQLite, and costs
+    #: PostgreSQL a scan for nothing a person types).
+    max_search_chars = 200
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """A list filter whose value the database cannot take (``?created_at__year=99999``) is an invalid lookup: the
+        admin's own answer (back to the list with ``?e=1``) instead of a 500."""
+        try:
+            return super().get_changelist_instance(request)
+        except (ValueError, OverflowError) as exc:
+            raise IncorrectLookupParameters(str(exc)) from None
+
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).for_actor(self._actor(request), self.view_action)
@@ -231,7 +247,11 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin):
             return HttpResponseRedirect(request.get_full_path())
 
     def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> tuple[Any, bool]:
-        """An autocomplete offers what the asking field may hold: rows of tenants where its admin may manage."""
+        """An autocomplete offers what the asking field may hold: rows of tenants where its admin may manage. A search
+        longer than ``max_search_chars`` is cut to it."""
+        if len(search_term) > self.max_search_chars:
+            messages.warning(request, f"The search was cut to its first {self.max_search_chars} characters.")
+            search_term = search_term[: self.max_search_chars]
         queryset, duplicates = super().get_search_results(request, queryset, search_term)
         source = self._autocomplete_source(request)
         if source is not None and hasattr(queryset, "for_actor"):

@@ -13,8 +13,12 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from config.parsers import loads_bounded
 from tenants.models import Tenant
 from tenants.scoping import ANONYMOUS, Actor
+
+#: The longest text frame a client may send (what it sends is a resend request: ``{"after": <seq>}``).
+MAX_FRAME_CHARS = 4096
 
 
 class HeartbeatConsumer(AsyncJsonWebsocketConsumer):
@@ -36,6 +40,24 @@ class HeartbeatConsumer(AsyncJsonWebsocketConsumer):
         while True:
             await asyncio.sleep(interval)
             await self.send_json({"type": "heartbeat", "interval": interval})
+
+    async def websocket_receive(self, message: dict[str, Any]) -> None:
+        await self.receive(text_data=message.get("text"), bytes_data=message.get("bytes"))  # (Channels' reads ["bytes"])
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        """A frame from the client: JSON text within the API body's bounds, else an ``error`` frame back saying what
+        is expected (Channels' own decoding raised, and the socket closed with 1011 and an error logged)."""
+        if text_data is None or len(text_data) > MAX_FRAME_CHARS:
+            await self.send_json({"type": "error", "error": f"expected a JSON text frame of at most {MAX_FRAME_CHARS} "
+                                  'characters, e.g. {"after": 12}'})
+            return
+        try:
+            content = loads_bounded(text_data)
+        except (ValueError, RecursionError) as exc:
+            await self.send_json({"type": "error", "error": f'not a JSON frame this socket takes ({str(exc)[:200]}); '
+                                  'send e.g. {"after": 12}'})
+            return
+        await self.receive_json(content, **kwargs)
 
     async def websocket_disconnect(self, message: dict[str, Any]) -> None:
         if self._heartbeat is not None:

@@ -7,6 +7,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from config.documents import DocumentWidget
+from config.numbers import number_or_text
 from runtime import approval_policy
 from tenants.admin_mixins import TenantScopedAdmin
 from tools import decisions, handlers, kinds, services
@@ -47,7 +48,7 @@ class ToolAdmin(TenantScopedAdmin):
             raw_days = request.POST.get("_preview_days") or "7"
             try:
                 impact = handlers.agents.preview_tool_impact(tool=Tool.objects.get(pk=tool.pk), actor=self._actor(request),
-                                                             fields=fields, days=int(raw_days) if raw_days.isdigit() else raw_days)
+                                                             fields=fields, days=number_or_text(raw_days))
             except services.ToolRefused as exc:
                 errors = {getattr(exc, "field", None) or "__all__": [exc.message]}
         rows = [(label, impact[key]) for label, key in (

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from config.api import CursorPages
 from config.filters import ListFilterBackend
+from config.numbers import whole_number
 from tenants.api import TenantScopedViewSet
 from tools import handlers, kinds, services
 from tools.arguments import parse_arguments
@@ -49,8 +50,8 @@ class ToolViewSet(mixins.ListModelMixin, TenantScopedViewSet):
 
     def get_object(self) -> Tool:
         ref = str(self.kwargs["pk"])
-        # a name, or an id: ASCII digits that fit the column ("²" is a digit to isdigit(), and int() refuses it)
-        match = Q(name=ref) | Q(pk=int(ref)) if ref.isascii() and ref.isdigit() and len(ref) <= 18 else Q(name=ref)
+        number = whole_number(ref)  # a name, or an id ("²" is a digit to isdigit(), and int() refuses it)
+        match = Q(name=ref) | Q(pk=number) if number is not None else Q(name=ref)
         candidates = self.get_queryset().filter(match)
         tenant = self.request.headers.get("X-Tenant")
         if tenant:

@@ -112,7 +112,7 @@ class _SummaryFormatter(string.Formatter):
         for part in field_name.replace("[", ".").replace("]", "").split("."):
             if isinstance(value, Mapping) and part in value:
                 value = value[part]
-            elif isinstance(value, list) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
+            elif isinstance(value, list) and _index(part) is not None and -len(value) <= int(part) < len(value):
                 value = value[int(part)]
             else:
                 value = _MISSING
@@ -214,3 +214,9 @@ def shape_result(
 
     content, truncated = _cut("\n".join(parts), max(0, int(size_cap)))
     return ShapedResult(content=content, original_size=original_size, truncated=truncated, missing_fields=missing)
+
+
+def _index(part: str) -> int | None:
+    """A list index in a field name (``items[0]``, ``items[-1]``): ASCII digits, optionally negative."""
+    digits = part.removeprefix("-")
+    return int(part) if 0 < len(digits) <= 9 and digits.isascii() and digits.isdigit() else None

@@ -285,3 +285,35 @@ def test_a_socket_whose_gap_read_fails_is_closed_rather_left_open_without_frames
         assert (closed["type"], closed["code"]) == ("websocket.close", 1011)
 
     asyncio.run(scenario())
+
+
+BAD_FRAMES = {
+    "not json": {"text": "not json"},
+    "a NUL": {"text": "\x00"},
+    "nested past the bound": {"text": "[" * 100_000 + "]" * 100_000},
+    "a number past 4300 digits": {"text": '{"after": ' + "9" * 5000 + "}"},
+    "a lone surrogate": {"text": '{"after": "\\ud800"}'},
+    "a binary frame": {"bytes": b"\x00\x01"},
+    "no text at all": {},
+}
+
+
+@pytest.mark.parametrize("frame", sorted(BAD_FRAMES))
+def test_a_frame_the_socket_cannot_read_gets_an_error_frame_and_the_socket_stays_open(frame: str) -> None:
+    """Channels' JSON decoding raised on these: the consumer crashed, the socket closed with 1011 and an error was
+    logged. Now the client is told what the socket takes, and a good request still works after it."""
+    world = make_world()
+    run = _run(world)
+    backlog = _commit(run, 2)
+
+    async def scenario() -> None:
+        ws = await _open(world, run)
+        assert [json.loads(t)["seq"] for t in await _texts(ws, 2)] == [1, 2]
+        await ws.send_input({"type": "websocket.receive", **BAD_FRAMES[frame]})
+        error = json.loads(await ws.receive_from(timeout=5))
+        assert error["type"] == "error" and '{"after": 12}' in error["error"], error
+        await ws.send_json_to({"after": 0})  # the socket still serves: a resend from the start
+        assert await _texts(ws, 2) == [live.encode_frame(r.as_frame()) for r in backlog]
+        await ws.disconnect()
+
+    asyncio.run(scenario())
