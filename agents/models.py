@@ -51,6 +51,9 @@ class Agent(TenantOwned):
         return self.slug
 
 
+#: The most tools a version names (what the largest providers offer a model at once).
+MAX_VERSION_TOOLS = 128
+
 class AgentVersion(TenantOwned):
     """What an agent is at one point. Immutable once a run used it: make a new version instead."""
 
@@ -152,7 +155,11 @@ class AgentVersion(TenantOwned):
     def tool_errors(self) -> list[str]:
         """``tools`` must be a list of names of tools that exist in the version's tenant."""
         if not isinstance(self.tools, list) or not all(isinstance(n, str) and n for n in self.tools):
-            return [f"Must be a list of tool names, e.g. [\"query_order\"]; got {self.tools!r}."]
+            shown = repr(self.tools)
+            return [f"Must be a list of tool names, e.g. [\"query_order\"]; got {shown[:200]}{'…' if len(shown) > 200 else ''}."]
+        if len(self.tools) > MAX_VERSION_TOOLS:
+            return [f"Names {len(self.tools)} tools; a version may name at most {MAX_VERSION_TOOLS} (the most a model is "
+                    "offered at once). Split the work between agents, or route with a supervisor."]
         if len(set(self.tools)) != len(self.tools):
             return ["Names a tool more than once; list each tool once."]
         if self.tenant_id is None or not self.tools:

@@ -256,3 +256,11 @@ def test_a_schema_of_ordinary_size_with_patterns_still_saves(world: World) -> No
             "parameters": _wide_schema(150, patterns=True)}
     response = api(world).post("/api/v1/tools", body, format="json")
     assert response.status_code == 201, response.content[:300]
+
+
+def test_a_version_naming_more_tools_than_a_model_is_offered_is_refused_quickly(world: World) -> None:
+    names = [f"t{i}" for i in range(50_000)]
+    for path in ("/api/v1/agents/order-assistant/versions", "/api/v1/agents/order-assistant/versions/1/preview-impact"):
+        response = api(world).post(path, {"model": "demo/planner", "tools": names}, format="json")
+        assert response.status_code == 400 and "at most 128" in response.content.decode(), response.content[:300]
+        assert len(response.content) < 5000  # the refusal does not list 50,000 names back
