@@ -34,6 +34,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from jmespath.exceptions import JMESPathError
 
 from agents.engine import session_grants
 from agents.hooks import callable_tools, resolvable_tools, tool_allowed_as_read, tool_allowed_for
@@ -935,7 +936,11 @@ def _execute(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str, A
              audit: StepAudit, span: str, trace: list[Event], row_id: str, wave: Wave | None = None,
              started: Started | None = None) -> tuple[Any, list[str]]:
     if node.kind == "switch":
-        return {"chosen": choose(node, scope)}, choose(node, scope)
+        try:
+            chosen = choose(node, scope)
+        except (JMESPathError, ValueError) as exc:  # a type error in a condition (abs of a text), a value too large
+            raise NodeFailed(f"a case's condition could not be evaluated: {exc}") from None
+        return {"chosen": chosen}, chosen
     if node.kind == "tool":
         return _tool(run, flow, node, inputs, audit, span, trace, row_id, wave, started), []
     if node.kind == "llm":
@@ -1010,7 +1015,10 @@ def _llm(run: Run, node: BodyNode, scope: dict[str, Any], span: str, trace: list
     """One model call through the tenant's model gateway (the deterministic planner serves ``demo/planner``)."""
     from agents.model_clients import model_client_for
 
-    prompt = render(node.prompt or "", scope)
+    try:
+        prompt = render(node.prompt or "", scope)
+    except (JMESPathError, ValueError) as exc:
+        raise NodeFailed(f"the prompt could not be rendered: {exc}") from None
     messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
     if node.output_schema:
         messages.insert(0, {"role": "system", "content": "Reply with JSON only, no prose around it, matching this JSON "

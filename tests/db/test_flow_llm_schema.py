@@ -107,3 +107,33 @@ def test_the_deterministic_planner_answers_in_the_shape_asked_for(world: World) 
     output = FlowNodeRun.objects.get(run=run, node_id="verdict").output
     assert output["refund"] is False and output["tier"] == "gold" and output["score"] == 1 and output["notes"] == []
     assert 0 < len(output["reason"]) <= 30 and set(output) == {"refund", "reason", "tier", "score", "notes"}
+
+
+def test_a_condition_or_prompt_that_fails_to_evaluate_fails_its_node_saying_so(world: World, caplog: Any) -> None:
+    """A type error in an expression (``abs`` of a text) is the tenant's, not the console's: the node fails with
+    JMESPath's message, not as an internal error logged with a traceback."""
+    make_flow(world, {"nodes": [
+        {"id": "order", "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}},
+        {"id": "route", "kind": "switch", "after": ["order"], "on_error": "continue",
+         "cases": [{"when": "abs(input.order_id) > `1`", "goto": ["say"]}], "default": []},
+        {"id": "say", "kind": "llm", "after": ["route"], "prompt": "Total {abs(input.order_id)}"},
+    ]})
+    run = Run.objects.get(pk=start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"])
+    services.execute_run(str(run.pk))
+    drain(run)
+    route = FlowNodeRun.objects.get(run=run, node_id="route")
+    assert route.status == "failed" and route.error.startswith("a case's condition could not be evaluated: "), route.error
+    assert "abs()" in route.error and "internal error" not in route.error
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_a_prompt_that_fails_to_render_fails_its_node_saying_so(world: World) -> None:
+    make_flow(world, {"nodes": [
+        {"id": "order", "kind": "tool", "tool": "query_order", "inputs": {"order_id": "input.order_id"}},
+        {"id": "say", "kind": "llm", "after": ["order"], "prompt": "Total {abs(input.order_id)}"},
+    ]})
+    run = Run.objects.get(pk=start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"])
+    services.execute_run(str(run.pk))
+    drain(run)
+    say = FlowNodeRun.objects.get(run=run, node_id="say")
+    assert say.status == "failed" and say.error.startswith("the prompt could not be rendered: "), say.error
