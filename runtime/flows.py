@@ -71,6 +71,9 @@ MAP_MAX_ITEMS = 100
 #: The most nodes a flow (or a map's body) holds, and the longest expression: a graph an operator can read, draw and
 #: follow, whose checks and scheduling stay cheap. A longer chain is several flows (an agent node runs one).
 MAX_NODES = 100
+#: The most nodes a flow holds in all, its maps' bodies counted (each level may hold ``MAX_NODES``): a hundred maps of
+#: a hundred nodes took 1.6 s of CPU to check at every save.
+MAX_TOTAL_NODES = 400
 MAX_EXPRESSION_CHARS = 2000
 ON_ERROR = ("fail", "continue", "route")
 _ID = r"^[a-z][a-z0-9_]{0,62}$"
@@ -255,6 +258,12 @@ def _parse_nodes(model: type[BodyNode], value: Any, what: str) -> list[Any]:
 
 
 def _nodes(value: Any) -> list[Node]:
+    if isinstance(value, list):
+        bodies = [item.get("body") for item in value if isinstance(item, dict)]
+        total = len(value) + sum(len(b["nodes"]) for b in bodies if isinstance(b, dict) and isinstance(b.get("nodes"), list))
+        if total > MAX_TOTAL_NODES:
+            raise problem(f"must hold at most {MAX_TOTAL_NODES} nodes in all, the bodies of its maps counted; got {total} "
+                          "(split the work into flows that an agent node or a client chains)")
     return _parse_nodes(Node, value, "nodes")
 
 

@@ -264,3 +264,23 @@ def test_a_version_naming_more_tools_than_a_model_is_offered_is_refused_quickly(
         response = api(world).post(path, {"model": "demo/planner", "tools": names}, format="json")
         assert response.status_code == 400 and "at most 128" in response.content.decode(), response.content[:300]
         assert len(response.content) < 5000  # the refusal does not list 50,000 names back
+
+
+def test_a_flow_of_more_nodes_in_all_than_a_person_follows_is_refused_before_its_graphs_are_checked(world: World) -> None:
+    def flow_of(maps: int, body: int) -> dict[str, Any]:
+        nodes = [{"id": "items", "kind": "tool", "tool": "query_order", "values": {"order_id": "O202411280001"}}]
+        nodes += [{"id": f"m{i}", "kind": "map", "after": ["items"], "over": "`[1, 2]`",
+                   "body": {"nodes": [{"id": f"b{j}", "kind": "tool", "tool": "query_order",
+                                       "values": {"order_id": "O202411280001"}} for j in range(body)]}}
+                  for i in range(maps)]
+        return {"nodes": nodes}
+
+    client = api(world)
+    assert client.post("/api/v1/flows", {"slug": "wide", "name": "Wide"}, format="json").status_code == 201
+    refused = client.post("/api/v1/flows/wide/versions", {"model": "demo/planner", "definition": flow_of(100, 100)},
+                          format="json")
+    assert refused.status_code == 400
+    assert "at most 400 nodes in all, the bodies of its maps counted; got 10101" in refused.content.decode()
+    saved = client.post("/api/v1/flows/wide/versions", {"model": "demo/planner", "definition": flow_of(3, 10)},
+                        format="json")
+    assert saved.status_code == 201, saved.content[:500]
