@@ -7,6 +7,7 @@ user is offered only their tenants' rows, and only people who are members of the
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django import forms
@@ -22,6 +23,8 @@ from config.errors import DomainError
 from config.parsers import BoundedJSONField
 from tenants.models import Membership
 from tenants.scoping import Actor, actor_for_user
+
+log = logging.getLogger(__name__)
 
 #: Set on a request whose save a service refused after the form validated: the form is shown again with the refusal.
 REFUSAL_ATTR = "_admin_service_refusal"
@@ -154,6 +157,8 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin):
         try:
             return super().get_changelist_instance(request)
         except (ValueError, OverflowError) as exc:
+            log.info("admin list %s: a filter the database cannot take (%s): %s", self.model._meta.label,
+                     request.GET.urlencode()[:200], exc)
             raise IncorrectLookupParameters(str(exc)) from None
 
 
