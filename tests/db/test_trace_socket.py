@@ -32,6 +32,19 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SECRET = "sk-live-0123456789abcdefghijABCDEFGHIJ"
 
 
+@pytest.fixture(autouse=True)
+def fresh_channel_layer() -> Any:
+    """Each test's event loop gets a channel layer of its own. The process caches one layer object, and the Redis
+    layer keeps its receive lock across calls: an earlier test whose loop ended while a receive was waiting leaves
+    it held by that dead loop, and every receive here then fails ("bound to a different event loop"; seen once in
+    CI, after the whole suite, on PostgreSQL and Redis)."""
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
 def _run(world: World) -> Run:
     session = Session.objects.create(tenant=world.tenant, agent=world.agent)
     return Run.objects.create(tenant=world.tenant, agent=world.agent, version=world.version, session=session,
