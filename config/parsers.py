@@ -93,17 +93,24 @@ def _any_text(value: Any, test: Callable[[str], bool]) -> bool:
     return False
 
 
-def loads_bounded(text: str) -> Any:
-    """JSON typed into a form field, within the API body's bounds (nesting, no NaN or infinity, no lone surrogate,
-    no NUL); ``ValueError`` saying what is wrong otherwise (``JSONDecodeError`` for malformed JSON)."""
+class OutOfBounds(ValueError):
+    """Well-formed JSON past the bounds (nesting, NUL, a lone surrogate); the message says which, and what to send."""
+
+
+def loads_bounded(text: str, *, strict: bool = True) -> Any:
+    """JSON within the API body's bounds (nesting, no NaN or infinity, no lone surrogate, no NUL): the one decoder of
+    request bodies and of JSON typed into forms. :class:`OutOfBounds` says what is wrong; malformed JSON, and a number
+    past a double, are the decoder's ``ValueError`` (``JSONDecodeError`` when malformed). ``strict=False`` takes
+    ``NaN`` and ``Infinity`` (DRF's ``STRICT_JSON`` off)."""
     depth = json_depth(text)
     if depth > MAX_JSON_DEPTH:
-        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels (this nests {depth}); flatten the data")
-    value = json.loads(text, parse_constant=json.strict_constant, parse_float=_finite)
+        raise OutOfBounds(f"JSON nested deeper than {MAX_JSON_DEPTH} levels (this nests {depth}); flatten the data")
+    value = json.loads(text, parse_constant=json.strict_constant if strict else None, parse_float=_finite)
     if "\\u0000" in text and contains_nul(value):
-        raise ValueError("text may not contain NUL (\\u0000) characters")
+        raise OutOfBounds("text may not contain NUL (\\u0000) characters")
     if _SURROGATE_ESCAPE.search(text) and contains_surrogate(value):
-        raise ValueError("text may not contain a lone UTF-16 surrogate (\\ud800 to \\udfff without its pair)")
+        raise OutOfBounds("text may not contain a lone UTF-16 surrogate (\\ud800 to \\udfff without its pair); send "
+                          "valid Unicode text")
     return value
 
 
@@ -117,20 +124,13 @@ class JSONParser(parsers.JSONParser):
             text = codecs.decode(raw, encoding)
         except (UnicodeDecodeError, LookupError) as exc:
             raise ParseError(f"The body is not valid {encoding} text: {exc}") from None
-        depth = json_depth(text)
-        if depth > MAX_JSON_DEPTH:
-            raise ParseError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels (this body nests {depth}); flatten the data.")
-        strict = api_settings.STRICT_JSON
         try:
-            data = json.loads(text, parse_constant=json.strict_constant if strict else None, parse_float=_finite)
+            return loads_bounded(text, strict=api_settings.STRICT_JSON)
+        except OutOfBounds as exc:
+            message = str(exc)
+            raise ParseError(f"{message[0].upper()}{message[1:]}.") from None
         except ValueError as exc:
             raise ParseError(f"JSON parse error - {exc}") from None
-        if "\\u0000" in text and contains_nul(data):
-            raise ParseError("Text in the body may not contain NUL (\\u0000) characters.")
-        if _SURROGATE_ESCAPE.search(text) and contains_surrogate(data):
-            raise ParseError("Text in the body may not contain a lone UTF-16 surrogate (\\ud800 to \\udfff without its "
-                             "pair); send valid Unicode text.")
-        return data
 
 
 class FormParser(parsers.FormParser):

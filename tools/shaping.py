@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from config.numbers import whole_number
+
 __all__ = ["DEFAULT_SIZE_CAP", "NOT_PROVIDED", "ShapedResult", "apply_whitelist", "render_summary", "shape_result"]
 
 DEFAULT_SIZE_CAP = 8000
@@ -218,5 +220,5 @@ def shape_result(
 
 def _index(part: str) -> int | None:
     """A list index in a field name (``items[0]``, ``items[-1]``): ASCII digits, optionally negative."""
-    digits = part.removeprefix("-")
-    return int(part) if 0 < len(digits) <= 9 and digits.isascii() and digits.isdigit() else None
+    number = whole_number(part.removeprefix("-"), digits=9)
+    return None if number is None else (-number if part.startswith("-") else number)

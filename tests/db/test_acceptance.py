@@ -27,14 +27,13 @@ from agents.models import Run, RunStatus, Session
 from agents.sweeper import sweep_runs
 from agents.tasks import execute_run_task
 from tests.factories import World, make_world
+from tests.support.clients import bearer_client
 
 BODY = {"agent": "order-assistant", "input": "where is order O202411280001?"}
 
 
 def _api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def _post(client: APIClient, body: dict[str, Any], key: str | None = None) -> Any:

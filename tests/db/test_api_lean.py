@@ -17,6 +17,7 @@ from agents.api import NewestFirst
 from agents.models import Run, RunEvent, Session
 from agents.serializers import RUN_READ_FIELDS, RunEventSerializer, RunSerializer
 from tests.factories import World, make_user, make_world
+from tests.support.clients import bearer_client
 
 pytestmark = pytest.mark.django_db
 
@@ -27,9 +28,7 @@ def world() -> World:
 
 
 def _api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def _runs(world: World, count: int) -> list[Run]:

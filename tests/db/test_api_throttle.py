@@ -20,6 +20,7 @@ from config import buckets
 from config.env import env_rate
 from tenants import throttles
 from tests.factories import World, make_world
+from tests.support.clients import bearer_client
 
 pytestmark = pytest.mark.django_db
 
@@ -41,9 +42,7 @@ def _rates(**rates: str | None) -> Any:
 
 
 def _api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def _throttled(response: Any) -> None:

@@ -24,6 +24,7 @@ from audit.models import ConfigChange
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key, actor_for_user
 from tests.factories import World, make_user, make_world
+from tests.support.clients import bearer_client
 from tests.support.recording_sink import RecordingSink
 from tools.models import Tool, ToolCategory, ToolKind
 
@@ -71,9 +72,7 @@ def _request(world: World, tool: Tool, *, minutes: int = 30, **arguments: Any) -
 
 
 def _api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def _webhook(client: APIClient, **body: Any) -> Any:

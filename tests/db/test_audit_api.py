@@ -13,6 +13,7 @@ from agents import services
 from audit.models import ConfigChange, ToolCallAudit
 from tenants.scoping import Actor, actor_for_api_key, actor_for_user
 from tests.factories import World, make_world
+from tests.support.clients import bearer_client
 from tools.services import set_tool_enabled
 
 pytestmark = pytest.mark.django_db
@@ -27,9 +28,7 @@ def world() -> World:
 
 @pytest.fixture
 def api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def _calls(world: World) -> tuple[Any, Any]:

@@ -12,6 +12,7 @@ from agents import services
 from agents.models import Run, RunStatus
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_world
+from tests.support.clients import bearer_client
 
 pytestmark = pytest.mark.django_db
 
@@ -22,9 +23,7 @@ def world() -> World:
 
 
 def api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def raw_post(client: APIClient, path: str, body: str) -> Any:

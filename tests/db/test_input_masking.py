@@ -21,6 +21,7 @@ from audit.models import ConfigChange
 from runtime.scripted import ScriptedModel, say
 from runtime.types import ModelRequest, ModelResponse
 from tests.factories import World, make_world
+from tests.support.clients import bearer_client
 
 pytestmark = pytest.mark.django_db
 
@@ -36,9 +37,7 @@ def world() -> World:
 
 @pytest.fixture
 def api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 class Recording:

@@ -20,6 +20,7 @@ from tenants import keycache
 from tenants.auth import find_api_key
 from tenants.models import ApiKey, Membership, Role
 from tests.factories import World, make_world
+from tests.support.clients import bearer_client
 
 pytestmark = pytest.mark.django_db
 
@@ -40,9 +41,7 @@ def world() -> World:
 
 
 def _api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def _key_queries(queries: CaptureQueriesContext) -> list[str]:

@@ -39,6 +39,7 @@ from tenants.models import Role
 from tenants.scoping import actor_for_user
 from tests.e2e.builders import make_run
 from tests.factories import World, make_user, make_world
+from tests.support.clients import bearer_client
 from tools.pyfunc import Param, registry, tool
 from tools.services import install_python_tool
 
@@ -127,9 +128,7 @@ def _outcome_unknown_run(world: World, use_model: Any, monkeypatch: pytest.Monke
 
 
 def _operator_api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def _marked(world: World, **fields: Any) -> Run:

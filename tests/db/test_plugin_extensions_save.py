@@ -28,6 +28,7 @@ from runtime.types import ModelRequest, ModelResponse
 from tenants.scoping import actor_for_user
 from tests.factories import World, make_world
 from tests.support import extension_dist
+from tests.support.clients import bearer_client
 
 pytestmark = pytest.mark.django_db
 
@@ -49,9 +50,7 @@ def world() -> World:
 
 @pytest.fixture
 def api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def _versions(slug: str = "order-assistant") -> str:

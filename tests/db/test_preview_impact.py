@@ -26,6 +26,7 @@ from audit.masking import summarize_arguments
 from audit.models import ConfigChange, ToolCallAudit
 from tenants.scoping import actor_for_api_key, actor_for_user
 from tests.factories import World, make_world
+from tests.support.clients import bearer_client
 from tools.models import Tool
 from tools.services import ToolRefused
 
@@ -40,9 +41,7 @@ def world() -> World:
 
 
 def _api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def _run(world: World, facts: dict[str, Any] | None = None) -> Any:

@@ -22,6 +22,7 @@ from releases import services as releases
 from releases.models import EvaluationSet, EvaluationSetRun, ReplayBatch
 from tenants.scoping import Actor, actor_for_user
 from tests.factories import World, make_world
+from tests.support.clients import bearer_client
 
 
 def _v2(world: World) -> AgentVersion:
@@ -68,9 +69,7 @@ def _weights(world: World) -> dict[int, int]:
 
 
 def _api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 @pytest.mark.django_db

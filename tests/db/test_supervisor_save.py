@@ -15,6 +15,7 @@ from agents import services
 from agents.models import Agent, AgentKind, AgentVersion
 from tenants.scoping import actor_for_user
 from tests.factories import World, make_world
+from tests.support.clients import bearer_client
 
 pytestmark = pytest.mark.django_db
 
@@ -30,9 +31,7 @@ def world() -> World:
 
 @pytest.fixture
 def api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def _supervisor(*slugs: str, **extra: Any) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key, actor_for_user
 from tests.factories import World, make_user, make_world
+from tests.support.clients import bearer_client
 from tools.gateway import ToolGateway
 from tools.models import Tool
 from tools.services import install_python_tool
@@ -49,9 +50,7 @@ def world() -> World:
 
 @pytest.fixture
 def api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def _admin(user: Any) -> Client:

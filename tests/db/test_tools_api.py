@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 from agents.models import Run
 from audit.models import ConfigChange
 from tests.factories import World, make_world
+from tests.support.clients import bearer_client
 from tools.models import Tool
 
 pytestmark = pytest.mark.django_db
@@ -35,9 +36,7 @@ def world() -> World:
 def api(world: World) -> APIClient:
     world.tenant.settings = {"tool_secrets": ["SHOP"]}
     world.tenant.save(update_fields=["settings"])
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def _errors(response: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from agents.models import Agent, AgentVersion, Run, Session
 from audit.models import ConfigChange
 from tests.factories import World, make_user, make_world
+from tests.support.clients import bearer_client
 
 pytestmark = pytest.mark.django_db
 
@@ -24,9 +25,7 @@ def world() -> World:
 
 @pytest.fixture
 def api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_key}")
-    return client
+    return bearer_client(world.raw_key)
 
 
 def _versions(slug: str = "order-assistant") -> str:
