@@ -373,21 +373,30 @@ def mask_value(
 
 
 def _mask(obj: Any, declared: frozenset[str], mask_strings: bool, keep: frozenset[str] = frozenset()) -> Any:
-    if isinstance(obj, Mapping):
+    # Every event payload of every step comes through here: the common types are told apart by ``type()`` first (an
+    # ABC ``isinstance`` costs more than the rest of a small payload's walk), a key's class is remembered by name.
+    kind = type(obj)
+    if kind is str:
+        return _mask_patterns(obj, keep, gated=True) if mask_strings and obj else obj
+    if kind is int or kind is float or kind is bool or obj is None:
+        return obj
+    if kind is dict or (kind is not list and kind is not tuple and isinstance(obj, Mapping)):
         out: dict[Any, Any] = {}
         for key, value in obj.items():
             if value is None or value == "":
                 out[key] = value
-            elif normalize_key(key) in _CARD_KEYS:
+                continue
+            norm = normalize_key(key)
+            if norm in _CARD_KEYS:
                 out[key] = _shape_mask(value)
-            elif is_sensitive_key(key):
+            elif _sensitive_name(norm):
                 out[key] = MASK
-            elif normalize_key(key) in declared:
+            elif norm in declared:
                 out[key] = _shape_mask(value)
             else:
                 out[key] = _mask(value, declared, mask_strings, keep)
         return out
-    if isinstance(obj, list | tuple):
+    if kind is list or kind is tuple or isinstance(obj, list | tuple):
         items = [_mask(v, declared, mask_strings, keep) for v in obj]
         return items if isinstance(obj, list) else tuple(items)
     if isinstance(obj, str) and mask_strings:
