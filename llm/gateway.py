@@ -37,7 +37,7 @@ from llm.pricing import DEMO_PRICE_LABEL, PriceTable, is_demo_price
 from llm.ratelimit import BucketStore, RateLimiter, buckets_for
 from llm.streaming import DeltaListener, TextStreamingClient
 from runtime.protocols import ModelClient
-from runtime.tokens import count_messages, count_tools
+from runtime.tokens import count_messages, count_specs
 from runtime.types import ModelRequest, ModelResponse
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ class ModelGateway:
             trace.append(self._attempt(base, 0, error, 0.0))
             raise error
         if target not in estimates:
-            estimates[target] = count_messages(request.messages, model) + count_tools([t.to_openai() for t in request.tools], model)
+            estimates[target] = count_messages(request.messages, model) + count_specs(request.tools, model)
         max_output = int(getattr(request, "max_output_tokens", None) or 0)
         estimate = estimates[target] + max_output  # the token buckets assume the reply may use all of it
         info = provider.models.get(model)

@@ -32,7 +32,7 @@ from llm.errors import (
 )
 from llm.streaming import OnText
 from runtime.serde import without_nul
-from runtime.tokens import count_messages, count_tokens, count_tools
+from runtime.tokens import count_messages, count_specs, count_tokens
 from runtime.types import Message, ModelRequest, ModelResponse, ToolCall, Usage
 
 log = logging.getLogger(__name__)
@@ -270,7 +270,7 @@ class OpenAICompatibleClient:
         prompt = getattr(raw, "prompt_tokens", None) if raw is not None else None
         completion = getattr(raw, "completion_tokens", None) if raw is not None else None
         if prompt is None or completion is None:
-            prompt = count_messages(request.messages, model) + count_tools([t.to_openai() for t in request.tools], model)
+            prompt = count_messages(request.messages, model) + count_specs(request.tools, model)
             completion = count_tokens(content or "", model) + sum(count_tokens(c.name + c.arguments, model) for c in calls)
         return Usage(int(prompt), int(completion), 0.0)
 

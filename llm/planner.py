@@ -25,7 +25,7 @@ from typing import Any
 
 from llm.extract import Extraction, extract_arguments
 from llm.intent import IntentScore, choose, has_cjk, score_tools, split_name
-from runtime.tokens import count_messages, count_tokens, count_tools
+from runtime.tokens import count_messages, count_specs, count_tokens
 from runtime.types import Message, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
 
 MAX_RESULT_CHARS = 600
@@ -211,7 +211,7 @@ class DeterministicPlanner:
     def _response(self, request: ModelRequest, plan: _Plan) -> ModelResponse:
         model = request.model or self.model
         usage = Usage(
-            count_messages(request.messages, model) + count_tools([t.to_openai() for t in request.tools], model),
+            count_messages(request.messages, model) + count_specs(request.tools, model),
             count_tokens(plan.content or "", model) + sum(count_tokens(c.name + c.arguments, model) for c in plan.calls),
             0.0,
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from runtime.state import SESSION_USAGE
-from runtime.tokens import count_messages, count_tools
+from runtime.tokens import count_messages, count_specs
 from runtime.types import ModelRequest, TerminalReason, Usage
 
 BUDGET_MESSAGE = (
@@ -65,8 +65,7 @@ def price(input_tokens: int, output_tokens: int, input_per_million: float, outpu
 
 def estimate_request(request: ModelRequest, default_max_output: int) -> tuple[int, int]:
     """(estimated input tokens, assumed output tokens) of a request."""
-    tools = [t.to_openai() for t in request.tools]
-    input_tokens = count_messages(request.messages, request.model) + count_tools(tools, request.model)
+    input_tokens = count_messages(request.messages, request.model) + count_specs(request.tools, request.model)
     return input_tokens, request.max_output_tokens or default_max_output
 
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from runtime import patterns as bounded
 from runtime.interceptors import ModelCall
 from runtime.state import CONTEXT
-from runtime.tokens import count_messages, count_tools
+from runtime.tokens import count_messages, count_specs
 from runtime.types import Message, ModelRequest, ModelResponse, ToolSpec
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def render_view(log: Sequence[Message], state: Mapping[str, Any]) -> list[Messag
 
 
 def request_tokens(messages: Sequence[Message], tools: Sequence[ToolSpec], model: str) -> int:
-    return count_messages(list(messages), model) + count_tools([t.to_openai() for t in tools], model)
+    return count_messages(list(messages), model) + count_specs(tools, model)
 
 
 def safe_cut(log: Sequence[Message], cut: int, floor: int) -> int:
@@ -273,7 +273,7 @@ class Compression:
 
     def compact(self, log: list[Message], state: Mapping[str, Any], ctx: CompactionContext) -> dict[str, Any] | None:
         view = render_view(log, state)
-        tools = count_tools([t.to_openai() for t in ctx.tools], ctx.model)
+        tools = count_specs(ctx.tools, ctx.model)
         if count_messages(view, ctx.model) + tools <= self.threshold:
             return None
         _, _, freed = clear_tool_results(view, ctx.model, target=self.threshold, extra_tokens=tools, exclude=self.exclude_tools)
@@ -301,7 +301,7 @@ class Compression:
     def __call__(self, request: ModelRequest, call_next: ModelCall) -> ModelResponse:
         if request.task != "act":
             return call_next(request)
-        tools = count_tools([t.to_openai() for t in request.tools], request.model)
+        tools = count_specs(request.tools, request.model)
         before = count_messages(request.messages, request.model) + tools
         if before <= self.threshold:
             return call_next(request)
@@ -327,7 +327,7 @@ class ContextEditing:
     def __call__(self, request: ModelRequest, call_next: ModelCall) -> ModelResponse:
         if request.task != "act":
             return call_next(request)
-        tools = count_tools([t.to_openai() for t in request.tools], request.model)
+        tools = count_specs(request.tools, request.model)
         before = count_messages(request.messages, request.model) + tools
         if before <= self.trigger:
             return call_next(request)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.tokens import count_messages, count_tokens, count_tools
+from runtime.tokens import count_messages, count_specs, count_tokens
 from runtime.types import ModelRequest, ModelResponse, ToolCall, Usage
 
 Reply = ModelResponse | Callable[[ModelRequest], ModelResponse]
@@ -71,8 +71,7 @@ class ScriptedModel:
     def _measured(self, request: ModelRequest, response: ModelResponse) -> ModelResponse:
         if not self.measure_usage:
             return response
-        tools = [t.to_openai() for t in request.tools]
-        input_tokens = count_messages(request.messages, request.model) + count_tools(tools, request.model)
+        input_tokens = count_messages(request.messages, request.model) + count_specs(request.tools, request.model)
         output_text = (response.content or "") + "".join(c.arguments for c in response.tool_calls)
         output_tokens = count_tokens(output_text, request.model) + 1
         return ModelResponse(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Protocol
 
-from runtime.types import Message
+from runtime.types import Message, ToolSpec
 
 #: Overhead the Chat Completions format adds per message (role, separators).
 PER_MESSAGE_OVERHEAD = 4
@@ -91,3 +92,8 @@ def count_messages(messages: list[Message], model: str = "") -> int:
 
 def count_tools(tools: list[dict[str, Any]], model: str = "") -> int:
     return count_tokens(json.dumps(tools, ensure_ascii=False), model) if tools else 0
+
+
+def count_specs(tools: Sequence[ToolSpec], model: str = "") -> int:
+    """``count_tools`` of the specs' OpenAI form (the same text, so the same count), each spec's JSON made once."""
+    return count_tokens("[" + ", ".join(t.openai_json for t in tools) + "]", model) if tools else 0

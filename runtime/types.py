@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 #: A chat message in the OpenAI Chat Completions shape:
@@ -67,6 +69,12 @@ class ToolSpec:
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
+
+    @cached_property
+    def openai_json(self) -> str:
+        """``to_openai()`` as ``json.dumps`` writes it, made once per spec: a step counts its tools' tokens several times
+        (compaction, the budget's projection, usage), and making this text was most of each count."""
+        return json.dumps(self.to_openai(), ensure_ascii=False)
 
 
 @dataclass(frozen=True)

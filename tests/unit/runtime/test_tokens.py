@@ -34,3 +34,17 @@ def test_a_conversation_counts_each_message_s_text_and_its_calls_plus_the_per_me
     assert count_messages(MESSAGES, model) == expected
     assert count_messages([], model) == 0
     assert count_messages(MESSAGES[:1], model) == PER_MESSAGE_OVERHEAD + count_tokens(texts[0], model) > PER_MESSAGE_OVERHEAD
+
+
+def test_count_specs_counts_what_count_tools_counts_and_makes_each_specs_json_once() -> None:
+    from runtime.tokens import count_specs, count_tools
+    from runtime.types import ToolSpec
+
+    specs = [ToolSpec("lookup_order", "查询订单 (an order's status)", {"type": "object", "properties": {"id": {"type": "string"}}}),
+             ToolSpec("refund", "Refund an order", {"type": "object", "properties": {"amount": {"type": "number"}}})]
+    for model in ("", "gpt-4o-mini"):
+        assert count_specs(specs, model) == count_tools([s.to_openai() for s in specs], model)
+        assert count_specs(specs[:1], model) == count_tools([specs[0].to_openai()], model)
+    assert count_specs([], "gpt-4o-mini") == 0
+    made = specs[0].openai_json
+    assert specs[0].openai_json is made  # remembered on the spec, not made again per count
