@@ -224,9 +224,12 @@ for _group in SYNONYM_GROUPS:
         _SYNONYMS.setdefault(_name, set()).update(_group)
 
 
+_NAME_SEPARATORS = re.compile(r"[\s_\-.]+")
+
+
 def normalize_name(name: str) -> str:
     """``startDate``, ``start_date``, ``start-date``, ``Start Date`` -> ``startdate``."""
-    return re.sub(r"[\s_\-.]+", "", name).lower()
+    return _NAME_SEPARATORS.sub("", name).lower()
 
 
 # --------------------------------------------------------------------------- helpers
