@@ -125,6 +125,10 @@ def test_a_condition_or_prompt_that_fails_to_evaluate_fails_its_node_saying_so(w
     assert route.status == "failed" and route.error.startswith("a case's condition could not be evaluated: "), route.error
     assert "abs()" in route.error and "internal error" not in route.error
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    say = FlowNodeRun.objects.get(run=run, node_id="say")  # the switch's failure continued: the prompt is next, and fails too
+    assert say.status == "failed" and say.error.startswith("the prompt could not be rendered: In function abs()"), say.error
+    run.refresh_from_db()
+    assert run.terminal_reason == "error" and run.error.startswith("node say failed: the prompt could not be rendered"), run.error
 
 
 def test_a_prompt_that_fails_to_render_fails_its_node_saying_so(world: World) -> None:

@@ -45,7 +45,7 @@ def finished_run(world: World) -> Any:
 def test_typed_numbers_on_the_console_s_pages_are_refused_or_ignored_never_a_500(world: World, value: str) -> None:
     client = signed_in(world.operator)
     for name in ("agent", "version", "user"):
-        assert client.get("/console/runs/", {name: value}).status_code in (200, 400)
+        assert client.get("/console/runs/", {name: value}).status_code == 200  # a filter it cannot read is not applied
     assert client.get("/console/spend/", {"days": value}).status_code == 200
     for name in ("agent", "version"):
         data = {"agent": str(world.agent.pk), "version": str(world.version.pk), "input": "hello", name: value}
@@ -105,7 +105,7 @@ def test_the_admin_s_approve_with_edits_form_refuses_json_past_the_bounds(argume
 def test_the_admin_s_version_preview_refuses_json_past_the_bounds(world: World, field: str, value: str) -> None:
     data = {"tools": "[]", "policy": "{}", "_preview_impact": "1", "_preview_days": "7", field: value}
     response = signed_in(world.operator).post(f"/admin/agents/agentversion/{world.version.pk}/change/", data)
-    assert response.status_code in (200, 400) and "Must be JSON within bounds" in response.content.decode()
+    assert response.status_code == 400 and "Must be JSON within bounds" in response.content.decode()
 
 
 def test_a_flow_version_added_in_the_admin_with_a_tenant_not_offered_is_a_form_error(world: World) -> None:
@@ -131,8 +131,7 @@ def test_an_admin_list_filter_the_database_cannot_take_goes_back_to_the_list_and
     client = signed_in(world.operator)
     for key in ("created_at__year", "requested_at__year"):
         response = client.get(f"/admin/{path}/", {key: "99999"})
-        assert response.status_code in (200, 302), response.status_code
-        if response.status_code == 302:
-            assert response["Location"].endswith("?e=1")
+        assert response.status_code == 302, response.status_code
+        assert response["Location"].endswith("?e=1")
     response = client.get(f"/admin/{path}/", {"q": "x" * 100_000})
     assert response.status_code == 200
