@@ -24,7 +24,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.forms.fields import InvalidJSONInput
+from django.forms.fields import InvalidJSONInput, JSONString
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError
 from rest_framework.settings import api_settings
@@ -163,11 +163,14 @@ class BoundedJSONField(forms.JSONField):
     def to_python(self, value: Any) -> Any:
         if isinstance(value, str) and value.strip() and not self.disabled:
             try:
-                loads_bounded(value)
+                decoded = loads_bounded(value)
             except JSONDecodeError:
                 pass  # malformed: Django's own message says so
             except ValueError as exc:
                 raise forms.ValidationError(f"Must be JSON within bounds: {exc}.", code="invalid") from None
+            else:
+                if self.decoder is None:  # what Django's own would make of it, without decoding it a second time
+                    return JSONString(decoded) if isinstance(decoded, str) else decoded
         return super().to_python(value)
 
     def bound_data(self, data: Any, initial: Any) -> Any:
