@@ -380,7 +380,10 @@ def _mask(obj: Any, declared: frozenset[str], mask_strings: bool, keep: frozense
         return _mask_patterns(obj, keep, gated=True) if mask_strings and obj else obj
     if kind is int or kind is float or kind is bool or obj is None:
         return obj
-    if kind is dict or (kind is not list and kind is not tuple and isinstance(obj, Mapping)):
+    if isinstance(obj, list | tuple):
+        items = [_mask(v, declared, mask_strings, keep) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    if kind is dict or isinstance(obj, Mapping):
         out: dict[Any, Any] = {}
         for key, value in obj.items():
             if value is None or value == "":
@@ -396,9 +399,6 @@ def _mask(obj: Any, declared: frozenset[str], mask_strings: bool, keep: frozense
             else:
                 out[key] = _mask(value, declared, mask_strings, keep)
         return out
-    if kind is list or kind is tuple or isinstance(obj, list | tuple):
-        items = [_mask(v, declared, mask_strings, keep) for v in obj]
-        return items if isinstance(obj, list) else tuple(items)
     if isinstance(obj, str) and mask_strings:
         return mask_text(obj, keep=keep)
     return obj

@@ -208,16 +208,12 @@ def _converter(field: Field[Any, Any], connection: Any) -> _Convert | None:
             return None
         return _same  # the document itself, nested in the row: a jsonb column takes it as it is
     kind = field.target_field.get_internal_type() if field.is_relation else field.get_internal_type()
-    if kind == "DateTimeField" and settings.USE_TZ:
-        def moment(value: Any) -> Any:
-            if type(value) is dt.datetime and value.tzinfo is not None:
-                return value.isoformat()  # all the field's preparation would do to an aware time (4x the CPU)
-            value = field.get_db_prep_save(value, connection)  # naive datetimes made aware, as Django does
-            return None if value is None else value.isoformat()
-
-        return moment
     if kind in {"DateTimeField", "DateField", "TimeField"}:
+        aware_as_is = kind == "DateTimeField" and settings.USE_TZ
+
         def temporal(value: Any) -> Any:
+            if aware_as_is and type(value) is dt.datetime and value.tzinfo is not None:
+                return value.isoformat()  # all the field's preparation would do to an aware time (4x the CPU)
             value = field.get_db_prep_save(value, connection)  # naive datetimes made aware, as Django does
             return None if value is None else value.isoformat()
 

@@ -22,6 +22,7 @@ import json_repair
 from jsonschema import FormatChecker
 from jsonschema.exceptions import ValidationError
 
+from audit.masking import normalize_key
 from runtime import schemas
 from runtime.serde import NUL, without_nul
 
@@ -224,12 +225,10 @@ for _group in SYNONYM_GROUPS:
         _SYNONYMS.setdefault(_name, set()).update(_group)
 
 
-_NAME_SEPARATORS = re.compile(r"[\s_\-.]+")
-
-
 def normalize_name(name: str) -> str:
-    """``startDate``, ``start_date``, ``start-date``, ``Start Date`` -> ``startdate``."""
-    return _NAME_SEPARATORS.sub("", name).lower()
+    """``startDate``, ``start_date``, ``start-date``, ``Start Date`` -> ``startdate`` (masking's key normalisation,
+    remembered per name)."""
+    return normalize_key(name)
 
 
 # --------------------------------------------------------------------------- helpers
