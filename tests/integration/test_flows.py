@@ -131,8 +131,11 @@ def test_a_worker_killed_mid_branch_finishes_the_flow_with_each_node_once(
     _flow(victim, world, "killed")
     run_id = _start(victim, world, "killed")
     deadline = time.monotonic() + 30
-    # both slow branches are separate tasks: wait until each has begun (each holds a 2-second call), then kill
-    while FlowNodeRun.objects.filter(run_id=run_id, node_id__in=["confirm", "again"], status="running").count() < 2:
+    # both slow branches are separate tasks: wait until each has begun its 2-second call, then kill. A row says
+    # "running" as soon as its task is queued; a task the worker had not taken yet would run as attempt 1 after the
+    # kill, so the calls themselves are waited for: ticket's, then the two branches' (three slow calls begun).
+    while (FlowNodeRun.objects.filter(run_id=run_id, node_id__in=["confirm", "again"], status="running").count() < 2
+           or victim.slow_calls_begun() < 3):
         assert time.monotonic() < deadline, "the branches never started"
         time.sleep(0.05)
     victim.kill_executor()  # production: the worker process; embedded: the server and its worker thread
@@ -156,10 +159,11 @@ def test_a_worker_killed_mid_inline_wave_finishes_the_flow_with_each_node_once(
     _flow(victim, world, "killed-inline", {**BRANCHES, "inline": True})
     run_id = _start(victim, world, "killed-inline")
     deadline = time.monotonic() + 30
-    while not FlowNodeRun.objects.filter(run_id=run_id, node_id="confirm", status="running").exists():
+    # the wave's two slow calls begin side by side (after ticket's): killed inside them
+    while not FlowNodeRun.objects.filter(run_id=run_id, node_id="confirm", status="running").exists() \
+            or victim.slow_calls_begun() < 3:
         assert time.monotonic() < deadline, "the wave never started"
         time.sleep(0.05)
-    time.sleep(0.5)  # inside the wave's first slow call
     victim.kill_executor()
     assert Run.objects.get(pk=run_id).status == "running"
     successor = replace_executor(victim, stacks, FAST)

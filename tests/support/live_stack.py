@@ -67,6 +67,11 @@ class LiveStack:
                     raise AssertionError(f"run {run_id} still {body['status']} after {timeout}s; logs in {self.logdir}")
                 time.sleep(0.1)
 
+    def slow_calls_begun(self) -> int:
+        """How many calls of the slow test tools this stack's processes have begun (tests/support/slow_tools.py)."""
+        marks = Path(self.env["TEST_SLOW_TOOL_MARKS"])
+        return sum(1 for _ in marks.iterdir()) if marks.is_dir() else 0
+
     def log_lines(self, *needles: str, limit: int = 40) -> str:
         """The last ``limit`` lines of this stack's process logs that hold one of ``needles`` (for a failure message)."""
         found: list[str] = []
@@ -146,6 +151,7 @@ def make_live_stack(extra_env: dict[str, str] | None = None, server_env: dict[st
         AGENTOPS_EXTRA_TOOL_MODULES="tests.support.slow_tools",
         # Its own queue: other stacks on the same Redis (another test module's, another test run's) never take its runs.
         AGENTOPS_QUEUE=f"agentops-test-{port}",
+        TEST_SLOW_TOOL_MARKS=str(logdir / "slow-calls"),
     )
     env.update(extra_env or {})
     if not production:
