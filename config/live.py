@@ -1,7 +1,7 @@
 """Live delivery of run traces. THE one module that owns group names and publishing.
 
 Events are published after their step committed, one group message per step (a batch),
-from one long-lived event loop per process (no event loop per event), which sends the batches
+from one long-lived thread per process (no event loop per event), which sends the batches
 in order while the committing thread goes on (it never waits for the channel layer). Delivery is
 best-effort by design: a dropped message (a full channel layer) is healed by the
 consumer, which backfills from the database whenever it sees a gap in ``seq``.
@@ -10,11 +10,13 @@ consumer, which backfills from the database whenever it sees a gap in ``seq``.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
+import queue
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -37,7 +39,7 @@ def tenant_approvals_group(tenant_id: int) -> str:
 
 
 class _Publisher:
-    """One event loop thread per process that sends queued batches to the channel layer, in submission order.
+    """One thread per process that sends queued batches to the channel layer, in submission order.
 
     ``submit`` hands a batch over and returns at once: the worker thread that committed a step never waits
     for the channel layer (Redis). Batches are sent one at a time, in the order they were submitted, so a
@@ -45,62 +47,56 @@ class _Publisher:
     ``PUBLISH_TIMEOUT_SECONDS`` is logged and dropped, and when more than ``MAX_QUEUED`` batches wait (the
     layer is down) new ones are dropped: the events are committed, and viewers backfill from the database
     whenever they see a gap in ``seq``.
+
+    A batch is a plain callable (the Redis layer's synchronous ``send_groups``, config/redis_layer.py: no event
+    loop between the committing thread and Redis) or one returning a coroutine (any other layer), which runs on
+    the thread's own event loop, the same one for the thread's life.
     """
 
     MAX_QUEUED = 10_000
 
     def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[Callable[[], Awaitable[Any]]] | None = None
+        self._queue: queue.Queue[Callable[[], Any]] | None = None
         self._lock = threading.Lock()
         self._pid = 0
 
-    def _ensure_loop(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue[Callable[[], Awaitable[Any]]]]:
+    def _ensure_thread(self) -> queue.Queue[Callable[[], Any]]:
         with self._lock:
-            # A forked child inherits the loop object but not its thread: it starts its own.
-            if self._loop is None or self._loop.is_closed() or self._queue is None or self._pid != os.getpid():
-                loop = asyncio.new_event_loop()
-                queue: asyncio.Queue[Callable[[], Awaitable[Any]]] = asyncio.Queue(maxsize=self.MAX_QUEUED)
-                thread = threading.Thread(target=loop.run_forever, name="agentops-publisher", daemon=True)
-                thread.start()
-                asyncio.run_coroutine_threadsafe(self._drain(queue), loop)
-                self._loop, self._queue, self._pid = loop, queue, os.getpid()
-            return self._loop, self._queue
+            # A forked child inherits the queue object but not its thread: it starts its own.
+            if self._queue is None or self._pid != os.getpid():
+                batches: queue.Queue[Callable[[], Any]] = queue.Queue(maxsize=self.MAX_QUEUED)
+                threading.Thread(target=self._drain, args=(batches,), name="agentops-publisher", daemon=True).start()
+                self._queue, self._pid = batches, os.getpid()
+            return self._queue
 
     @staticmethod
-    async def _drain(queue: asyncio.Queue[Callable[[], Awaitable[Any]]]) -> None:
+    def _drain(batches: queue.Queue[Callable[[], Any]]) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
         while True:
-            send = await queue.get()
+            send = batches.get()
             try:
-                await asyncio.wait_for(send(), PUBLISH_TIMEOUT_SECONDS)
+                sent = send()
+                if inspect.isawaitable(sent):
+                    loop.run_until_complete(asyncio.wait_for(sent, PUBLISH_TIMEOUT_SECONDS))
             except Exception:
                 log.warning("live publish failed; websocket clients will backfill from the database", exc_info=True)
-            finally:
-                queue.task_done()
 
-    def submit(self, send: Callable[[], Awaitable[Any]], on_drop: Callable[[], None] | None = None) -> None:
-        """Queue ``send`` (an async callable) to run on the publisher's loop after the batches before it;
-        ``on_drop`` is called instead when the queue is full."""
-        loop, queue = self._ensure_loop()
-
-        def enqueue() -> None:
-            try:
-                queue.put_nowait(send)
-            except asyncio.QueueFull:
-                log.warning("live publish queue full (%d batches); dropped one, clients will backfill", self.MAX_QUEUED)
-                if on_drop is not None:
-                    on_drop()
-
-        loop.call_soon_threadsafe(enqueue)
+    def submit(self, send: Callable[[], Any], on_drop: Callable[[], None] | None = None) -> None:
+        """Queue ``send`` (a callable, or an async one) to run on the publisher's thread after the batches before
+        it; ``on_drop`` is called instead when the queue is full."""
+        batches = self._ensure_thread()
+        try:
+            batches.put_nowait(send)
+        except queue.Full:
+            log.warning("live publish queue full (%d batches); dropped one, clients will backfill", self.MAX_QUEUED)
+            if on_drop is not None:
+                on_drop()
 
     def flush(self, timeout: float = PUBLISH_TIMEOUT_SECONDS) -> bool:
         """Wait until every batch submitted before this call was sent (or dropped). For tests and shutdown."""
         done = threading.Event()
-
-        async def mark() -> None:
-            done.set()
-
-        self.submit(mark)
+        self.submit(done.set)
         return done.wait(timeout)
 
 
@@ -115,6 +111,11 @@ def flush(timeout: float = PUBLISH_TIMEOUT_SECONDS) -> bool:
 def _send(groups_and_messages: list[tuple[str, dict[str, Any]]]) -> None:
     layer = get_channel_layer()
     if layer is None:
+        return
+
+    send_groups = getattr(layer, "send_groups", None)
+    if send_groups is not None:  # config/redis_layer.py: one synchronous pipeline for all the groups
+        _publisher.submit(lambda: send_groups(groups_and_messages))
         return
 
     async def send_all() -> None:
@@ -173,11 +174,23 @@ def publish_run_delta(*, run_id: Any, frame: dict[str, Any]) -> bool:
         with _deltas_lock:
             _deltas_queued -= 1
 
-    async def send() -> None:
-        try:
-            await layer.group_send(group, message)
-        finally:
-            done()
+    send_groups = getattr(layer, "send_groups", None)
+
+    def send() -> Any:
+        if send_groups is not None:
+            try:
+                send_groups([(group, message)])
+            finally:
+                done()
+            return None
+
+        async def send_async() -> None:
+            try:
+                await layer.group_send(group, message)
+            finally:
+                done()
+
+        return send_async()
 
     _publisher.submit(send, on_drop=done)
     return True

@@ -300,7 +300,7 @@ else:
     # connections wait longer than its own blocking read; keepalive and health checks still catch dead peers.
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "config.redis_layer.RedisLayer",
             "CONFIG": {
                 "hosts": [{
                     "address": REDIS_URL,

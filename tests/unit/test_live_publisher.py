@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+
+import pytest
 
 from config import live
 
@@ -28,3 +31,42 @@ def test_batches_are_sent_in_submission_order_by_one_thread_and_a_failed_one_is_
     assert live.flush()
     assert sent == [n for n in range(50) if n != 3]
     assert threads == {"agentops-publisher"}
+
+
+def test_plain_and_async_batches_share_one_order_and_a_slow_async_one_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain callable (the Redis layer's synchronous send) and a coroutine (any other layer's) keep their order; a
+    coroutine past the timeout is dropped and the next batch still goes."""
+    monkeypatch.setattr(live, "PUBLISH_TIMEOUT_SECONDS", 0.2)
+    sent: list[str] = []
+
+    async def slow() -> None:
+        await asyncio.sleep(5)
+        sent.append("slow")
+
+    async def quick() -> None:
+        sent.append("async")
+
+    live._publisher.submit(lambda: sent.append("plain 1"))
+    live._publisher.submit(quick)
+    live._publisher.submit(slow)
+    live._publisher.submit(lambda: sent.append("plain 2"))
+    assert live.flush()
+    assert sent == ["plain 1", "async", "plain 2"]
+
+
+def test_a_full_queue_drops_the_batch_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    publisher = live._Publisher()
+    monkeypatch.setattr(publisher, "MAX_QUEUED", 2)
+    dropped: list[int] = []
+    publisher.submit(release.wait)  # the thread is busy with this one; two more wait in the queue
+    time.sleep(0.1)
+    publisher.submit(lambda: None, on_drop=lambda: dropped.append(1))
+    publisher.submit(lambda: None, on_drop=lambda: dropped.append(2))
+    publisher.submit(lambda: None, on_drop=lambda: dropped.append(3))
+    assert dropped == [3]
+    release.set()
+    deadline = time.monotonic() + 5
+    while publisher._queue is not None and publisher._queue.qsize() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert publisher.flush(1)  # room again: the queued batches went

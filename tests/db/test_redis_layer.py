@@ -1,0 +1,100 @@
+"""config/redis_layer.py: the publisher's synchronous group send delivers exactly what channels_redis's own
+``group_send`` delivers, to the stock layer's consumers, on a real Redis (REDIS_URL)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+import pytest
+from channels_redis.core import RedisChannelLayer
+
+from config.redis_layer import GROUP_SEND_LUA, RedisLayer
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if not REDIS_URL and os.environ.get("CI", "").lower() == "true":
+    raise RuntimeError("CI runs the Redis layer's tests: set REDIS_URL")
+pytestmark = pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL (CI sets it)")
+
+
+def _layer(**config: Any) -> RedisLayer:
+    return RedisLayer(hosts=[{"address": REDIS_URL}], prefix=f"test-{uuid.uuid4().hex[:8]}", **config)
+
+
+async def _receive(layer: RedisChannelLayer, channel: str, count: int) -> list[dict[str, Any]]:
+    return [await asyncio.wait_for(layer.receive(channel), 5) for _ in range(count)]
+
+
+def test_the_script_is_channels_redis_own() -> None:
+    """An upgrade of channels-redis that changes group_send's script fails here, not in production."""
+    assert GROUP_SEND_LUA in inspect.getsource(RedisChannelLayer.group_send)
+
+
+def test_members_of_each_group_receive_its_messages_in_order_and_an_empty_group_costs_one_round_trip() -> None:
+    layer = _layer()
+
+    async def join() -> tuple[str, str]:
+        local = await layer.new_channel()  # a process-local channel ("specific.…!…"), as a websocket consumer's
+        plain = f"plain-{uuid.uuid4().hex}"
+        await layer.group_add("watchers", local)
+        await layer.group_add("watchers", plain)
+        await layer.group_add("list", plain)
+        return local, plain
+
+    local, plain = asyncio.run(join())
+    commands: list[str] = []
+    client = layer._client(0)
+    real_execute = client.pipeline().__class__.execute
+
+    def counting(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+        commands.append(",".join(str(c[0][0]) for c in pipe.command_stack))
+        return real_execute(pipe, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(client.pipeline().__class__, "execute", counting)
+        layer.send_groups([("nobody", {"type": "x.one", "n": 0}), ("nobody.else", {"type": "x.one", "n": 0})])
+        assert len(commands) == 1, commands  # nobody watches: one round trip, nothing sent
+        commands.clear()
+        layer.send_groups([("watchers", {"type": "x.one", "n": 1}), ("list", {"type": "x.two", "n": 2}),
+                           ("nobody", {"type": "x.one", "n": 0}), ("watchers", {"type": "x.one", "n": 3})])
+        assert len(commands) == 2, commands  # the members, then every message
+
+    async def read() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return await _receive(layer, local, 2), await _receive(layer, plain, 3)
+
+    got_local, got_plain = asyncio.run(read())
+    assert got_local == [{"type": "x.one", "n": 1}, {"type": "x.one", "n": 3}]
+    assert got_plain == [{"type": "x.one", "n": 1}, {"type": "x.two", "n": 2}, {"type": "x.one", "n": 3}]
+
+
+def test_a_channel_at_capacity_drops_the_message_as_group_send_does(caplog: pytest.LogCaptureFixture) -> None:
+    layer = _layer(capacity=1)
+    channel = f"full-{uuid.uuid4().hex}"
+    asyncio.run(layer.group_add("g", channel))
+    with caplog.at_level(logging.INFO, logger="config.redis_layer"):
+        layer.send_groups([("g", {"type": "x.one", "n": 1}), ("g", {"type": "x.one", "n": 2})])
+    assert "1 of 1 channels over capacity in group g" in caplog.text
+
+    async def read() -> list[dict[str, Any]]:
+        first = await _receive(layer, channel, 1)
+        try:
+            extra = await asyncio.wait_for(layer.receive(channel), 0.5)
+        except TimeoutError:
+            return first
+        return [*first, extra]
+
+    assert asyncio.run(read()) == [{"type": "x.one", "n": 1}]
+
+
+def test_an_expired_member_is_dropped_from_its_group_before_the_send() -> None:
+    layer = _layer(group_expiry=1)
+    channel = f"old-{uuid.uuid4().hex}"
+    asyncio.run(layer.group_add("g", channel))
+    time.sleep(2.1)
+    layer.send_groups([("g", {"type": "x.one", "n": 1})])
+    assert layer._client(0).zcard(layer._group_key("g")) == 0
