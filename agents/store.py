@@ -4,6 +4,13 @@ A step commits: the run row (checkpoint, counters, status) under a row lock, its
 (seq allocated from ``Run.last_seq``), its appended messages and the audit rows of its tool
 calls. Nothing grows with the conversation: messages are appended, never re-saved. The
 step's events reach websocket clients after commit, in one batch.
+
+On PostgreSQL a step after one this store committed is ONE autocommitted statement: its writes wait on a guard
+that locks the run's row (and the tenant's audit chain head) and finds it only if it is as this store's last commit
+left it (lease, step, event and message counters, chain head), so the events' numbers and the rows' seals computed
+here from what the store remembers are right, or nothing is written and the step takes the locked way (BEGIN, lock
+and read, write, COMMIT), which sees what another writer changed. The first step of a worker's hold, the last step
+of a run and a step that marks the run for an operator take the locked way.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -115,6 +123,35 @@ def _json_column(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
+@dataclass
+class _Known:
+    """What this store's last commit left in the run's row (and the tenant's audit chain head, when it wrote there):
+    the next step may commit in one statement that checks, under its locks, that nothing else changed them."""
+
+    step: int
+    last_seq: int
+    message_count: int
+    head: tuple[int, str] | None  # (seq, hash) after this store's last audit rows; None: not known here
+
+
+def _guard_sql(with_head: bool) -> str:
+    """The one-statement commit's guard: the run's row (and the chain head) locked, found only if they are as this
+    store left them, its lease still held. Names from the models' metadata; every value a parameter."""
+    run, head = Run._meta, AuditChainHead._meta
+    column = {name: f'r."{run.get_field(name).column}"' for name in ("lease_token", "step", "last_seq", "message_count")}
+    sql = f'SELECT r."{run.get_field("cancel_requested").column}" FROM "{run.db_table}" r'  # noqa: S608
+    if with_head:
+        sql += f' JOIN "{head.db_table}" h ON h."{head.pk.column}" = r."{run.get_field("tenant").column}"'
+    sql += (f' WHERE r."{run.pk.column}" = %s AND {column["lease_token"]} = %s AND {column["step"]} = %s'
+            f' AND {column["last_seq"]} = %s AND {column["message_count"]} = %s')
+    if with_head:
+        sql += f' AND h."{head.get_field("seq").column}" = %s AND h."{head.get_field("hash").column}" = %s'
+    return sql + " FOR UPDATE OF r" + (", h" if with_head else "")
+
+
+_GUARD_SQL = {True: _guard_sql(True), False: _guard_sql(False)}
+
+
 # The session's counters, its row locked until the step commits (config/compiled.py: compiled once).
 _locked_session = CompiledRead(
     lambda pk: Session.objects.select_for_update().only("usage", "model_calls", "turns").filter(pk=pk))
@@ -128,6 +165,7 @@ class DjangoRunStore:
         self.lease_token = lease_token
         self.initial = initial
         self.audit = audit  # the step's audit rows, added by the tool gateway, committed (or dropped) here
+        self._known: _Known | None = None  # set by each commit: the next step may commit in one statement
 
     def load(self, run_id: str) -> Checkpoint:
         """A fresh run gets its assembled context; a resumed one its committed log and checkpoint."""
@@ -146,8 +184,80 @@ class DjangoRunStore:
         )
 
     def commit_step(self, run_id: str, record: StepRecord) -> StepAck:
-        run = self.run
+        """The step's writes in one transaction: in ONE statement when this store committed the run's previous step
+        and the step neither ends the run nor marks it for attention (:meth:`_commit_guarded`); else the run's row
+        (and chain head) locked and read first, then the writes (:meth:`_commit_locked`)."""
         now = timezone.now()
+        if self._may_guard(record):
+            ack = self._commit_guarded(record, now)
+            if ack is not None:
+                return ack
+        return self._commit_locked(record, now)
+
+    def _may_guard(self, record: StepRecord) -> bool:
+        known = self._known
+        return (known is not None and known.step == record.step - 1 and record.phase != Phase.FINISHED
+                and (known.head is not None or len(self.audit) == 0)
+                and connection.vendor == "postgresql" and not connection.in_atomic_block)
+
+    def _commit_guarded(self, record: StepRecord, now: Any) -> StepAck | None:
+        """One autocommitted statement: it writes only if the run's row (and the tenant's chain head, for audit rows)
+        is as this store's last commit left it, under their locks; None when it wrote nothing (another writer came
+        between: the caller commits the locked way, which reads what changed)."""
+        run, known = self.run, self._known
+        assert known is not None
+        if attention.reasons_for_writes(self.audit.pending, at=now):
+            return None  # marks the run for an operator: the locked way, which merges the run's reasons
+        batch = WriteBatch()
+        rows = event_rows(run, known.last_seq + 1, record.step, record.events)
+        batch.insert(RunEvent, rows)
+        batch.insert(RunMessage, (
+            RunMessage(tenant_id=run.tenant_id, run_id=run.pk, index=known.message_count + i, step=record.step, message=m)
+            for i, m in enumerate(record.appended_messages)
+        ))
+        writes = self.audit.pending
+        head = AuditChainHead(tenant_id=run.tenant_id, seq=known.head[0], hash=known.head[1]) if writes and known.head else None
+        if writes:
+            self.audit.commit(run.tenant_id, batch, head)  # sealed after the head this store left; kept until written
+        changes = self._changes(record, now, last_seq=known.last_seq + len(rows),
+                                message_count=known.message_count + len(record.appended_messages))
+        batch.update_where(Run, {"id": run.pk}, **changes)
+        if not batch.can_guard():
+            for write in writes:
+                self.audit.add(write)
+            return None
+        params = [run.pk, self.lease_token, record.step - 1, known.last_seq, known.message_count]
+        if head is not None:
+            params += list(known.head)  # type: ignore[arg-type]
+        found = batch.execute_guarded(_GUARD_SQL[head is not None], params)
+        if found is None:
+            for write in writes:  # nothing was written: the locked way seals them again after the real head
+                self.audit.add(write)
+            self._known = None
+            return None
+        for field, value in changes.items():
+            setattr(run, field, value)
+        self._known = _Known(record.step, changes["last_seq"], changes["message_count"],
+                             (head.seq, head.hash) if head is not None else known.head)
+        publish_after_commit(run, rows, run_summary(run))  # committed already: published now
+        return StepAck(cancel_requested=bool(found[0]))
+
+    def _changes(self, record: StepRecord, now: Any, *, last_seq: int, message_count: int) -> dict[str, Any]:
+        return {
+            "step": record.step,
+            "phase": record.phase.value,
+            "state": record.state,
+            "pending_calls": record.pending_calls,
+            "usage": record.usage.to_dict(),
+            "last_seq": last_seq,
+            "message_count": message_count,
+            "status": status_for(record.phase),
+            "lease_expires_at": now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS),
+            "updated_at": now,
+        }
+
+    def _commit_locked(self, record: StepRecord, now: Any) -> StepAck:
+        run = self.run
         with transaction.atomic():
             locked, head = self._lock(run, chain_head=len(self.audit) > 0)
             if locked is None or locked["lease_token"] != self.lease_token or locked["step"] != record.step - 1:
@@ -164,20 +274,11 @@ class DjangoRunStore:
                 RunMessage(tenant_id=run.tenant_id, run_id=run.pk, index=locked["message_count"] + i, step=record.step, message=m)
                 for i, m in enumerate(record.appended_messages)
             ))
+            wrote_audit = len(self.audit) > 0
             self.audit.commit(run.tenant_id, batch, head)  # seals the rows after the locked head; its writes join the batch
             finished = record.phase == Phase.FINISHED
-            changes: dict[str, Any] = {
-                "step": record.step,
-                "phase": record.phase.value,
-                "state": record.state,
-                "pending_calls": record.pending_calls,
-                "usage": record.usage.to_dict(),
-                "last_seq": locked["last_seq"] + len(rows),
-                "message_count": locked["message_count"] + len(record.appended_messages),
-                "status": status_for(record.phase),
-                "lease_expires_at": now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS),
-                "updated_at": now,
-            }
+            changes = self._changes(record, now, last_seq=locked["last_seq"] + len(rows),
+                                    message_count=locked["message_count"] + len(record.appended_messages))
             if reasons:
                 changes.update(needs_attention=True, attention_reasons=attention.with_reasons(locked["attention_reasons"], reasons))
             if finished:
@@ -196,6 +297,9 @@ class DjangoRunStore:
             for field, value in changes.items():
                 setattr(run, field, value)
             publish_after_commit(run, rows, run_summary(run))
+        # the head is known here only when this commit locked and read it (PostgreSQL, audit rows, head existing)
+        known_head = (head.seq, head.hash) if wrote_audit and head is not None else None
+        self._known = None if finished else _Known(record.step, changes["last_seq"], changes["message_count"], known_head)
         return StepAck(cancel_requested=bool(locked["cancel_requested"]))
 
     def _lock(self, run: Run, *, chain_head: bool) -> tuple[dict[str, Any] | None, AuditChainHead | None]:

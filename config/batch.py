@@ -44,6 +44,8 @@ class WriteBatch:
         self.using = using
         self.combine = connections[using].vendor == "postgresql"
         self._parts: list[tuple[str, tuple[Any, ...]]] = []
+        #: per part, how to make it wait on a guard (``execute_guarded``): appended to its SQL; None when it cannot
+        self._gates: list[str | None] = []
         #: update_where's rows by (model, matched fields, set fields): (their plan, their values in field order)
         self._rows: dict[tuple[Any, ...], tuple[tuple[str, list[_Convert], list[_Convert]], list[tuple[Any, ...]]]] = {}
 
@@ -66,6 +68,7 @@ class WriteBatch:
         if plan is not None:
             statement, columns = plan
             self._parts.append((statement, _rows_param([{column: value(obj) for column, value in columns} for obj in rows])))
+            self._gates.append(_WHERE_GUARD)
         else:
             self._compiled_inserts(model, rows, all(with_pk))
         for obj in rows:
@@ -82,7 +85,9 @@ class WriteBatch:
             query = orm_sql.InsertQuery(model)
             query.insert_values(fields, rows[start : start + size], raw=False)
             statements = query.get_compiler(using=self.using).as_sql()
-            self._parts.extend((statement, tuple(params)) for statement, params in statements)
+            for statement, params in statements:
+                self._parts.append((statement, tuple(params)))
+                self._gates.append(None)
 
     def update(self, queryset: QuerySet[Any], **values: Any) -> None:
         """As ``queryset.update(**values)`` (the number of rows changed is not returned)."""
@@ -95,6 +100,7 @@ class WriteBatch:
         statement, params = query.get_compiler(using=self.using).as_sql()
         if statement:
             self._parts.append((statement, tuple(params)))
+            self._gates.append(None)
 
     def update_where(self, model: type[Model], match: dict[str, Any], **values: Any) -> None:
         """As ``model.objects.filter(**match).update(**values)``, for equality matches on non-null values. On
@@ -115,15 +121,10 @@ class WriteBatch:
 
     def execute(self) -> None:
         """Send what is pending as one statement (PostgreSQL); elsewhere everything already ran."""
-        for (statement, match, values), rows in self._rows.values():
-            converts = [*match, *values]
-            self._parts.append((statement, _rows_param([
-                {f"c{i}": convert(value) for i, (convert, value) in enumerate(zip(converts, row, strict=True))} for row in rows])))
-        self._rows = {}
-        parts, self._parts = self._parts, []
+        parts = self._take()
         if not parts:
             return
-        *heads, (last, last_params) = parts
+        *heads, (last, last_params) = ((sql, params) for sql, params, _ in parts)
         statement = last
         params: list[Any] = []
         if heads:
@@ -134,6 +135,45 @@ class WriteBatch:
         params.extend(last_params)
         with connections[self.using].cursor() as cursor:
             cursor.execute(statement, params)
+
+    def can_guard(self) -> bool:
+        """Whether :meth:`execute_guarded` can send what is pending (PostgreSQL, every part in the JSON form)."""
+        return self.combine and all(gate is not None for gate in self._gates)
+
+    def execute_guarded(self, guard: str, guard_params: list[Any]) -> tuple[Any, ...] | None:
+        """Send what is pending as ONE statement that writes only if ``guard`` (a ``SELECT … FOR UPDATE`` of the rows
+        the writes depend on, with their expected values in its WHERE) finds its row: the guard's row, or None when
+        nothing was written. Outside a transaction the statement commits by itself: one round trip for a whole step.
+        Every part waits on the guard (``WHERE EXISTS (SELECT 1 FROM g)``), evaluated once, under its locks."""
+        if not self.can_guard():
+            raise ValueError("execute_guarded needs every part in the JSON form (check can_guard() first)")
+        parts = self._take()
+        ctes = [f"g AS ({guard})"]
+        params: list[Any] = list(guard_params)
+        for i, (sql, part_params, gate) in enumerate(parts):
+            ctes.append(f"w{i} AS ({sql}{gate})")
+            params.extend(part_params)
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(f"WITH {', '.join(ctes)} SELECT * FROM g", params)  # noqa: S608 (built here from our own parts)
+            found = cursor.fetchone()
+        return tuple(found) if found is not None else None
+
+    def _take(self) -> list[tuple[str, tuple[Any, ...], str]]:
+        """The pending parts with their gates (update_where's rows made into their parts), and the batch emptied."""
+        for (statement, match, values), rows in self._rows.values():
+            converts = [*match, *values]
+            self._parts.append((statement, _rows_param([
+                {f"c{i}": convert(value) for i, (convert, value) in enumerate(zip(converts, row, strict=True))} for row in rows])))
+            self._gates.append(_AND_GUARD)
+        self._rows = {}
+        parts = [(sql, params, gate or "") for (sql, params), gate in zip(self._parts, self._gates, strict=True)]
+        self._parts, self._gates = [], []
+        return parts
+
+
+#: How an INSERT … SELECT (:func:`_json_insert`) and an UPDATE … WHERE (:func:`_json_update`) wait on the guard.
+_WHERE_GUARD = " WHERE EXISTS (SELECT 1 FROM g)"
+_AND_GUARD = " AND EXISTS (SELECT 1 FROM g)"
 
 
 def _rows_param(rows: list[dict[str, Any]]) -> tuple[str]:
