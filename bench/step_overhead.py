@@ -137,7 +137,8 @@ class Meter:
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         current = self.slices[-1]
         current.queries += 1
-        if sql.lstrip()[:6].upper() in ("INSERT", "UPDATE"):
+        head = sql.lstrip()[:6].upper()
+        if head in ("INSERT", "UPDATE") or (head.startswith("WITH") and ("INSERT INTO" in sql or "UPDATE " in sql)):
             if not self.connection.in_atomic_block:
                 current.transactions += 1  # an autocommitted write is a transaction of its own
             self.writes.append((current, sql, params, many))
@@ -241,16 +242,21 @@ def measure_run(world: World, history_messages: int) -> tuple[float, list[Slice]
 
     from config.batch import WriteBatch
 
-    real_execute = WriteBatch.execute
+    real_execute, real_guarded = WriteBatch.execute, WriteBatch.execute_guarded
 
     def recorded_execute(batch: Any) -> None:
         # The step's writes leave as one "WITH … UPDATE" statement on PostgreSQL: its parts are sized per table.
         meter.writes.extend((meter.slices[-1], sql, params, False) for sql, params in batch._parts)
         real_execute(batch)
 
+    def recorded_guarded(batch: Any, guard: str, params: list[Any]) -> Any:
+        meter.writes.extend((meter.slices[-1], sql, params, False) for sql, params in batch._parts)
+        return real_guarded(batch, guard, params)
+
     connection.commit = counting_commit
     DjangoRunStore.commit_step = timed_step  # type: ignore[method-assign]
     WriteBatch.execute = recorded_execute  # type: ignore[method-assign]
+    WriteBatch.execute_guarded = recorded_guarded  # type: ignore[method-assign]
     try:
         with connection.execute_wrapper(meter):
             started = time.perf_counter()
@@ -262,6 +268,7 @@ def measure_run(world: World, history_messages: int) -> tuple[float, list[Slice]
         model_clients.model_client_for = real_client
         DjangoRunStore.commit_step = real_step  # type: ignore[method-assign]
         WriteBatch.execute = real_execute  # type: ignore[method-assign]
+        WriteBatch.execute_guarded = real_guarded  # type: ignore[method-assign]
         del connection.commit
     meter.size_writes()
     done = Run.objects.get(pk=run.pk)
