@@ -166,6 +166,10 @@ class DjangoRunStore:
         self.initial = initial
         self.audit = audit  # the step's audit rows, added by the tool gateway, committed (or dropped) here
         self._known: _Known | None = None  # set by each commit: the next step may commit in one statement
+        #: a guarded commit found another writer had come between (most often another run of the tenant sealing audit
+        #: rows): the tenant is busy, so this store's later steps take the locked way instead of paying a statement
+        #: that writes nothing each time
+        self._contended = False
 
     def load(self, run_id: str) -> Checkpoint:
         """A fresh run gets its assembled context; a resumed one its committed log and checkpoint."""
@@ -196,7 +200,7 @@ class DjangoRunStore:
 
     def _may_guard(self, record: StepRecord) -> bool:
         known = self._known
-        return (known is not None and known.step == record.step - 1 and record.phase != Phase.FINISHED
+        return (known is not None and not self._contended and known.step == record.step - 1 and record.phase != Phase.FINISHED
                 and (known.head is not None or len(self.audit) == 0)
                 and connection.vendor == "postgresql" and not connection.in_atomic_block)
 
@@ -233,7 +237,7 @@ class DjangoRunStore:
         if found is None:
             for write in writes:  # nothing was written: the locked way seals them again after the real head
                 self.audit.add(write)
-            self._known = None
+            self._known, self._contended = None, True
             return None
         for field, value in changes.items():
             setattr(run, field, value)
