@@ -212,19 +212,9 @@ class DjangoRunStore:
         assert known is not None
         if attention.reasons_for_writes(self.audit.pending, at=now):
             return None  # marks the run for an operator: the locked way, which merges the run's reasons
-        batch = WriteBatch()
-        rows = event_rows(run, known.last_seq + 1, record.step, record.events)
-        batch.insert(RunEvent, rows)
-        batch.insert(RunMessage, (
-            RunMessage(tenant_id=run.tenant_id, run_id=run.pk, index=known.message_count + i, step=record.step, message=m)
-            for i, m in enumerate(record.appended_messages)
-        ))
         writes = self.audit.pending
         head = AuditChainHead(tenant_id=run.tenant_id, seq=known.head[0], hash=known.head[1]) if writes and known.head else None
-        if writes:
-            self.audit.commit(run.tenant_id, batch, head)  # sealed after the head this store left; kept until written
-        changes = self._changes(record, now, last_seq=known.last_seq + len(rows),
-                                message_count=known.message_count + len(record.appended_messages))
+        batch, rows, changes = self._step_writes(record, record.events, now, known.last_seq, known.message_count, head)
         batch.update_where(Run, {"id": run.pk}, **changes)
         if not batch.can_guard():
             for write in writes:
@@ -245,6 +235,22 @@ class DjangoRunStore:
                              (head.seq, head.hash) if head is not None else known.head)
         publish_after_commit(run, rows, run_summary(run))  # committed already: published now
         return StepAck(cancel_requested=bool(found[0]))
+
+    def _step_writes(self, record: StepRecord, events: list[Event], now: Any, last_seq: int, message_count: int,
+                     head: AuditChainHead | None) -> tuple[WriteBatch, list[RunEvent], dict[str, Any]]:
+        """The step's events, messages and sealed audit rows in one batch, numbered after ``last_seq`` and
+        ``message_count``, and the run row's changes (the caller adds their update, with its own additions)."""
+        run = self.run
+        batch = WriteBatch()
+        rows = event_rows(run, last_seq + 1, record.step, events)
+        batch.insert(RunEvent, rows)
+        batch.insert(RunMessage, (
+            RunMessage(tenant_id=run.tenant_id, run_id=run.pk, index=message_count + i, step=record.step, message=m)
+            for i, m in enumerate(record.appended_messages)
+        ))
+        self.audit.commit(run.tenant_id, batch, head)  # seals the rows after ``head``; its writes join the batch
+        return batch, rows, self._changes(record, now, last_seq=last_seq + len(rows),
+                                          message_count=message_count + len(record.appended_messages))
 
     def _changes(self, record: StepRecord, now: Any, *, last_seq: int, message_count: int) -> dict[str, Any]:
         return {
@@ -270,19 +276,10 @@ class DjangoRunStore:
             # A write whose outcome is unknown marks the run for an operator, with this step (agents/attention.py).
             reasons = attention.reasons_for_writes(self.audit.pending, at=now)
             events = _with_attention_events(record.events, reasons, self.audit.pending)
-            rows = event_rows(run, locked["last_seq"] + 1, record.step, events)
-            # The step's writes go out together: one statement on PostgreSQL (config/batch.py).
-            batch = WriteBatch()
-            batch.insert(RunEvent, rows)
-            batch.insert(RunMessage, (
-                RunMessage(tenant_id=run.tenant_id, run_id=run.pk, index=locked["message_count"] + i, step=record.step, message=m)
-                for i, m in enumerate(record.appended_messages)
-            ))
             wrote_audit = len(self.audit) > 0
-            self.audit.commit(run.tenant_id, batch, head)  # seals the rows after the locked head; its writes join the batch
+            # The step's writes go out together: one statement on PostgreSQL (config/batch.py).
+            batch, rows, changes = self._step_writes(record, events, now, locked["last_seq"], locked["message_count"], head)
             finished = record.phase == Phase.FINISHED
-            changes = self._changes(record, now, last_seq=locked["last_seq"] + len(rows),
-                                    message_count=locked["message_count"] + len(record.appended_messages))
             if reasons:
                 changes.update(needs_attention=True, attention_reasons=attention.with_reasons(locked["attention_reasons"], reasons))
             if finished:

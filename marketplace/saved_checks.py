@@ -68,6 +68,7 @@ def saved_problems(*, tenant_slug: str = "", live_only: bool = False) -> Iterato
     if tenant_slug:
         versions, tools, weights = (q.filter(tenant__slug=tenant_slug) for q in (versions, tools, weights))
     weighted = set(weights.values_list("version_id", flat=True))
+    found: list[SavedProblem] = []
     for version in versions.iterator(chunk_size=200):
         live = version.agent.current_version_id == version.pk or version.pk in weighted
         if live_only and not live:
@@ -75,8 +76,14 @@ def saved_problems(*, tenant_slug: str = "", live_only: bool = False) -> Iterato
         errors = _version_errors(version)
         if errors:
             kind = "flow version" if version.agent.kind == AgentKind.FLOW else "agent version"
-            yield SavedProblem(version.tenant.slug, kind, f"{version.agent.slug} v{version.number}", errors, live=live,
-                               used=Run.objects.filter(version_id=version.pk).exists(), id=str(version.pk))
+            found.append(SavedProblem(version.tenant.slug, kind, f"{version.agent.slug} v{version.number}", errors,
+                                      live=live, id=str(version.pk)))
+    # which of them runs used: one query for all of them, not one each
+    ran = Run.objects.filter(version_id__in=[p.id for p in found]).order_by().values_list("version_id", flat=True)
+    used = {str(pk) for pk in ran.distinct()}
+    for problem in found:
+        problem.used = problem.id in used
+        yield problem
     for tool in tools.iterator(chunk_size=200):
         errors = _tool_errors(tool)
         if errors:
