@@ -45,6 +45,7 @@ class RunEventsConsumer(HeartbeatConsumer):
     last_seq = 0
     _feed: run_feeds.RunFeed | None = None
     _pump: asyncio.Task[None] | None = None
+    _resync: asyncio.Task[None] | None = None
     _overflowed = False
 
     async def connect(self) -> None:
@@ -73,13 +74,17 @@ class RunEventsConsumer(HeartbeatConsumer):
         async with self._sending:
             await self._backfill()
         self._pump = asyncio.get_running_loop().create_task(self._drain_inbox())
+        delay = live.resync_after()
+        if delay is not None:  # the publisher may not have known this socket yet: read the database once more
+            self._resync = asyncio.get_running_loop().create_task(self._resync_later(delay))
 
     async def disconnect(self, code: int) -> None:
-        if self._pump is not None:
-            self._pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pump
-            self._pump = None
+        for task in (self._resync, self._pump):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._resync = self._pump = None
         if self._feed is not None:
             await run_feeds.leave(self._feed, self)
             self._feed = None
@@ -119,6 +124,17 @@ class RunEventsConsumer(HeartbeatConsumer):
             # E.g. the database failed during a gap's backfill. Never leave the socket open without live frames
             # (its heartbeats would hide that): close it, and the client reconnects with ``after=<last seq>``.
             log.warning("trace socket of run %s failed; closing it", self.run_id, exc_info=True)
+            with contextlib.suppress(Exception):
+                await self.close(code=1011)
+
+    async def _resync_later(self, delay: float) -> None:
+        """What was committed while the publisher did not know this socket yet (config/live.py ``resync_after``)."""
+        await asyncio.sleep(delay)
+        try:
+            async with self._sending:
+                await self._backfill()
+        except Exception:
+            log.warning("trace socket of run %s could not resync; closing it", self.run_id, exc_info=True)
             with contextlib.suppress(Exception):
                 await self.close(code=1011)
 

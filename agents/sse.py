@@ -143,10 +143,22 @@ class RunStream:
                 for chunk in await self._backfill():  # it finished just now, or the client resumed past its end
                     yield chunk
                 return
+            loop = asyncio.get_running_loop()
+            delay = live.resync_after() if feed is not None else None
+            resync_at = loop.time() + delay if delay is not None else None  # the publisher may not have known us yet
             while not self.ended and not inbox.lost:  # a lost feed ends the stream: the client resumes by Last-Event-ID
+                if resync_at is not None and loop.time() >= resync_at:
+                    resync_at = None  # once: what was committed before the publisher knew this stream's feed
+                    for chunk in await self._backfill():
+                        yield chunk
+                    if self.ended or await _is_finished(self.run_id):
+                        return
+                wait = self.keepalive if resync_at is None else max(0.0, min(self.keepalive, resync_at - loop.time()))
                 try:
-                    message = await asyncio.wait_for(inbox.queue.get(), self.keepalive)
+                    message = await asyncio.wait_for(inbox.queue.get(), wait)
                 except TimeoutError:
+                    if resync_at is not None and loop.time() >= resync_at:
+                        continue  # the resync above, not a keep-alive
                     yield b": keep-alive\n\n"
                     for chunk in await self._backfill():  # heals a dropped last step
                         yield chunk

@@ -108,14 +108,27 @@ def flush(timeout: float = PUBLISH_TIMEOUT_SECONDS) -> bool:
     return _publisher.flush(timeout)
 
 
-def _send(groups_and_messages: list[tuple[str, dict[str, Any]]]) -> None:
+#: Watchers read the database once more this long after their members_ttl, for what was sent while they joined.
+RESYNC_MARGIN_SECONDS = 0.25
+
+
+def resync_after() -> float | None:
+    """Seconds after joining a run's group (or the tenant's run list) when a watcher reads the database once more:
+    the publisher may use members read up to ``members_ttl`` before a send (config/redis_layer.py), so a watcher that
+    joined in between was not sent what was committed until then. None: every send reads the members (no resync)."""
+    ttl = float(getattr(get_channel_layer(), "members_ttl", 0.0) or 0.0)
+    return ttl + RESYNC_MARGIN_SECONDS if ttl > 0 else None
+
+
+def _send(groups_and_messages: list[tuple[str, dict[str, Any]]], *, cached: bool = False) -> None:
+    """``cached``: the groups' watchers resync (:func:`resync_after`), so their members may be read as of a moment ago."""
     layer = get_channel_layer()
     if layer is None:
         return
 
     send_groups = getattr(layer, "send_groups", None)
     if send_groups is not None:  # config/redis_layer.py: one synchronous pipeline for all the groups
-        _publisher.submit(lambda: send_groups(groups_and_messages))
+        _publisher.submit(lambda: send_groups(groups_and_messages, cached=cached))
         return
 
     async def send_all() -> None:
@@ -142,7 +155,8 @@ def publish_run_events(*, run_id: Any, tenant_id: int, frames: list[dict[str, An
         [
             (run_group(run_id), {"type": "run.events", "events": frames, "texts": [encode_frame(f) for f in frames]}),
             (tenant_runs_group(tenant_id), {"type": "run.summary", "run": summary}),
-        ]
+        ],
+        cached=True,  # both kinds of watchers resync (agents/consumers.py, agents/sse.py, console/consumers.py)
     )
 
 
@@ -179,7 +193,7 @@ def publish_run_delta(*, run_id: Any, frame: dict[str, Any]) -> bool:
     def send() -> Any:
         if send_groups is not None:
             try:
-                send_groups([(group, message)])
+                send_groups([(group, message)], cached=True)  # deltas are ephemeral: one missed is not resent
             finally:
                 done()
             return None

@@ -8,6 +8,14 @@ synchronous client: every group's members in one pipeline, then, only for groups
 one more (the same expiry, capacity check and Lua script as ``group_send``, so every consumer of the stock layer
 receives them exactly as before). The receiving side is channels_redis's, unchanged.
 
+A run's trace has nobody watching most of the time, and even that answer cost a round trip a step (about 0.4 ms of
+the committing thread's time on two cores, ``bench/step_overhead.py``). A caller may therefore let the members be
+read at most once per ``members_ttl`` seconds (``LIVE_MEMBERS_TTL_SECONDS``; ``cached=True``): a watcher that
+joins a group may then miss the messages sent within that time after it joined, and the watchers of those groups
+read the database once more when that time has passed since they joined (:data:`config.live.RESYNC_AFTER_SECONDS`),
+so every committed event still reaches them, in order, once. Groups whose watchers do not resync (approvals) are
+sent uncached.
+
 It reads these of the layer (channels-redis is pinned in requirements.txt; tests/db/test_redis_layer.py fails when
 an upgrade changes them): ``hosts``, ``consistent_hash``, ``_group_key``, ``_map_channel_keys_to_connection`` (the
 per-channel serialised messages and capacities) and ``group_send``'s Lua script (:data:`GROUP_SEND_LUA`).
@@ -48,8 +56,10 @@ SEND_TIMEOUT_SECONDS = 5.0
 
 
 class RedisLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_redis is untyped
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, members_ttl: float = 0.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.members_ttl = max(0.0, float(members_ttl))
+        self._members: dict[str, tuple[float, list[str]]] = {}  # group -> (when read, monotonic; its members)
         self._sync: dict[int, redis.Redis] = {}
         self._sync_pid = 0
         self._sync_lock = threading.Lock()
@@ -58,7 +68,7 @@ class RedisLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_redis is 
         """A synchronous client for host ``index`` (a forked child makes its own)."""
         with self._sync_lock:
             if self._sync_pid != os.getpid():
-                self._sync, self._sync_pid = {}, os.getpid()
+                self._sync, self._sync_pid, self._members = {}, os.getpid(), {}
             client = self._sync.get(index)
             if client is None:
                 host = dict(self.hosts[index])
@@ -69,25 +79,37 @@ class RedisLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_redis is 
                 client = self._sync[index] = redis.Redis.from_url(address, **host)
             return client
 
-    def send_groups(self, messages: list[tuple[str, dict[str, Any]]]) -> None:
+    def send_groups(self, messages: list[tuple[str, dict[str, Any]]], *, cached: bool = False) -> None:
         """``group_send(group, message)`` for each pair, in order, from a synchronous thread: one round trip per host
-        when no group has members, two when some have."""
-        by_host: dict[int, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
-        for group, message in messages:
+        when no group has members, two when some have. ``cached``: a group's members read less than ``members_ttl``
+        seconds ago are used as read (none when no group has members: no round trip at all)."""
+        now = time.monotonic()
+        fresh = cached and self.members_ttl > 0
+        names_of: dict[int, list[str]] = {}  # position in ``messages`` -> the group's members
+        by_host: dict[int, list[tuple[int, str]]] = defaultdict(list)
+        for position, (group, _) in enumerate(messages):
             assert self.require_valid_group_name(group), "Group name not valid"
-            by_host[self.consistent_hash(group)].append((group, message))
-        members: list[tuple[str, dict[str, Any], list[str]]] = []
-        for index, pairs in by_host.items():
+            known = self._members.get(group) if fresh else None
+            if known is not None and now - known[0] < self.members_ttl:
+                names_of[position] = known[1]
+            else:
+                by_host[self.consistent_hash(group)].append((position, group))
+        if fresh and len(self._members) > 1000:  # one entry per recently published run: drop the stale ones
+            self._members = {g: k for g, k in self._members.items() if now - k[0] < self.members_ttl}
+        for index, groups in by_host.items():
             pipe = self._client(index).pipeline(transaction=False)
             expired = int(time.time()) - self.group_expiry
-            for group, _ in pairs:
+            for _, group in groups:
                 key = self._group_key(group)
                 pipe.zremrangebyscore(key, min=0, max=expired)
                 pipe.zrange(key, 0, -1)
             replies = pipe.execute()
-            for (group, message), names in zip(pairs, replies[1::2], strict=True):
-                if names:
-                    members.append((group, message, [name.decode("utf8") for name in names]))
+            for (position, group), names in zip(groups, replies[1::2], strict=True):
+                names_of[position] = [name.decode("utf8") for name in names]
+                if fresh:
+                    self._members[group] = (now, names_of[position])
+        members = [(group, message, names_of[position]) for position, (group, message) in enumerate(messages)
+                   if names_of[position]]
         if not members:
             return
         sends: dict[int, list[tuple[str, int, list[Any], list[Any]]]] = defaultdict(list)

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from config import live
 from config.parsers import loads_bounded
 from tenants.models import Tenant
 from tenants.scoping import ANONYMOUS, Actor
+
+log = logging.getLogger(__name__)
 
 #: The longest text frame a client may send (what it sends is a resend request: ``{"after": <seq>}``).
 MAX_FRAME_CHARS = 4096
@@ -81,6 +85,10 @@ class TenantFeedConsumer(HeartbeatConsumer):
 
     tenant_action = "view"
     groups_joined: list[str]
+    #: Its groups are published with members read up to a moment ago (config/live.py ``resync_after``): then
+    #: :meth:`resync` is called once, that long after joining, with what :meth:`before_joining` returned.
+    resyncs = False
+    _resync: asyncio.Task[None] | None = None
 
     def group_for(self, tenant_id: int) -> str:
         raise NotImplementedError
@@ -95,13 +103,40 @@ class TenantFeedConsumer(HeartbeatConsumer):
             await self.close()
             return
         self.actor = actor
-        for tenant_id in await _tenant_ids(actor, self.tenant_action):
+        tenant_ids = await _tenant_ids(actor, self.tenant_action)
+        delay = live.resync_after() if self.resyncs and tenant_ids else None
+        before = await self.before_joining(tenant_ids) if delay is not None else None
+        for tenant_id in tenant_ids:
             group = self.group_for(tenant_id)
             await self.channel_layer.group_add(group, self.channel_name)
             self.groups_joined.append(group)
         await self.accept()
+        if delay is not None:
+            self._resync = asyncio.get_running_loop().create_task(self._resync_later(delay, before))
+
+    async def _resync_later(self, delay: float, before: Any) -> None:
+        await asyncio.sleep(delay)
+        try:
+            await self.resync(before)
+        except Exception:
+            log.warning("could not resync a %s socket; closing it", type(self).__name__, exc_info=True)
+            with contextlib.suppress(Exception):
+                await self.close(code=1011)
+
+    async def before_joining(self, tenant_ids: list[int]) -> Any:
+        """What :meth:`resync` needs to know of the time before the socket joined its groups (see ``resyncs``)."""
+        return None
+
+    async def resync(self, before: Any) -> None:
+        """Send what the groups' messages since the socket joined would have carried (once, see ``resyncs``)."""
+        raise NotImplementedError
 
     async def disconnect(self, code: int) -> None:
+        if self._resync is not None:
+            self._resync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resync
+            self._resync = None
         for group in self.groups_joined:
             await self.channel_layer.group_discard(group, self.channel_name)
 

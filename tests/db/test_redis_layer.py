@@ -98,3 +98,46 @@ def test_an_expired_member_is_dropped_from_its_group_before_the_send() -> None:
     time.sleep(2.1)
     layer.send_groups([("g", {"type": "x.one", "n": 1})])
     assert layer._client(0).zcard(layer._group_key("g")) == 0
+
+
+def test_cached_members_are_read_once_per_ttl_and_a_later_member_is_sent_to_once_it_has_passed() -> None:
+    """``cached=True``: within ``members_ttl`` of reading a group's members no round trip reads them again (nobody
+    watching costs nothing); a member that joined meanwhile is sent to from the first send after the ttl. Uncached
+    sends (approvals) always read the members."""
+    layer = _layer(members_ttl=0.6)
+    commands: list[str] = []
+    client = layer._client(0)
+    real_execute = client.pipeline().__class__.execute
+
+    def counting(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+        commands.append(",".join(str(c[0][0]) for c in pipe.command_stack))
+        return real_execute(pipe, *args, **kwargs)
+
+    channel = f"late-{uuid.uuid4().hex}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(client.pipeline().__class__, "execute", counting)
+        layer.send_groups([("run.a", {"type": "x.one", "n": 1}), ("tenant.1.runs", {"type": "x.two", "n": 1})], cached=True)
+        assert len(commands) == 1, commands  # read once
+        asyncio.run(layer.group_add("run.a", channel))
+        commands.clear()
+        layer.send_groups([("run.a", {"type": "x.one", "n": 2}), ("tenant.1.runs", {"type": "x.two", "n": 2})], cached=True)
+        assert commands == []  # within the ttl: no round trip, and the new member is not known yet
+        layer.send_groups([("run.a", {"type": "x.one", "n": 3})])
+        assert len(commands) == 2, commands  # uncached: read, then sent to the member
+        time.sleep(0.7)
+        commands.clear()
+        layer.send_groups([("run.a", {"type": "x.one", "n": 4}), ("tenant.1.runs", {"type": "x.two", "n": 4})], cached=True)
+        assert len(commands) == 2, commands  # the ttl passed: read again, then sent
+        commands.clear()
+        layer.send_groups([("run.a", {"type": "x.one", "n": 5})], cached=True)
+        assert len(commands) == 1 and "ZRANGE" not in commands[0], commands  # members as read: only the send
+
+    async def read() -> list[dict[str, Any]]:
+        got = await _receive(layer, channel, 3)
+        try:
+            extra = await asyncio.wait_for(layer.receive(channel), 0.3)
+        except TimeoutError:
+            return got
+        return [*got, extra]
+
+    assert asyncio.run(read()) == [{"type": "x.one", "n": 3}, {"type": "x.one", "n": 4}, {"type": "x.one", "n": 5}]

@@ -45,6 +45,13 @@ def fresh_channel_layer() -> Any:
     channel_layers.backends.clear()
 
 
+@pytest.fixture(autouse=True)
+def no_resync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests pin which way each frame comes (live, or from the database for a gap); a socket's one resync
+    (config/live.py ``resync_after``; the Redis layer's members_ttl) would race them. Its own tests turn it on."""
+    monkeypatch.setattr(live, "resync_after", lambda: None)
+
+
 def _run(world: World) -> Run:
     session = Session.objects.create(tenant=world.tenant, agent=world.agent)
     return Run.objects.create(tenant=world.tenant, agent=world.agent, version=world.version, session=session,
@@ -56,6 +63,16 @@ def _commit(run: Run, count: int) -> list[RunEvent]:
     rows = event_rows(run, first, 1, [Event(type="tool.stage", payload={"i": first + k}) for k in range(count)])
     RunEvent.objects.bulk_create(rows)
     return rows
+
+
+def _commit_elsewhere(run: Run, count: int) -> list[RunEvent]:
+    """:func:`_commit` from another thread (``asyncio.to_thread``), which then closes its database connection."""
+    from django.db import connection
+
+    try:
+        return _commit(run, count)
+    finally:
+        connection.close()
 
 
 def _message(rows: list[RunEvent], texts: list[str] | None = None) -> dict[str, Any]:
@@ -198,7 +215,7 @@ def test_the_publisher_encodes_each_masked_frame_once_in_seq_order(monkeypatch: 
     world = make_world()
     run = _run(world)
     sent: list[list[tuple[str, dict[str, Any]]]] = []
-    monkeypatch.setattr(live, "_send", sent.append)
+    monkeypatch.setattr(live, "_send", lambda pairs, *, cached=False: sent.append(pairs) if cached else None)
     events = [Event(type="tool.call", payload={"headers": {"Authorization": f"Bearer {SECRET}"}, "api_key": SECRET}),
               Event(type="tool.stage", payload={"note": f"used {SECRET}"})]
     with transaction.atomic():
@@ -330,3 +347,71 @@ def test_a_frame_the_socket_cannot_read_gets_an_error_frame_and_the_socket_stays
         await ws.disconnect()
 
     asyncio.run(scenario())
+
+
+def test_what_was_committed_while_the_publisher_did_not_know_the_socket_arrives_by_its_resync_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The publisher may use a run's members as read up to ``members_ttl`` ago (config/redis_layer.py): a step it
+    committed then was not sent to a socket that had just joined. That long after joining, the socket reads the
+    database once more: the step arrives, in order, and its late live message is not sent again."""
+    monkeypatch.setattr(live, "resync_after", lambda: 0.5)
+    world = make_world()
+    run = _run(world)
+    _commit(run, 2)
+
+    async def scenario() -> None:
+        ws = await _open(world, run)
+        assert [json.loads(t)["seq"] for t in await _texts(ws, 2)] == [1, 2]
+        await _settled()
+        unsent = await asyncio.to_thread(_commit_elsewhere, run, 2)  # committed; its message went to the members read before
+        assert [json.loads(t)["seq"] for t in await _texts(ws, 2)] == [3, 4]
+        await get_channel_layer().group_send(live.run_group(run.pk), _message(unsent))
+        assert await ws.receive_nothing(timeout=0.8)  # and only once: no second resync either
+        await ws.disconnect()
+
+    asyncio.run(scenario())
+
+
+def test_without_a_resync_a_step_sent_to_nobody_waits_for_the_next_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same step without the resync (every send reads the members: ``LIVE_MEMBERS_TTL_SECONDS=0``, or the
+    embedded layer) is not read from the database on its own: the resync above is what delivered it."""
+    world = make_world()
+    run = _run(world)
+
+    async def scenario() -> None:
+        ws = await _open(world, run)
+        await _settled()
+        await asyncio.to_thread(_commit_elsewhere, run, 1)
+        assert await ws.receive_nothing(timeout=1.0)
+        await ws.disconnect()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("resync", [0.5, None], ids=["resync", "no-resync"])
+def test_the_event_stream_reads_the_database_once_after_joining_too(monkeypatch: pytest.MonkeyPatch, resync: float | None) -> None:
+    """``GET /api/v1/runs/<id>/stream`` (agents/sse.py) has the same one resync as the socket; its keep-alive (which
+    also reads the database) is far off here, so what arrives within a second came by the resync."""
+    from agents.sse import RunStream
+
+    monkeypatch.setattr(live, "resync_after", lambda: resync)
+    world = make_world()
+    run = _run(world)
+    _commit(run, 1)
+
+    async def scenario() -> list[bytes]:
+        stream = RunStream(run.pk, 0, keepalive=60.0).__aiter__()
+        chunks = [await anext(stream), await anext(stream)]  # the opening comment, the backlog's seq 1
+        await asyncio.to_thread(_commit_elsewhere, run, 2)  # committed, sent to nobody
+        try:
+            while True:
+                chunks.append(await asyncio.wait_for(anext(stream), 1.5))
+        except TimeoutError:
+            pass
+        await stream.aclose()
+        return chunks
+
+    chunks = asyncio.run(scenario())
+    ids = [line for chunk in chunks for line in chunk.decode().splitlines() if line.startswith("id:")]
+    assert ids == (["id: 1", "id: 2", "id: 3"] if resync else ["id: 1"]), chunks
