@@ -25,7 +25,6 @@ each part runs at once through the ORM, in order, exactly as ``bulk_create``/``u
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 from collections.abc import Callable, Iterable
 from functools import cache
@@ -35,6 +34,8 @@ from django.conf import settings
 from django.db import connections
 from django.db.models import Field, JSONField, Model, QuerySet
 from django.db.models import sql as orm_sql
+
+from config import fastjson
 
 
 class WriteBatch:
@@ -178,7 +179,7 @@ _AND_GUARD = " AND EXISTS (SELECT 1 FROM g)"
 
 def _rows_param(rows: list[dict[str, Any]]) -> tuple[str]:
     """The rows of an INSERT or UPDATE part as its one parameter."""
-    return (json.dumps(rows, ensure_ascii=False, separators=(",", ":")),)
+    return (fastjson.dumps(rows),)
 
 
 #: How a field's value becomes the JSON value PostgreSQL reads back into its column.

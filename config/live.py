@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import os
 import queue
@@ -20,6 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from channels.layers import get_channel_layer
+
+from config import fastjson
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +140,8 @@ def _send(groups_and_messages: list[tuple[str, dict[str, Any]]], *, cached: bool
 
 
 def encode_frame(frame: dict[str, Any]) -> str:
-    """A frame's websocket text, exactly as ``AsyncJsonWebsocketConsumer.send_json`` would encode it."""
-    return json.dumps(frame)
+    """A frame's websocket text: compact JSON (config/fastjson.py), as the trace socket and the event stream send it."""
+    return fastjson.dumps(frame)
 
 
 def publish_run_events(*, run_id: Any, tenant_id: int, frames: list[dict[str, Any]], summary: dict[str, Any]) -> None:

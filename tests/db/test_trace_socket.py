@@ -225,7 +225,8 @@ def test_the_publisher_encodes_each_masked_frame_once_in_seq_order(monkeypatch: 
     [(group, message), (summary_group, _)] = sent[0]
     assert group == live.run_group(run.pk) and summary_group == live.tenant_runs_group(world.tenant.pk)
     assert [f["seq"] for f in message["events"]] == [1, 2]
-    assert message["texts"] == [json.dumps(f) for f in message["events"]]
+    assert message["texts"] == [live.encode_frame(f) for f in message["events"]]
+    assert [json.loads(text) for text in message["texts"]] == message["events"]
     assert all(SECRET not in text for text in message["texts"])
 
 
