@@ -10,11 +10,13 @@ receives them exactly as before). The receiving side is channels_redis's, unchan
 
 A run's trace has nobody watching most of the time, and even that answer cost a round trip a step (about 0.4 ms of
 the committing thread's time on two cores, ``bench/step_overhead.py``). A caller may therefore let the members be
-read at most once per ``members_ttl`` seconds (``LIVE_MEMBERS_TTL_SECONDS``; ``cached=True``): a watcher that
-joins a group may then miss the messages sent within that time after it joined, and the watchers of those groups
-read the database once more when that time has passed since they joined (:data:`config.live.RESYNC_AFTER_SECONDS`),
-so every committed event still reaches them, in order, once. Groups whose watchers do not resync (approvals) are
-sent uncached.
+read at most once per ``members_ttl`` seconds (``LIVE_MEMBERS_TTL_SECONDS``; ``cached=True``). This layer's
+``group_add`` announces each join on a pub/sub channel, and a listener thread per process and host forgets that
+group's remembered members as soon as it hears it, so a new watcher gets the next message live; while the listener is
+not subscribed nothing is remembered. A join whose word is lost all the same (or one that raced a read) may miss
+what is sent until the members are read again: the watchers of those groups read the database once more that long
+after joining (``config.live.resync_after``), so every committed event still reaches them, in order, once. Groups
+whose watchers do not resync (approvals) are sent uncached.
 
 It reads these of the layer (channels-redis is pinned in requirements.txt; tests/db/test_redis_layer.py fails when
 an upgrade changes them): ``hosts``, ``consistent_hash``, ``_group_key``, ``_map_channel_keys_to_connection`` (the
@@ -23,10 +25,13 @@ per-channel serialised messages and capacities) and ``group_send``'s Lua script 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
 import threading
 import time
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -60,15 +65,48 @@ class RedisLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_redis is 
         super().__init__(*args, **kwargs)
         self.members_ttl = max(0.0, float(members_ttl))
         self._members: dict[str, tuple[float, list[str]]] = {}  # group -> (when read, monotonic; its members)
+        self._listening: dict[int, bool] = {}  # host -> its listener is subscribed (else nothing is read from cache)
+        self._epoch = 0  # counts the changes the listeners heard: a read that overlapped one is not remembered
+        self._epochs = itertools.count(1)  # next() is atomic: listeners of several hosts may count at once
         self._sync: dict[int, redis.Redis] = {}
         self._sync_pid = 0
         self._sync_lock = threading.Lock()
 
+    @property
+    def members_channel(self) -> str:
+        """Where every ``group_add`` says which group gained a member (Redis pub/sub, one channel per prefix)."""
+        return f"{self.prefix}:members-changed"
+
+    async def group_add(self, group: str, channel: str) -> None:
+        """channels_redis's ``group_add``, then a word to every publisher that remembers the group's members, so its
+        next send reads them again (best effort: the watchers' resync covers a word lost)."""
+        await super().group_add(group, channel)
+        if self.members_ttl > 0:
+            try:
+                await self.connection(self.consistent_hash(group)).publish(self.members_channel, group)
+            except Exception:
+                log.info("could not announce a new member of %s; its watchers resync", group, exc_info=True)
+
+    def _ensure_listener(self, index: int) -> bool:
+        """Whether host ``index``'s listener is subscribed (starting it the first time): only then may members read
+        from that host be remembered."""
+        with self._sync_lock:
+            self._this_process()
+            if index not in self._listening:
+                self._listening[index] = False
+                threading.Thread(target=_listen, args=(weakref.ref(self), index, os.getpid()),
+                                 name=f"agentops-members-{index}", daemon=True).start()
+            return self._listening[index]
+
+    def _this_process(self) -> None:
+        """A forked child starts with no clients, listeners or remembered members of its parent's (under the lock)."""
+        if self._sync_pid != os.getpid():
+            self._sync, self._sync_pid, self._members, self._listening = {}, os.getpid(), {}, {}
+
     def _client(self, index: int) -> redis.Redis:
         """A synchronous client for host ``index`` (a forked child makes its own)."""
         with self._sync_lock:
-            if self._sync_pid != os.getpid():
-                self._sync, self._sync_pid, self._members = {}, os.getpid(), {}
+            self._this_process()
             client = self._sync.get(index)
             if client is None:
                 host = dict(self.hosts[index])
@@ -83,17 +121,21 @@ class RedisLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_redis is 
         """``group_send(group, message)`` for each pair, in order, from a synchronous thread: one round trip per host
         when no group has members, two when some have. ``cached``: a group's members read less than ``members_ttl``
         seconds ago are used as read (none when no group has members: no round trip at all)."""
-        now = time.monotonic()
+        now, epoch = time.monotonic(), self._epoch
         fresh = cached and self.members_ttl > 0
         names_of: dict[int, list[str]] = {}  # position in ``messages`` -> the group's members
         by_host: dict[int, list[tuple[int, str]]] = defaultdict(list)
+        subscribed: dict[int, bool] = {}  # host -> its listener was subscribed before anything here was read
         for position, (group, _) in enumerate(messages):
             assert self.require_valid_group_name(group), "Group name not valid"
-            known = self._members.get(group) if fresh else None
+            index = self.consistent_hash(group)
+            if fresh and index not in subscribed:
+                subscribed[index] = self._ensure_listener(index)
+            known = self._members.get(group) if subscribed.get(index) else None
             if known is not None and now - known[0] < self.members_ttl:
                 names_of[position] = known[1]
             else:
-                by_host[self.consistent_hash(group)].append((position, group))
+                by_host[index].append((position, group))
         if fresh and len(self._members) > 1000:  # one entry per recently published run: drop the stale ones
             self._members = {g: k for g, k in self._members.items() if now - k[0] < self.members_ttl}
         for index, groups in by_host.items():
@@ -104,9 +146,11 @@ class RedisLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_redis is 
                 pipe.zremrangebyscore(key, min=0, max=expired)
                 pipe.zrange(key, 0, -1)
             replies = pipe.execute()
+            # remembered only if the listener heard every announcement since before the read, and there was none
+            heard = subscribed.get(index, False) and self._listening.get(index, False) and self._epoch == epoch
             for (position, group), names in zip(groups, replies[1::2], strict=True):
                 names_of[position] = [name.decode("utf8") for name in names]
-                if fresh:
+                if heard:
                     self._members[group] = (now, names_of[position])
         members = [(group, message, names_of[position]) for position, (group, message) in enumerate(messages)
                    if names_of[position]]
@@ -130,3 +174,44 @@ class RedisLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_redis is 
             for (group, count, _, _), dropped in zip(batch, over, strict=True):
                 if dropped:
                     log.info("%s of %s channels over capacity in group %s", dropped, count, group)
+
+
+def _listen(ref: weakref.ref[RedisLayer], index: int, pid: int) -> None:
+    """A layer's listener on host ``index``: forgets a group's remembered members as soon as a ``group_add`` anywhere
+    announces a new one. While not subscribed (Redis down, reconnecting) the layer remembers nothing: every send reads
+    the members. It holds the layer weakly and ends with it (or in a forked child, which starts its own)."""
+    backoff = 0.5
+    while True:
+        layer = ref()
+        if layer is None or layer._sync_pid != pid:
+            return
+        pubsub = None
+        try:
+            pubsub = layer._client(index).pubsub()  # type: ignore[no-untyped-call]
+            pubsub.subscribe(layer.members_channel)
+            while layer is not None and layer._sync_pid == pid:
+                message = pubsub.get_message(timeout=1.0)
+                if message is not None and message["type"] == "subscribe":
+                    layer._epoch = next(layer._epochs)  # a read begun before this (re)subscription is not remembered
+                    layer._members, layer._listening[index] = {}, True  # what was remembered unheard is dropped
+                    backoff = 0.5
+                elif message is not None and message["type"] == "message":
+                    layer._epoch = next(layer._epochs)
+                    layer._members.pop(message["data"].decode("utf8", "replace"), None)
+                layer = None  # held weakly between messages: a layer dropped by its process ends its listener
+                layer = ref()
+        except Exception:
+            log.info("members listener of Redis host %s stopped; reading members at every send until it is back",
+                     index, exc_info=True)
+        finally:
+            layer = ref()
+            if layer is not None:
+                layer._listening[index] = False
+            if pubsub is not None:
+                with contextlib.suppress(Exception):
+                    pubsub.close()
+        if layer is None:
+            return
+        del layer
+        time.sleep(backoff)
+        backoff = min(backoff * 2, 10.0)

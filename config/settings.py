@@ -292,9 +292,10 @@ REDIS_SOCKET_TIMEOUT = env_int("REDIS_SOCKET_TIMEOUT", 30, minimum=10)
 REDIS_CONNECT_TIMEOUT = env_int("REDIS_CONNECT_TIMEOUT", 5, minimum=1)
 #: Every open websocket gets ``{"type": "heartbeat"}`` this often (0 = off); clients use it to detect a dead connection.
 WS_HEARTBEAT_SECONDS = env_int("WS_HEARTBEAT_SECONDS", 20, minimum=0)
-#: The publisher reads who watches a run (its trace, the tenant's run list) at most once per this many seconds, not at
-#: every step (config/redis_layer.py); watchers read the database once more this long after they joined, so an
-#: event sent while the publisher did not know them yet still reaches them. 0: read at every step, no second read.
+#: A worker reuses who watches a run (its trace, the tenant's run list) for up to this many seconds instead of reading
+#: it at every step (config/redis_layer.py); a new watcher's join is announced to every worker, which then reads again
+#: at once. Watchers also read the database once this long after they joined (for a lost announcement). 0: read at
+#: every step, no second read.
 LIVE_MEMBERS_TTL_SECONDS = env_float("LIVE_MEMBERS_TTL_SECONDS", 1.0, minimum=0.0)
 if LIVE_MEMBERS_TTL_SECONDS > 10:
     raise ImproperlyConfigured(f"LIVE_MEMBERS_TTL_SECONDS must be at most 10 (a new watcher may wait that long for the "

@@ -100,11 +100,15 @@ def test_an_expired_member_is_dropped_from_its_group_before_the_send() -> None:
     assert layer._client(0).zcard(layer._group_key("g")) == 0
 
 
-def test_cached_members_are_read_once_per_ttl_and_a_later_member_is_sent_to_once_it_has_passed() -> None:
-    """``cached=True``: within ``members_ttl`` of reading a group's members no round trip reads them again (nobody
-    watching costs nothing); a member that joined meanwhile is sent to from the first send after the ttl. Uncached
-    sends (approvals) always read the members."""
-    layer = _layer(members_ttl=0.6)
+def _subscribed(layer: RedisLayer) -> None:
+    """Wait until the layer's members listener is subscribed (until then nothing is remembered)."""
+    deadline = time.monotonic() + 5
+    while not layer._ensure_listener(0):
+        assert time.monotonic() < deadline, "the members listener never subscribed"
+        time.sleep(0.01)
+
+
+def _counting(layer: RedisLayer, patch: pytest.MonkeyPatch) -> list[str]:
     commands: list[str] = []
     client = layer._client(0)
     real_execute = client.pipeline().__class__.execute
@@ -113,12 +117,31 @@ def test_cached_members_are_read_once_per_ttl_and_a_later_member_is_sent_to_once
         commands.append(",".join(str(c[0][0]) for c in pipe.command_stack))
         return real_execute(pipe, *args, **kwargs)
 
+    patch.setattr(client.pipeline().__class__, "execute", counting)
+    return commands
+
+
+async def _drain(layer: RedisLayer, channel: str, count: int) -> list[dict[str, Any]]:
+    got = await _receive(layer, channel, count)
+    try:
+        extra = await asyncio.wait_for(layer.receive(channel), 0.3)
+    except TimeoutError:
+        return got
+    return [*got, extra]
+
+
+def test_cached_members_are_read_once_per_ttl_and_an_unannounced_member_is_sent_to_once_it_has_passed() -> None:
+    """``cached=True``: within ``members_ttl`` of reading a group's members no round trip reads them again (nobody
+    watching costs nothing). A member whose join was not announced (the word lost) is sent to from the first send
+    after the ttl; its watcher's resync covers the time before. Uncached sends (approvals) always read the members."""
+    layer = _layer(members_ttl=0.6)
+    _subscribed(layer)
     channel = f"late-{uuid.uuid4().hex}"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(client.pipeline().__class__, "execute", counting)
+        commands = _counting(layer, patch)
         layer.send_groups([("run.a", {"type": "x.one", "n": 1}), ("tenant.1.runs", {"type": "x.two", "n": 1})], cached=True)
         assert len(commands) == 1, commands  # read once
-        asyncio.run(layer.group_add("run.a", channel))
+        asyncio.run(RedisChannelLayer.group_add(layer, "run.a", channel))  # channels_redis's own: no announcement
         commands.clear()
         layer.send_groups([("run.a", {"type": "x.one", "n": 2}), ("tenant.1.runs", {"type": "x.two", "n": 2})], cached=True)
         assert commands == []  # within the ttl: no round trip, and the new member is not known yet
@@ -132,12 +155,34 @@ def test_cached_members_are_read_once_per_ttl_and_a_later_member_is_sent_to_once
         layer.send_groups([("run.a", {"type": "x.one", "n": 5})], cached=True)
         assert len(commands) == 1 and "ZRANGE" not in commands[0], commands  # members as read: only the send
 
-    async def read() -> list[dict[str, Any]]:
-        got = await _receive(layer, channel, 3)
-        try:
-            extra = await asyncio.wait_for(layer.receive(channel), 0.3)
-        except TimeoutError:
-            return got
-        return [*got, extra]
+    assert asyncio.run(_drain(layer, channel, 3)) == [{"type": "x.one", "n": 3}, {"type": "x.one", "n": 4},
+                                                        {"type": "x.one", "n": 5}]
 
-    assert asyncio.run(read()) == [{"type": "x.one", "n": 3}, {"type": "x.one", "n": 4}, {"type": "x.one", "n": 5}]
+
+def test_a_join_announced_by_group_add_makes_the_next_cached_send_read_the_members_again() -> None:
+    """The layer's ``group_add`` tells every publisher's listener (Redis pub/sub): the remembered members of that
+    group are forgotten at once, so a new watcher gets the very next step live, not after the ttl."""
+    layer = _layer(members_ttl=30)
+    _subscribed(layer)
+    channel = f"new-{uuid.uuid4().hex}"
+    layer.send_groups([("run.b", {"type": "x.one", "n": 1})], cached=True)
+    assert "run.b" in layer._members
+    asyncio.run(layer.group_add("run.b", channel))
+    deadline = time.monotonic() + 5
+    while "run.b" in layer._members:
+        assert time.monotonic() < deadline, "the announcement never reached the listener"
+        time.sleep(0.005)
+    layer.send_groups([("run.b", {"type": "x.one", "n": 2})], cached=True)
+    assert asyncio.run(_drain(layer, channel, 1)) == [{"type": "x.one", "n": 2}]
+
+
+def test_while_the_listener_is_not_subscribed_nothing_is_remembered() -> None:
+    """Without a subscribed listener an announcement could be missed: then every cached send reads the members."""
+    layer = _layer(members_ttl=30)
+    _subscribed(layer)
+    layer._listening[0] = False  # as while it reconnects
+    with pytest.MonkeyPatch.context() as patch:
+        commands = _counting(layer, patch)
+        for n in range(3):
+            layer.send_groups([("run.c", {"type": "x.one", "n": n})], cached=True)
+    assert len(commands) == 3 and "run.c" not in layer._members
