@@ -30,6 +30,19 @@ async def _receive(layer: RedisChannelLayer, channel: str, count: int) -> list[d
     return [await asyncio.wait_for(layer.receive(channel), 5) for _ in range(count)]
 
 
+def _counting(layer: RedisLayer, patch: pytest.MonkeyPatch) -> list[str]:
+    commands: list[str] = []
+    client = layer._client(0)
+    real_execute = client.pipeline().__class__.execute
+
+    def counting(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+        commands.append(",".join(str(c[0][0]) for c in pipe.command_stack))
+        return real_execute(pipe, *args, **kwargs)
+
+    patch.setattr(client.pipeline().__class__, "execute", counting)
+    return commands
+
+
 def test_the_script_is_channels_redis_own() -> None:
     """An upgrade of channels-redis that changes group_send's script fails here, not in production."""
     assert GROUP_SEND_LUA in inspect.getsource(RedisChannelLayer.group_send)
@@ -47,16 +60,8 @@ def test_members_of_each_group_receive_its_messages_in_order_and_an_empty_group_
         return local, plain
 
     local, plain = asyncio.run(join())
-    commands: list[str] = []
-    client = layer._client(0)
-    real_execute = client.pipeline().__class__.execute
-
-    def counting(pipe: Any, *args: Any, **kwargs: Any) -> Any:
-        commands.append(",".join(str(c[0][0]) for c in pipe.command_stack))
-        return real_execute(pipe, *args, **kwargs)
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(client.pipeline().__class__, "execute", counting)
+        commands = _counting(layer, patch)
         layer.send_groups([("nobody", {"type": "x.one", "n": 0}), ("nobody.else", {"type": "x.one", "n": 0})])
         assert len(commands) == 1, commands  # nobody watches: one round trip, nothing sent
         commands.clear()
@@ -106,19 +111,6 @@ def _subscribed(layer: RedisLayer) -> None:
     while not layer._ensure_listener(0):
         assert time.monotonic() < deadline, "the members listener never subscribed"
         time.sleep(0.01)
-
-
-def _counting(layer: RedisLayer, patch: pytest.MonkeyPatch) -> list[str]:
-    commands: list[str] = []
-    client = layer._client(0)
-    real_execute = client.pipeline().__class__.execute
-
-    def counting(pipe: Any, *args: Any, **kwargs: Any) -> Any:
-        commands.append(",".join(str(c[0][0]) for c in pipe.command_stack))
-        return real_execute(pipe, *args, **kwargs)
-
-    patch.setattr(client.pipeline().__class__, "execute", counting)
-    return commands
 
 
 async def _drain(layer: RedisLayer, channel: str, count: int) -> list[dict[str, Any]]:
