@@ -18,6 +18,8 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
+from config import live
+
 log = logging.getLogger(__name__)
 
 INBOX_SIZE = 1000  # messages (steps, deltas) a watcher may lag behind before they are dropped (steps are backfilled)
@@ -39,6 +41,7 @@ class RunFeed:
         self.joined.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failure is raised to the joiners
         self.channel = ""
         self.reader: asyncio.Task[None] | None = None
+        self.refresher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         try:
@@ -54,6 +57,7 @@ class RunFeed:
                 self.joined.set_exception(exc)
             raise
         self.reader = self.loop.create_task(self._read(), name=f"run-feed {self.group}")
+        self.refresher = self.loop.create_task(self._refresh(), name=f"run-feed refresh {self.group}")
         self.joined.set_result(None)
         if not self.watchers:  # everyone left while it was joining
             _forget(self)
@@ -71,12 +75,32 @@ class RunFeed:
         except Exception:
             # The layer failed (e.g. Redis went away): this feed is dead. Its watchers close their sockets, so
             # clients reconnect with ``after=<last seq>`` and get the gap from the database.
-            log.warning("run feed %s stopped reading; closing its %d watchers", self.group, len(self.watchers), exc_info=True)
-            _forget(self)
-            for watcher in tuple(self.watchers):
-                watcher.feed_lost()
-            self.watchers.clear()
-            await self._leave_group()
+            await self._end("stopped reading")
+
+    async def _end(self, what: str) -> None:
+        """The feed failed (called from its reader or its renewal, within an ``except``): its watchers close."""
+        log.warning("run feed %s %s; closing its %d watchers", self.group, what, len(self.watchers), exc_info=True)
+        _forget(self)
+        for watcher in tuple(self.watchers):
+            watcher.feed_lost()
+        self.watchers.clear()
+        for task in (self.reader, self.refresher):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        await self._leave_group()
+
+    async def _refresh(self) -> None:
+        """Renew the membership while the feed lives (config/live.py ``refresh_membership``): the layer drops one not
+        renewed within its group_expiry, as it drops a killed process's. A failed renewal ends the feed as a failed
+        read does, so its sockets close and their clients resume by seq, rather than silently stop receiving."""
+        try:
+            while True:
+                await asyncio.sleep(live.refresh_every(self.layer))
+                await live.refresh_membership(self.layer, self.group, self.channel)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            await self._end("could not renew its membership")
 
     async def _leave_group(self) -> None:
         if self.channel:
@@ -86,8 +110,9 @@ class RunFeed:
                 log.info("could not leave %s (it expires on its own)", self.group, exc_info=True)
 
     async def close(self) -> None:
-        if self.reader is not None:
-            self.reader.cancel()
+        for task in (self.reader, self.refresher):
+            if task is not None:
+                task.cancel()
         await self._leave_group()
 
 

@@ -121,6 +121,17 @@ def resync_after() -> float | None:
     return ttl + RESYNC_MARGIN_SECONDS if ttl > 0 else None
 
 
+def refresh_every(layer: Any) -> float:
+    """How often a holder of a group membership renews it (a third of the layer's ``group_expiry``)."""
+    return max(1.0, float(getattr(layer, "group_expiry", 86400)) / 3)
+
+
+async def refresh_membership(layer: Any, group: str, channel: str) -> None:
+    """Renew ``channel``'s membership of ``group`` (config/redis_layer.py ``group_refresh``; ``group_add`` elsewhere)."""
+    refresh = getattr(layer, "group_refresh", None) or layer.group_add
+    await refresh(group, channel)
+
+
 def _send(groups_and_messages: list[tuple[str, dict[str, Any]]], *, cached: bool = False) -> None:
     """``cached``: the groups' watchers resync (:func:`resync_after`), so their members may be read as of a moment ago."""
     layer = get_channel_layer()

@@ -87,6 +87,12 @@ class RedisLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_redis is 
             except Exception:
                 log.info("could not announce a new member of %s; its watchers resync", group, exc_info=True)
 
+    async def group_refresh(self, group: str, channel: str) -> None:
+        """Keep a live member in its group (channels_redis's ``group_add``: its join time set to now), unannounced: a
+        member refreshed is not a new one. Members not refreshed within ``group_expiry`` (a killed server process's)
+        are dropped at the next read, instead of being sent every step for a day."""
+        await super().group_add(group, channel)
+
     def _ensure_listener(self, index: int) -> bool:
         """Whether host ``index``'s listener is subscribed (starting it the first time): only then may members read
         from that host be remembered."""

@@ -297,6 +297,10 @@ WS_HEARTBEAT_SECONDS = env_int("WS_HEARTBEAT_SECONDS", 20, minimum=0)
 #: at once. Watchers also read the database once this long after they joined (for a lost announcement). 0: read at
 #: every step, no second read.
 LIVE_MEMBERS_TTL_SECONDS = env_float("LIVE_MEMBERS_TTL_SECONDS", 1.0, minimum=0.0)
+#: A websocket's channel-layer membership (a watched run's feed, a tenant's run list or approvals) is renewed every third
+#: of this many seconds while it lives; one not renewed for this long (a killed server process's) is dropped at the
+#: next send, instead of every step sending to it for channels_redis's default of a day.
+LIVE_GROUP_EXPIRY_SECONDS = env_int("LIVE_GROUP_EXPIRY_SECONDS", 300, minimum=30)
 if LIVE_MEMBERS_TTL_SECONDS > 10:
     raise ImproperlyConfigured(f"LIVE_MEMBERS_TTL_SECONDS must be at most 10 (a new watcher may wait that long for the "
                                f"events sent just before it joined), got {LIVE_MEMBERS_TTL_SECONDS}.")
@@ -319,6 +323,7 @@ else:
                 }],
                 "capacity": 1000,
                 "expiry": 60,
+                "group_expiry": LIVE_GROUP_EXPIRY_SECONDS,
                 "prefix": "agentops",
                 "members_ttl": LIVE_MEMBERS_TTL_SECONDS,
             },

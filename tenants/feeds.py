@@ -89,6 +89,7 @@ class TenantFeedConsumer(HeartbeatConsumer):
     #: :meth:`resync` is called once, that long after joining, with what :meth:`before_joining` returned.
     resyncs = False
     _resync: asyncio.Task[None] | None = None
+    _refresh: asyncio.Task[None] | None = None
 
     def group_for(self, tenant_id: int) -> str:
         raise NotImplementedError
@@ -111,8 +112,27 @@ class TenantFeedConsumer(HeartbeatConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
             self.groups_joined.append(group)
         await self.accept()
+        loop = asyncio.get_running_loop()
+        if self.groups_joined:
+            self._refresh = loop.create_task(self._renew_memberships())
         if delay is not None:
-            self._resync = asyncio.get_running_loop().create_task(self._resync_later(delay, before))
+            self._resync = loop.create_task(self._resync_later(delay, before))
+
+    async def _renew_memberships(self) -> None:
+        """Renew the socket's memberships while it lives (config/live.py ``refresh_membership``): the layer drops one
+        not renewed within its group_expiry, as it drops a killed process's. If a renewal fails the socket closes
+        (1011), and the page reconnects, rather than stay open and silently stop receiving."""
+        try:
+            while True:
+                await asyncio.sleep(live.refresh_every(self.channel_layer))
+                for group in self.groups_joined:
+                    await live.refresh_membership(self.channel_layer, group, self.channel_name)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning("a %s socket could not renew its memberships; closing it", type(self).__name__, exc_info=True)
+            with contextlib.suppress(Exception):
+                await self.close(code=1011)
 
     async def _resync_later(self, delay: float, before: Any) -> None:
         await asyncio.sleep(delay)
@@ -132,11 +152,12 @@ class TenantFeedConsumer(HeartbeatConsumer):
         raise NotImplementedError
 
     async def disconnect(self, code: int) -> None:
-        if self._resync is not None:
-            self._resync.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._resync
-            self._resync = None
+        for task in (self._resync, self._refresh):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._resync = self._refresh = None
         for group in self.groups_joined:
             await self.channel_layer.group_discard(group, self.channel_name)
 

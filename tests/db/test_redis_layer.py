@@ -178,3 +178,42 @@ def test_while_the_listener_is_not_subscribed_nothing_is_remembered() -> None:
         for n in range(3):
             layer.send_groups([("run.c", {"type": "x.one", "n": n})], cached=True)
     assert len(commands) == 3 and "run.c" not in layer._members
+
+
+def test_a_feed_renews_its_membership_unannounced_and_a_killed_processs_member_expires() -> None:
+    """agents/run_feeds.py: a live feed renews its membership every third of ``group_expiry`` (without announcing a
+    join: the publishers keep what they remember); a member nobody renews (a server process killed without leaving)
+    is dropped at the next send instead of being sent every step for a day."""
+    from agents import run_feeds
+
+    layer = _layer(group_expiry=3, members_ttl=30)
+    _subscribed(layer)
+    ghost = f"ghost-{uuid.uuid4().hex}"
+    got: list[dict[str, Any]] = []
+
+    class Watcher:
+        def deliver(self, message: dict[str, Any]) -> None:
+            got.append(message)
+
+        def feed_lost(self) -> None:
+            raise AssertionError("the feed failed")
+
+    async def scenario() -> int:
+        await RedisChannelLayer.group_add(layer, "run.d", ghost)
+        watcher = Watcher()
+        feed = await run_feeds.join(layer, "run.d", watcher)
+        await asyncio.sleep(0.3)  # the join's own announcement heard by now: renewals must add none
+        epoch = layer._epoch
+        await asyncio.sleep(3.5)  # past group_expiry: the ghost's join time is older, the feed's was renewed
+        assert layer._epoch == epoch, "a renewal was announced as a join"
+        await asyncio.to_thread(layer.send_groups, [("run.d", {"type": "run.events", "n": 1})])
+        for _ in range(100):
+            if got:
+                break
+            await asyncio.sleep(0.05)
+        members = await asyncio.to_thread(layer._client(0).zrange, layer._group_key("run.d"), 0, -1)
+        await run_feeds.leave(feed, watcher)
+        return len(members)
+
+    assert asyncio.run(scenario()) == 1  # the feed's channel only
+    assert got == [{"type": "run.events", "n": 1}]

@@ -94,3 +94,38 @@ def test_the_list_socket_reads_the_runs_that_changed_since_it_joined_of_its_tena
     assert by_id[str(active.pk)]["status"] == "finished" and by_id[rows[0]["created"]]["status"] == "queued"
     assert all(row["tenant"] == world.tenant.slug for row in rows)
     assert str(old.pk) not in by_id and str(foreign_active.pk) not in by_id
+
+
+def test_the_list_socket_renews_its_memberships_and_closes_when_it_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tenants/feeds.py: a tenant feed renews each of its groups every third of the layer's group_expiry (a member
+    not renewed is dropped: config/redis_layer.py); a renewal that fails closes the socket (1011) so the page
+    reconnects, instead of leaving it open and silent."""
+    monkeypatch.setattr(live, "resync_after", lambda: None)
+    monkeypatch.setattr(live, "refresh_every", lambda layer: 0.2)
+    renewed: list[tuple[str, str]] = []
+    failing = False
+
+    async def refresh(layer: Any, group: str, channel: str) -> None:
+        if failing:
+            raise ConnectionError("the channel layer went away")
+        renewed.append((group, channel))
+
+    monkeypatch.setattr(live, "refresh_membership", refresh)
+    world, other = make_world("renewa"), make_world("renewb")
+    actor = actor_for_user(world.operator)
+
+    async def scenario() -> dict[str, Any]:
+        nonlocal failing
+        ws = ListSocket(actor)
+        await ws.send_input({"type": "websocket.connect"})
+        assert (await ws.receive_output(5))["type"] == "websocket.accept"
+        await asyncio.sleep(0.7)
+        failing = True
+        return await ws.receive_output(3)  # no frame is sent in between: the close
+
+    closed = asyncio.run(scenario())
+    assert closed["type"] == "websocket.close" and closed.get("code") == 1011, closed
+    groups = {group for group, _ in renewed}
+    assert groups == {live.tenant_runs_group(world.tenant.pk)}, renewed  # its tenant's group only, never another's
+    assert len(renewed) >= 2 and len({channel for _, channel in renewed}) == 1
+    assert live.tenant_runs_group(other.tenant.pk) not in groups
