@@ -84,10 +84,12 @@ def event_rows(run: Run, first_seq: int, step: int, events: Iterable[Event]) -> 
 
 
 def publish_after_commit(run: Run, rows: list[RunEvent], summary: dict[str, Any]) -> None:
-    frames = [row.as_frame() for row in rows]
     metrics.observe_committed(run, rows)  # counted on commit, from the committed rows (agents/metrics.py)
     otel.observe_committed(run, rows)  # spans on commit, from the same rows; off without OTEL_EXPORTER_OTLP_ENDPOINT (agents/otel.py)
     run_id, tenant_id = run.pk, run.tenant_id
+    if live.unwatched(run_id, tenant_id):
+        return  # nobody watches the run or the tenant's list, as the layer knows without asking: nothing to frame
+    frames = [row.as_frame() for row in rows]
     transaction.on_commit(lambda: live.publish_run_events(run_id=run_id, tenant_id=tenant_id, frames=frames, summary=summary))
 
 

@@ -150,6 +150,14 @@ def _send(groups_and_messages: list[tuple[str, dict[str, Any]]], *, cached: bool
     _publisher.submit(send_all)
 
 
+def unwatched(run_id: Any, tenant_id: int) -> bool:
+    """Whether a step's publish would reach nobody, as the layer knows already without asking Redis (nobody watches
+    the run nor the tenant's run list: config/redis_layer.py ``nobody_in``); False whenever it does not know. Then the
+    step is not framed at all: a watcher who joined meanwhile gets it from the database (``resync_after``)."""
+    nobody_in = getattr(get_channel_layer(), "nobody_in", None)
+    return bool(nobody_in is not None and nobody_in((run_group(run_id), tenant_runs_group(tenant_id))))
+
+
 def encode_frame(frame: dict[str, Any]) -> str:
     """A frame's websocket text: compact JSON (config/fastjson.py), as the trace socket and the event stream send it."""
     return fastjson.dumps(frame)

@@ -33,6 +33,7 @@ import threading
 import time
 import weakref
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -92,6 +93,20 @@ class RedisLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_redis is 
         member refreshed is not a new one. Members not refreshed within ``group_expiry`` (a killed server process's)
         are dropped at the next read, instead of being sent every step for a day."""
         await super().group_add(group, channel)
+
+    def nobody_in(self, groups: Iterable[str]) -> bool:
+        """Whether a cached :meth:`send_groups` of these groups would send nothing, by what is remembered now (never
+        asking Redis): each group's members read less than ``members_ttl`` ago, none, and its host's listener
+        subscribed. A caller that gets True may skip preparing the messages at all."""
+        if self.members_ttl <= 0 or self._sync_pid != os.getpid():
+            return False
+        now = time.monotonic()
+        for group in groups:
+            known = self._members.get(group)
+            if (known is None or known[1] or now - known[0] >= self.members_ttl
+                    or not self._listening.get(self.consistent_hash(group), False)):
+                return False
+        return True
 
     def _ensure_listener(self, index: int) -> bool:
         """Whether host ``index``'s listener is subscribed (starting it the first time): only then may members read

@@ -217,3 +217,26 @@ def test_a_feed_renews_its_membership_unannounced_and_a_killed_processs_member_e
 
     assert asyncio.run(scenario()) == 1  # the feed's channel only
     assert got == [{"type": "run.events", "n": 1}]
+
+
+def test_nobody_in_says_a_cached_send_would_send_nothing_only_while_that_is_known() -> None:
+    """``nobody_in`` (what lets a worker skip framing a step nobody watches: agents/store.py) is True only when every
+    group's members were read less than the ttl ago, were none, and the listener is subscribed; never from a guess."""
+    layer = _layer(members_ttl=0.8)
+    groups = ("run.e", "tenant.9.runs")
+    assert not layer.nobody_in(groups)  # nothing known yet
+    _subscribed(layer)
+    layer.send_groups([(group, {"type": "x.one"}) for group in groups], cached=True)
+    assert layer.nobody_in(groups)
+    assert not layer.nobody_in((*groups, "run.unknown"))  # one group not known: not known to be empty
+    layer._listening[0] = False  # the listener reconnecting: an announcement could be missed
+    assert not layer.nobody_in(groups)
+    layer._listening[0] = True
+    asyncio.run(layer.group_add("run.e", f"viewer-{uuid.uuid4().hex}"))  # announced: forgotten at once
+    deadline = time.monotonic() + 5
+    while layer.nobody_in(groups):
+        assert time.monotonic() < deadline, "the announced join was never heard"
+        time.sleep(0.005)
+    layer.send_groups([("tenant.9.runs", {"type": "x.one"})], cached=True)
+    time.sleep(0.9)
+    assert not layer.nobody_in(("tenant.9.runs",))  # read longer than the ttl ago: not known any more

@@ -230,6 +230,25 @@ def test_the_publisher_encodes_each_masked_frame_once_in_seq_order(monkeypatch: 
     assert all(SECRET not in text for text in message["texts"])
 
 
+def test_a_step_nobody_watches_is_not_framed_but_still_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the layer knows that nobody watches the run nor the tenant's list (config/live.py ``unwatched``), the
+    step is neither framed nor handed to the publisher; its metrics are still counted, from the committed rows."""
+    world = make_world()
+    run = _run(world)
+    sent: list[Any] = []
+    observed: list[int] = []
+    monkeypatch.setattr(live, "_send", lambda pairs, *, cached=False: sent.append(pairs))
+    monkeypatch.setattr("agents.metrics.observe_committed", lambda run, rows: observed.append(len(rows)))
+    for nobody in (True, False):
+        monkeypatch.setattr(live, "unwatched", lambda run_id, tenant_id, nobody=nobody: nobody)
+        with transaction.atomic():
+            rows = event_rows(run, 1 if nobody else 2, 1, [Event(type="tool.stage", payload={"n": 1})])
+            RunEvent.objects.bulk_create(rows)
+            publish_after_commit(run, rows, run_summary(run))
+    assert observed == [1, 1]
+    assert len(sent) == 1 and [f["seq"] for f in sent[0][0][1]["events"]] == [2]  # only the watched step's
+
+
 def test_the_watchers_of_a_run_in_one_process_share_one_feed_which_closes_with_the_last() -> None:
     world = make_world()
     run, other = _run(world), _run(world)
