@@ -13,7 +13,7 @@ from channels.db import database_sync_to_async
 from agents import run_feeds
 from agents.models import Run, RunEvent
 from config import live
-from tenants.feeds import HeartbeatConsumer
+from tenants.feeds import HeartbeatConsumer, stop_tasks
 from tenants.scoping import ANONYMOUS, Actor
 
 log = logging.getLogger(__name__)
@@ -76,14 +76,11 @@ class RunEventsConsumer(HeartbeatConsumer):
         self._pump = asyncio.get_running_loop().create_task(self._drain_inbox())
         delay = live.resync_after()
         if delay is not None:  # the publisher may not have known this socket yet: read the database once more
-            self._resync = asyncio.get_running_loop().create_task(self._resync_later(delay))
+            self._resync = asyncio.get_running_loop().create_task(
+                self.close_on_error(lambda: self._resync_later(delay), f"of run {self.run_id} could not resync"))
 
     async def disconnect(self, code: int) -> None:
-        for task in (self._resync, self._pump):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await stop_tasks(self._resync, self._pump)
         self._resync = self._pump = None
         if self._feed is not None:
             await run_feeds.leave(self._feed, self)
@@ -130,13 +127,8 @@ class RunEventsConsumer(HeartbeatConsumer):
     async def _resync_later(self, delay: float) -> None:
         """What was committed while the publisher did not know this socket yet (config/live.py ``resync_after``)."""
         await asyncio.sleep(delay)
-        try:
-            async with self._sending:
-                await self._backfill()
-        except Exception:
-            log.warning("trace socket of run %s could not resync; closing it", self.run_id, exc_info=True)
-            with contextlib.suppress(Exception):
-                await self.close(code=1011)
+        async with self._sending:
+            await self._backfill()
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """Clients may ask for a resend from a given seq: ``{"after": <seq>}``."""

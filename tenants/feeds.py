@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -23,6 +24,15 @@ log = logging.getLogger(__name__)
 
 #: The longest text frame a client may send (what it sends is a resend request: ``{"after": <seq>}``).
 MAX_FRAME_CHARS = 4096
+
+
+async def stop_tasks(*tasks: asyncio.Task[Any] | None) -> None:
+    """Cancel each task (None skipped) and wait until it has ended."""
+    for task in tasks:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 class HeartbeatConsumer(AsyncJsonWebsocketConsumer):
@@ -63,12 +73,21 @@ class HeartbeatConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.receive_json(content, **kwargs)
 
+    async def close_on_error(self, work: Callable[[], Awaitable[None]], what: str) -> None:
+        """Await ``work()``; if it fails, log ``what`` and close the socket (1011), so the client reconnects (and
+        resumes) rather than the socket stay open, its heartbeats hiding that it no longer delivers."""
+        try:
+            await work()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning("a %s socket %s; closing it", type(self).__name__, what, exc_info=True)
+            with contextlib.suppress(Exception):
+                await self.close(code=1011)
+
     async def websocket_disconnect(self, message: dict[str, Any]) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
-            self._heartbeat = None
+        await stop_tasks(self._heartbeat)
+        self._heartbeat = None
         await super().websocket_disconnect(message)
 
 
@@ -114,34 +133,22 @@ class TenantFeedConsumer(HeartbeatConsumer):
         await self.accept()
         loop = asyncio.get_running_loop()
         if self.groups_joined:
-            self._refresh = loop.create_task(self._renew_memberships())
+            self._refresh = loop.create_task(self.close_on_error(self._renew_memberships, "could not renew its memberships"))
         if delay is not None:
-            self._resync = loop.create_task(self._resync_later(delay, before))
+            self._resync = loop.create_task(self.close_on_error(lambda: self._resync_later(delay, before), "could not resync"))
 
     async def _renew_memberships(self) -> None:
         """Renew the socket's memberships while it lives (config/live.py ``refresh_membership``): the layer drops one
         not renewed within its group_expiry, as it drops a killed process's. If a renewal fails the socket closes
-        (1011), and the page reconnects, rather than stay open and silently stop receiving."""
-        try:
-            while True:
-                await asyncio.sleep(live.refresh_every(self.channel_layer))
-                for group in self.groups_joined:
-                    await live.refresh_membership(self.channel_layer, group, self.channel_name)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.warning("a %s socket could not renew its memberships; closing it", type(self).__name__, exc_info=True)
-            with contextlib.suppress(Exception):
-                await self.close(code=1011)
+        (1011, :meth:`close_on_error`), and the page reconnects, rather than stay open and silently stop receiving."""
+        while True:
+            await asyncio.sleep(live.refresh_every(self.channel_layer))
+            for group in self.groups_joined:
+                await live.refresh_membership(self.channel_layer, group, self.channel_name)
 
     async def _resync_later(self, delay: float, before: Any) -> None:
         await asyncio.sleep(delay)
-        try:
-            await self.resync(before)
-        except Exception:
-            log.warning("could not resync a %s socket; closing it", type(self).__name__, exc_info=True)
-            with contextlib.suppress(Exception):
-                await self.close(code=1011)
+        await self.resync(before)
 
     async def before_joining(self, tenant_ids: list[int]) -> Any:
         """What :meth:`resync` needs to know of the time before the socket joined its groups (see ``resyncs``)."""
@@ -152,11 +159,7 @@ class TenantFeedConsumer(HeartbeatConsumer):
         raise NotImplementedError
 
     async def disconnect(self, code: int) -> None:
-        for task in (self._resync, self._refresh):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await stop_tasks(self._resync, self._refresh)
         self._resync = self._refresh = None
         for group in self.groups_joined:
             await self.channel_layer.group_discard(group, self.channel_name)
