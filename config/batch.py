@@ -32,7 +32,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.db import connections
-from django.db.models import Field, JSONField, Model, QuerySet
+from django.db.models import DateField, DateTimeField, Field, JSONField, Model, QuerySet
 from django.db.models import sql as orm_sql
 
 from config import fastjson
@@ -58,17 +58,19 @@ class WriteBatch:
         if not self.combine:
             model._default_manager.using(self.using).bulk_create(rows)
             return
-        opts = model._meta
-        for obj in rows:
-            if obj.pk is None:  # a default primary key (a UUID) is set here, as bulk_create does
-                obj.pk = opts.pk.get_pk_value_on_save(obj)
-        with_pk = [obj.pk is not None for obj in rows]
+        pk = model._meta.pk
+        if pk.has_default() or pk.has_db_default():
+            for obj in rows:
+                if obj.pk is None:  # a default primary key (a UUID) is set here, as bulk_create does
+                    obj.pk = pk.get_pk_value_on_save(obj)
+        attname = pk.attname
+        with_pk = [obj.__dict__.get(attname) is not None for obj in rows]
         if any(with_pk) and not all(with_pk):
             raise ValueError("a WriteBatch insert takes objects that all have a primary key, or none")
         plan = _json_insert(model, all(with_pk), self.using)
         if plan is not None:
-            statement, columns = plan
-            self._parts.append((statement, _rows_param([{column: value(obj) for column, value in columns} for obj in rows])))
+            statement, build = plan
+            self._parts.append((statement, _rows_param([build(obj) for obj in rows])))
             self._gates.append(_WHERE_GUARD)
         else:
             self._compiled_inserts(model, rows, all(with_pk))
@@ -163,8 +165,12 @@ class WriteBatch:
         """The pending parts with their gates (update_where's rows made into their parts), and the batch emptied."""
         for (statement, match, values), rows in self._rows.values():
             converts = [*match, *values]
-            self._parts.append((statement, _rows_param([
-                {f"c{i}": convert(value) for i, (convert, value) in enumerate(zip(converts, row, strict=True))} for row in rows])))
+            objects = [{f"c{i}": convert(value) for i, (convert, value) in enumerate(zip(converts, row, strict=True))}
+                       for row in rows]
+            if len(objects) == 1:
+                self._parts.append((_one_row(statement), (fastjson.dumps(objects[0]),)))
+            else:
+                self._parts.append((statement, _rows_param(objects)))
             self._gates.append(_AND_GUARD)
         self._rows = {}
         parts = [(sql, params, gate or "") for (sql, params), gate in zip(self._parts, self._gates, strict=True)]
@@ -189,12 +195,13 @@ _Reader = Callable[[Model], Any]
 
 
 @cache
-def _json_insert(model: type[Model], with_pk: bool, using: str) -> tuple[str, list[tuple[str, _Reader]]] | None:
-    """The statement inserting ``model``'s rows from one JSON array, and how to read each column, or None."""
+def _json_insert(model: type[Model], with_pk: bool, using: str) -> tuple[str, Callable[[Model], dict[str, Any]]] | None:
+    """The statement inserting ``model``'s rows from one JSON array, and how to make an object its row, or None."""
     opts = model._meta
     connection = connections[using]
     quote = connection.ops.quote_name
     columns: list[tuple[str, _Reader]] = []
+    direct: list[tuple[str, str, _Convert | None] | None] = []
     for field in opts.concrete_fields:
         if field.generated or (field is opts.pk and not with_pk):
             continue
@@ -202,10 +209,29 @@ def _json_insert(model: type[Model], with_pk: bool, using: str) -> tuple[str, li
         if reader is None:
             return None
         columns.append((field.column, reader))
+        direct.append((field.column, field.attname, _converter(field, connection)) if _plain_save(field) else None)
     names = ", ".join(quote(column) for column, _ in columns)
     table = quote(opts.db_table)
     sql = f"INSERT INTO {table} ({names}) SELECT {names} FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb)"  # noqa: S608 (the model's own quoted names)
-    return sql, columns
+    return sql, _row_builder(columns, direct)
+
+
+def _row_builder(columns: list[tuple[str, _Reader]],
+                 direct: list[tuple[str, str, _Convert | None] | None]) -> Callable[[Model], dict[str, Any]]:
+    """An object's row for the JSON form. Without ``pre_save`` of their own (``auto_now``), its fields' values are read
+    from the instance's ``__dict__`` (a step's events: 12 rows of 9 columns, a third of the CPU of a reader each)."""
+    if any(item is None for item in direct):
+        return lambda obj: {column: value(obj) for column, value in columns}
+    items = [(column, attname, None if convert is _same else convert) for column, attname, convert in cast(Any, direct)]
+
+    def build(obj: Model) -> dict[str, Any]:
+        values = obj.__dict__
+        try:
+            return {column: values[attname] if convert is None else convert(values[attname]) for column, attname, convert in items}
+        except KeyError:  # a deferred field: read as Django reads it
+            return {column: value(obj) for column, value in columns}
+
+    return build
 
 
 @cache
@@ -233,11 +259,26 @@ def _json_update(model: type[Model], match: tuple[str, ...], values: tuple[str, 
     return sql, converts[: len(match)], converts[len(match):]
 
 
+@cache
+def _one_row(sql: str) -> str:
+    """The same update for exactly one row: ``jsonb_to_record`` of one object. The planner takes a set-returning
+    function for 100 rows, so the many-row form joins by scanning the whole table (a run's step updating one run
+    read every run); for one row it looks the row up by its index."""
+    return sql.replace("FROM jsonb_to_recordset(", "FROM jsonb_to_record(", 1)
+
+
+def _plain_save(field: Field[Any, Any]) -> bool:
+    """Whether saving takes the field's value as it is (``pre_save`` changes nothing): not ``auto_now`` and the like."""
+    if isinstance(field, DateField) and type(field).pre_save in (DateField.pre_save, DateTimeField.pre_save):
+        return not (field.auto_now or field.auto_now_add)
+    return type(field).pre_save is Field.pre_save
+
+
 def _reader(field: Field[Any, Any], connection: Any) -> _Reader | None:
     convert = _converter(field, connection)
     if convert is None:
         return None
-    if type(field).pre_save is not Field.pre_save:  # auto_now and the like: as bulk_create, pre_save decides
+    if not _plain_save(field):  # auto_now and the like: as bulk_create, pre_save decides
         return lambda obj: convert(field.pre_save(obj, True))
     attname = field.attname
     return lambda obj: convert(getattr(obj, attname))

@@ -158,3 +158,58 @@ def test_update_where_falls_back_to_the_orm_for_expressions_and_null_matches(wor
     batch.execute()
     assert RunEvent.objects.get(run=run, seq=1).step == 12
     assert Session.objects.get(pk=run.session_id).turns == 4
+
+
+def test_a_one_row_update_looks_its_row_up_by_index_and_many_rows_share_one_text(world: World) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the JSON form is PostgreSQL's; SQLite runs the ORM's update")
+    runs = [_run(world) for _ in range(3)]
+    # Enough runs that a scan of the table costs more than an index lookup, with fresh statistics.
+    session = runs[0].session
+    Run.objects.bulk_create(Run(tenant=world.tenant, agent=world.agent, version=world.version, session=session, input=f"r{i}")
+                            for i in range(2000))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE agents_run")
+    one = WriteBatch()
+    one.update_where(Run, {"id": runs[0].pk}, output="one")
+    [(sql, params, _)] = one._take()
+    # One object, not an array of one: the planner counts one row (a set-returning function counts for 100 and
+    # the update joined them by reading every run of the table, a step's commit growing with the run table).
+    assert "jsonb_to_record(" in sql and "jsonb_to_recordset(" not in sql
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Index Scan using agents_run_pkey" in plan and "Seq Scan on agents_run" not in plan, plan
+
+    many = WriteBatch()
+    many.update_where(Run, {"id": runs[1].pk}, output="two")
+    many.update_where(Run, {"id": runs[2].pk}, output="three")
+    [(sql_many, _, _)] = many._take()
+    assert "jsonb_to_recordset(" in sql_many
+
+    for batch, outputs in ((one, ["one"]), (many, ["two", "three"])):
+        batch.update_where(Run, {"id": runs[0].pk}, output=outputs[0])
+        if len(outputs) > 1:
+            batch.update_where(Run, {"id": runs[1].pk}, output=outputs[1])
+        batch.execute()
+    assert [Run.objects.get(pk=r.pk).output for r in runs[:2]] == ["two", "three"]
+    assert Run.objects.get(pk=runs[2].pk).output == ""
+
+
+def test_a_rows_values_are_read_from_the_instance_and_auto_now_still_applies(world: World) -> None:
+    from config.batch import _plain_save
+
+    assert _plain_save(RunEvent._meta.get_field("at"))  # a DateTimeField without auto_now: read as it is
+    assert not _plain_save(Session._meta.get_field("updated_at"))  # auto_now: pre_save decides, as bulk_create
+    run = _run(world)
+    RunEvent.objects.bulk_create(_events(run, 1, timezone.now()))
+    whole = RunEvent.objects.get(run=run, seq=1)
+    partial = RunEvent.objects.only("seq").get(pk=whole.pk)
+    assert "payload" not in partial.__dict__
+    plan = _json_insert(RunEvent, True, "default")
+    if plan is None:
+        pytest.skip("the JSON form is PostgreSQL's")
+    _, row = plan
+    # A deferred field is read as Django reads it (a query), not a KeyError: the same row as the whole object's.
+    assert row(partial) == row(whole)
+    assert row(whole)["payload"] == DOCUMENT and row(whole)["run_id"] == str(run.pk)
