@@ -368,16 +368,50 @@ def mask_value(
     insensitively, plus :data:`ALWAYS_SENSITIVE`) are replaced; other strings go through
     :func:`mask_text` (with ``keep``) when ``mask_strings`` is true.
     """
-    declared = frozenset(normalize_key(f) for f in sensitive_fields)
-    return _mask(obj, declared, mask_strings, _keep_set(keep))
+    declared = frozenset(normalize_key(f) for f in sensitive_fields) if sensitive_fields else _NOTHING
+    return _mask(obj, declared, mask_strings, _keep_set(keep) if keep else _NOTHING)
 
 
-def _mask(obj: Any, declared: frozenset[str], mask_strings: bool, keep: frozenset[str] = frozenset()) -> Any:
+_NOTHING: frozenset[str] = frozenset()
+#: Short strings found to need no masking with nothing kept raw (so with anything kept raw too): "planning",
+#: "next step", a hook's name. Every step's events repeat them; a set lookup instead of the patterns' prefilter.
+#: Only strings the patterns left as they were are remembered, never one they masked; cleared when full.
+_CLEAN: set[str] = set()
+_CLEAN_LONGEST, _CLEAN_MOST = 64, 4096
+
+
+def _mask_string(text: str, keep: frozenset[str]) -> str:
+    if text in _CLEAN:
+        return text
+    masked = _mask_patterns(text, keep, gated=True)
+    if not keep and masked == text and len(text) <= _CLEAN_LONGEST:
+        if len(_CLEAN) >= _CLEAN_MOST:
+            _CLEAN.clear()
+        _CLEAN.add(text)
+    return masked
+
+
+_KEY_PLAIN, _KEY_CARD, _KEY_SECRET = "plain", "card", "secret"
+#: A field name's normalised form and class (plain, card, secret), remembered by name (names, never values).
+_KEYS: dict[str, tuple[str, str]] = {}
+
+
+def _key_kind(key: object) -> tuple[str, str]:
+    norm = normalize_key(key)
+    known = (norm, _KEY_CARD if norm in _CARD_KEYS else _KEY_SECRET if _sensitive_name(norm) else _KEY_PLAIN)
+    if type(key) is str and len(key) <= 128:
+        if len(_KEYS) >= 4096:
+            _KEYS.clear()
+        _KEYS[key] = known
+    return known
+
+
+def _mask(obj: Any, declared: frozenset[str], mask_strings: bool, keep: frozenset[str] = _NOTHING) -> Any:
     # Every event payload of every step comes through here: the common types are told apart by ``type()`` first (an
     # ABC ``isinstance`` costs more than the rest of a small payload's walk), a key's class is remembered by name.
     kind = type(obj)
     if kind is str:
-        return _mask_patterns(obj, keep, gated=True) if mask_strings and obj else obj
+        return _mask_string(obj, keep) if mask_strings and obj else obj
     if kind is int or kind is float or kind is bool or obj is None:
         return obj
     if isinstance(obj, list | tuple):
@@ -389,10 +423,13 @@ def _mask(obj: Any, declared: frozenset[str], mask_strings: bool, keep: frozense
             if value is None or value == "":
                 out[key] = value
                 continue
-            norm = normalize_key(key)
-            if norm in _CARD_KEYS:
+            known = _KEYS.get(key) if type(key) is str else None
+            if known is None:
+                known = _key_kind(key)
+            norm, kind_of_key = known
+            if kind_of_key is _KEY_CARD:
                 out[key] = _shape_mask(value)
-            elif _sensitive_name(norm):
+            elif kind_of_key is _KEY_SECRET:
                 out[key] = MASK
             elif norm in declared:
                 out[key] = _shape_mask(value)
