@@ -23,6 +23,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import signals
+from django.db.models.base import ModelState
 from django.utils import timezone
 
 from agents import attention, metrics, otel
@@ -78,9 +80,26 @@ if tuple(field.attname for field in RunEvent._meta.concrete_fields) != _EVENT_FI
 
 def event_rows(run: Run, first_seq: int, step: int, events: Iterable[Event]) -> list[RunEvent]:
     tenant_id, run_id = run.tenant_id, run.pk
-    return [RunEvent(None, tenant_id, run_id, first_seq + offset, step, event.type, event.span_id,
-                     event.parent_span_id or "", mask_value(event.payload), _when(event.at))
+    new = _new_event if not (signals.pre_init.has_listeners(RunEvent) or signals.post_init.has_listeners(RunEvent)) else _init_event
+    return [new((None, tenant_id, run_id, first_seq + offset, step, event.type, event.span_id,
+                 event.parent_span_id or "", mask_value(event.payload), _when(event.at)))
             for offset, event in enumerate(events)]
+
+
+def _new_event(values: tuple[Any, ...]) -> RunEvent:
+    """A new RunEvent from its column values, as ``Model.__init__`` makes it when no ``pre_init``/``post_init``
+    receiver listens (checked by the caller), at a third of the CPU: a dozen a step."""
+    event = _blank(RunEvent)
+    event._state = ModelState()
+    event.__dict__.update(zip(_EVENT_FIELDS, values, strict=True))
+    return event
+
+
+def _init_event(values: tuple[Any, ...]) -> RunEvent:
+    return RunEvent(*values)
+
+
+_blank = object.__new__
 
 
 def publish_after_commit(run: Run, rows: list[RunEvent], summary: dict[str, Any]) -> None:
