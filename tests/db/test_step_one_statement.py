@@ -169,3 +169,44 @@ def test_a_lease_taken_between_steps_writes_nothing_of_the_step(world: World, mo
     assert not RunEvent.objects.filter(run=run, step=3).exists()
     _seqs_contiguous(run)
     assert verify_tenant(world.tenant.pk) == (2, None)
+
+
+def test_the_lease_is_renewed_a_third_of_its_length_at_a_time_and_the_runs_row_updated_in_place(
+    world: World, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    import time
+
+    from agents import store
+
+    settings.RUN_LEASE_SECONDS = 90  # renewed once 30 s have passed since this store last wrote it
+    run = _run(world)
+    clock = [1000.0]
+    monkeypatch.setattr(store.time, "monotonic", lambda: clock[0])
+    expiries: dict[int, Any] = {}
+
+    def look(n: int) -> Callable[[], None]:
+        def between() -> None:
+            expiries[n] = Run.objects.values_list("lease_expires_at", flat=True).get(pk=run.pk)
+            clock[0] += 11  # 11 s a step: steps 1 and 4 renew (0 s, 33 s), 2 and 3 do not
+        return between
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_get_tuples_hot_updated(%s::regclass)", ["agents_run"])
+        hot_before = cursor.fetchone()[0]
+    ways = _execute(monkeypatch, run, 5, {n: look(n) for n in range(1, 6)})
+    assert ways[2] == ways[3] == ways[4] == "guarded"
+    assert expiries[1] == expiries[2] == expiries[3]  # steps 2 and 3 left the lease as step 1 wrote it
+    assert expiries[4] > expiries[3] and expiries[4] == expiries[5]  # step 4 renewed it: 33 s since step 1
+    assert Run.objects.get(pk=run.pk).lease_expires_at is None  # the last step gave the lease back
+
+    # The table keeps room on its pages, so a step that changes no indexed column updates its row in place.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'agents_run'")
+        assert "fillfactor=80" in (cursor.fetchone()[0] or [])
+        # A backend hands its counts to the shared statistics at the end of a transaction, at most once a second.
+        time.sleep(1.1)
+        cursor.execute("SELECT 1")
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT pg_stat_get_tuples_hot_updated(%s::regclass)", ["agents_run"])
+        hot_after = cursor.fetchone()[0]
+    assert hot_after - hot_before >= 2, (hot_before, hot_after)  # steps 2 and 3 at least
