@@ -313,19 +313,21 @@ class Run(TenantOwned):
         return self.status in ACTIVE_STATUSES
 
 
-#: The trace tables' references to their run and tenant are indexed but not checked by a database constraint.
-#: Every step appends about a dozen events and a message or two, and PostgreSQL checks a foreign key row by row:
-#: two lookups an event, a third of the step's server time in the database (bench/README.md). What the checks
-#: would catch cannot happen on the write path: a step writes only through the statement that holds the run's row
-#: locked (agents/store.py), and the tenant written is the run's own. Deletes still cascade: Django's collector
-#: deletes a run's events and messages with it (``on_delete=CASCADE`` is Django's, not the database's).
+#: The trace tables' references to their run and tenant are not checked by database constraints, and only the run
+#: is indexed (by the unique (run, seq) or (run, index)). Every step appends about a dozen events and a message or
+#: two: PostgreSQL checks a foreign key row by row (two lookups an event at commit, about 0.1 ms of the server's CPU a
+#: step) and adds each row to every index. What the checks would catch cannot happen on the write path: a step writes
+#: only through the statement that holds the run's row locked (agents/store.py), and the tenant written is the run's
+#: own. Every read of these tables is by run; by tenant alone only deleting a tenant reads them (one scan, rare).
+#: Deletes still cascade: Django's collector deletes a run's events and messages with it (``on_delete=CASCADE`` is
+#: Django's, not the database's).
 _TRACE_REFERENCE = {"on_delete": models.CASCADE, "db_constraint": False}
 
 
 class RunMessage(TenantOwned):
     """The conversation the model sees, appended a step at a time (never re-saved whole)."""
 
-    tenant = models.ForeignKey("tenants.Tenant", related_name="+", **_TRACE_REFERENCE)  # type: ignore[call-overload]
+    tenant = models.ForeignKey("tenants.Tenant", related_name="+", db_index=False, **_TRACE_REFERENCE)  # type: ignore[call-overload]
     # indexed by the unique (run, index) below, which starts with it
     run = models.ForeignKey(Run, related_name="messages", db_index=False, **_TRACE_REFERENCE)  # type: ignore[call-overload]
     index = models.PositiveIntegerField()
@@ -342,7 +344,7 @@ class RunMessage(TenantOwned):
 class RunEvent(TenantOwned):
     """One entry of a run's trace. Append-only; ``seq`` is gapless per run."""
 
-    tenant = models.ForeignKey("tenants.Tenant", related_name="+", **_TRACE_REFERENCE)  # type: ignore[call-overload]
+    tenant = models.ForeignKey("tenants.Tenant", related_name="+", db_index=False, **_TRACE_REFERENCE)  # type: ignore[call-overload]
     # indexed by the unique (run, seq) below, which starts with it
     run = models.ForeignKey(Run, related_name="events", db_index=False, **_TRACE_REFERENCE)  # type: ignore[call-overload]
     seq = models.PositiveIntegerField()
