@@ -5,6 +5,7 @@ at start-up (``MarketplaceConfig.ready()``). Read-only; no audit rows here (the 
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from typing import Any
 
@@ -108,10 +109,32 @@ def _policy_row(pk: Any) -> dict[str, Any] | None:
 
 
 def granted_scopes(tenant_id: int) -> list[str]:
-    """The scopes an owner consented to for the tenant's live plugin installs (one query)."""
+    """The scopes an owner consented to for the tenant's live plugin installs (one query, read at every run's start:
+    its SQL compiled once, as the policy read's, and unordered, so no join to the tenants for their default order)."""
+    alias = router.db_for_read(PluginInstall)
+    if connections[alias].vendor != "postgresql":
+        found: list[Any] = list(_granted_query(tenant_id))
+    else:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(_granted_sql(alias), [*_ACTIVE, tenant_id])
+            found = [json.loads(value) if isinstance(value, str) else value for (value,) in cursor.fetchall()]
     granted: list[str] = []
-    for scopes in PluginInstall.objects.filter(tenant_id=tenant_id, status__in=ACTIVE_INSTALL_STATUSES).values_list(
-        "granted_scopes", flat=True
-    ):
+    for scopes in found:
         granted.extend(str(s) for s in scopes or [])
     return granted
+
+
+_ACTIVE = [str(status.value) for status in ACTIVE_INSTALL_STATUSES]
+
+
+def _granted_query(tenant_id: int) -> QuerySet[PluginInstall, Any]:
+    return (PluginInstall.objects.filter(tenant_id=tenant_id, status__in=ACTIVE_INSTALL_STATUSES)
+            .order_by().values_list("granted_scopes", flat=True))
+
+
+@lru_cache(maxsize=8)
+def _granted_sql(alias: str) -> str:
+    statement, params = _granted_query(0).query.get_compiler(alias).as_sql()
+    if [str(p) for p in params] != [*_ACTIVE, "0"]:  # pragma: no cover - the statuses, then the tenant's id
+        raise RuntimeError(f"unexpected parameters in the granted scopes query: {params!r}")
+    return str(statement)

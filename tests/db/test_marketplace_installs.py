@@ -261,3 +261,19 @@ def test_flight_desk_demo_data() -> None:
     assert registry.call("flight_desk.rebooking_policy", {"booking_ref": "LOW001"})["same_day_only"] is True
     with pytest.raises(flight_desk.FlightDeskError, match="full"):
         registry.call("flight_desk.rebook_flight", {"booking_ref": "ABC123", "new_flight_no": "CA1236", "date": "2024-12-20"})
+
+
+def test_granted_scopes_are_the_tenants_live_installs_only() -> None:
+    from marketplace.access import granted_scopes
+
+    mine, theirs = make_world(), make_world()
+    rows = [
+        PluginInstall(tenant=mine.tenant, plugin_key="a", status=InstallStatus.INSTALLED, granted_scopes=["orders:read"]),
+        PluginInstall(tenant=mine.tenant, plugin_key="b", status=InstallStatus.PENDING_CONSENT, granted_scopes=["x:y", "z:w"]),
+        PluginInstall(tenant=mine.tenant, plugin_key="c", status=InstallStatus.DISABLED, granted_scopes=["gone:scope"]),
+        PluginInstall(tenant=theirs.tenant, plugin_key="a", status=InstallStatus.INSTALLED, granted_scopes=["orders:refund"]),
+    ]
+    PluginInstall.objects.bulk_create(rows)
+    assert sorted(granted_scopes(mine.tenant.pk)) == ["orders:read", "x:y", "z:w"]
+    assert granted_scopes(theirs.tenant.pk) == ["orders:refund"]
+    assert granted_scopes(10**9) == []
