@@ -16,16 +16,13 @@ of a run and a step that marks the run for an operator take the locked way.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import signals
-from django.db.models.base import ModelState
 from django.utils import timezone
 
 from agents import attention, metrics, otel
@@ -35,7 +32,7 @@ from audit.models import AuditChainHead
 from audit.unit_of_work import StepAudit
 from config import live
 from config.batch import WriteBatch
-from config.compiled import CompiledRead
+from config.compiled import CompiledRead, json_column, new_instance
 from runtime.protocols import Checkpoint, StepAck, StepRecord
 from runtime.types import Event, Phase, Usage
 
@@ -72,8 +69,8 @@ def run_summary(run: Run | dict[str, Any]) -> dict[str, Any]:
     }
 
 
-#: RunEvent's columns in the model's order: ``event_rows`` builds each row positionally, as Django loads rows from the
-#: database (``Model.from_db``), at half the CPU of keyword arguments. A change to the model's fields must change this.
+#: RunEvent's columns in the model's order: ``event_rows`` fills each new row's values in directly, as compiled reads
+#: fill loaded ones (config/compiled.py ``new_instance``). A change to the model's fields must change this.
 _EVENT_FIELDS = ("id", "tenant_id", "run_id", "seq", "step", "type", "span_id", "parent_span_id", "payload", "at")
 if tuple(field.attname for field in RunEvent._meta.concrete_fields) != _EVENT_FIELDS:  # pragma: no cover - a loud import error
     raise RuntimeError(f"agents.store.event_rows builds RunEvent rows as {_EVENT_FIELDS}; the model's fields changed")
@@ -81,26 +78,10 @@ if tuple(field.attname for field in RunEvent._meta.concrete_fields) != _EVENT_FI
 
 def event_rows(run: Run, first_seq: int, step: int, events: Iterable[Event]) -> list[RunEvent]:
     tenant_id, run_id = run.tenant_id, run.pk
-    new = _new_event if not (signals.pre_init.has_listeners(RunEvent) or signals.post_init.has_listeners(RunEvent)) else _init_event
-    return [new((None, tenant_id, run_id, first_seq + offset, step, event.type, event.span_id,
-                 event.parent_span_id or "", mask_value(event.payload), _when(event.at)))
+    return [cast(RunEvent, new_instance(RunEvent, _EVENT_FIELDS, (
+                None, tenant_id, run_id, first_seq + offset, step, event.type, event.span_id, event.parent_span_id or "",
+                mask_value(event.payload), _when(event.at))))
             for offset, event in enumerate(events)]
-
-
-def _new_event(values: tuple[Any, ...]) -> RunEvent:
-    """A new RunEvent from its column values, as ``Model.__init__`` makes it when no ``pre_init``/``post_init``
-    receiver listens (checked by the caller), at a third of the CPU: a dozen a step."""
-    event = _blank(RunEvent)
-    event._state = ModelState()
-    event.__dict__.update(zip(_EVENT_FIELDS, values, strict=True))
-    return event
-
-
-def _init_event(values: tuple[Any, ...]) -> RunEvent:
-    return RunEvent(*values)
-
-
-_blank = object.__new__
 
 
 def publish_after_commit(run: Run, rows: list[RunEvent], summary: dict[str, Any]) -> None:
@@ -138,11 +119,6 @@ def _lock_with_head_sql() -> str:
 
 
 _LOCK_WITH_HEAD_SQL = _lock_with_head_sql()
-
-
-def _json_column(value: Any) -> Any:
-    """A JSON column's value read with a raw cursor: Django leaves PostgreSQL's jsonb as its text (its field decodes it)."""
-    return json.loads(value) if isinstance(value, str) else value
 
 
 @dataclass
@@ -354,7 +330,7 @@ class DjangoRunStore:
                 row = cursor.fetchone()
             if row is not None:
                 locked = dict(zip(_LOCKED_FIELDS, row[: len(_LOCKED_FIELDS)], strict=True))
-                locked["attention_reasons"] = _json_column(locked["attention_reasons"])
+                locked["attention_reasons"] = json_column(locked["attention_reasons"])
                 seq, hash_ = row[len(_LOCKED_FIELDS):]
                 return locked, AuditChainHead(tenant_id=run.tenant_id, seq=seq, hash=hash_)
         locked = Run.objects.select_for_update().filter(pk=run.pk).values(*_LOCKED_FIELDS).first()

@@ -48,7 +48,7 @@ class WriteBatch:
         #: per part, how to make it wait on a guard (``execute_guarded``): appended to its SQL; None when it cannot
         self._gates: list[str | None] = []
         #: update_where's rows by (model, matched fields, set fields): (their plan, their values in field order)
-        self._rows: dict[tuple[Any, ...], tuple[tuple[str, list[_Convert], list[_Convert]], list[tuple[Any, ...]]]] = {}
+        self._rows: dict[tuple[Any, ...], tuple[tuple[tuple[str, str], list[_Convert], list[_Convert]], list[tuple[Any, ...]]]] = {}
 
     def insert(self, model: type[Model], objs: Iterable[Model]) -> None:
         """As ``model.objects.bulk_create(objs)``, without returning ids."""
@@ -59,7 +59,7 @@ class WriteBatch:
             model._default_manager.using(self.using).bulk_create(rows)
             return
         pk = model._meta.pk
-        if pk.has_default() or pk.has_db_default():
+        if pk.has_default():  # as get_pk_value_on_save: only a Python default gives a value here
             for obj in rows:
                 if obj.pk is None:  # a default primary key (a UUID) is set here, as bulk_create does
                     obj.pk = pk.get_pk_value_on_save(obj)
@@ -163,14 +163,14 @@ class WriteBatch:
 
     def _take(self) -> list[tuple[str, tuple[Any, ...], str]]:
         """The pending parts with their gates (update_where's rows made into their parts), and the batch emptied."""
-        for (statement, match, values), rows in self._rows.values():
+        for ((many, one), match, values), rows in self._rows.values():
             converts = [*match, *values]
             objects = [{f"c{i}": convert(value) for i, (convert, value) in enumerate(zip(converts, row, strict=True))}
                        for row in rows]
             if len(objects) == 1:
-                self._parts.append((_one_row(statement), (fastjson.dumps(objects[0]),)))
+                self._parts.append((one, (fastjson.dumps(objects[0]),)))
             else:
-                self._parts.append((statement, _rows_param(objects)))
+                self._parts.append((many, _rows_param(objects)))
             self._gates.append(_AND_GUARD)
         self._rows = {}
         parts = [(sql, params, gate or "") for (sql, params), gate in zip(self._parts, self._gates, strict=True)]
@@ -236,9 +236,9 @@ def _row_builder(columns: list[tuple[str, _Reader]],
 
 @cache
 def _json_update(model: type[Model], match: tuple[str, ...], values: tuple[str, ...],
-                 using: str) -> tuple[str, list[_Convert], list[_Convert]] | None:
-    """The statement updating ``model``'s rows matched on the ``match`` fields to their own ``values``, all from one
-    JSON array of ``[match values…, new values…]`` rows, and how to convert each; or None (this form cannot)."""
+                 using: str) -> tuple[tuple[str, str], list[_Convert], list[_Convert]] | None:
+    """The statements updating ``model``'s rows matched on the ``match`` fields to their own ``values``, from one JSON
+    array of rows and from one JSON object (one row), and how to convert each value; or None (this form cannot)."""
     connection = connections[using]
     quote = connection.ops.quote_name
     fields = [model._meta.get_field(name) for name in (*match, *values)]
@@ -254,17 +254,12 @@ def _json_update(model: type[Model], match: tuple[str, ...], values: tuple[str, 
     conditions = " AND ".join(f"{table}.{quote(field.column)} = v.{column}"
                               for field, column in zip(fields[: len(match)], columns[: len(match)], strict=True))
     shape = ", ".join(f"{column} {type_}" for column, type_ in zip(columns, types, strict=True))
-    sql = (f"UPDATE {table} SET {assignments} FROM jsonb_to_recordset(%s::jsonb) AS v({shape}) "  # noqa: S608 (the model's own quoted names and types)
-           f"WHERE {conditions}")
-    return sql, converts[: len(match)], converts[len(match):]
-
-
-@cache
-def _one_row(sql: str) -> str:
-    """The same update for exactly one row: ``jsonb_to_record`` of one object. The planner takes a set-returning
-    function for 100 rows, so the many-row form joins by scanning the whole table (a run's step updating one run
-    read every run); for one row it looks the row up by its index."""
-    return sql.replace("FROM jsonb_to_recordset(", "FROM jsonb_to_record(", 1)
+    # Two forms: rows from an array (``jsonb_to_recordset``), and one row from one object (``jsonb_to_record``). The
+    # planner takes a set-returning function for 100 rows, so the array form joins by scanning the whole table (a
+    # run's step updating its one run read every run); the one-row form looks the row up by its index.
+    many, one = (f"UPDATE {table} SET {assignments} FROM {function}(%s::jsonb) AS v({shape}) WHERE {conditions}"  # noqa: S608 (the model's own quoted names and types)
+                 for function in ("jsonb_to_recordset", "jsonb_to_record"))
+    return (many, one), converts[: len(match)], converts[len(match):]
 
 
 def _plain_save(field: Field[Any, Any]) -> bool:

@@ -20,6 +20,7 @@ instances are not accepted (pass their ids). The builder must use its arguments 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import threading
 import uuid
@@ -232,22 +233,43 @@ def _from_row(row: list[Any], model: type[Model], db: str, attnames: list[str], 
     return obj
 
 
-def _instance(model: type[Model], db: str, attnames: list[str], values: Sequence[Any]) -> Model:
+def _instance(model: type[Model], db: str, attnames: Sequence[str], values: Sequence[Any]) -> Model:
     """What ``model.from_db(db, attnames, values)`` makes, without running ``Model.__init__`` (its signals, its
     per-field ``setattr``: a tenth of a server's CPU on a page of runs): the loaded values go straight into the
     instance's ``__dict__``, where ``__init__`` would have put them. Only for a model that changes nothing of that
     (its own ``__init__`` or ``from_db``, a field whose attribute is not Django's plain one) and while no
     ``pre_init``/``post_init`` receiver is connected; anything else is made by ``from_db`` itself."""
-    if not _plain(model) or pre_init.receivers or post_init.receivers:
+    if not _fast(model):
         return model.from_db(db, attnames, list(values))
+    return _filled(model, db, attnames, values)
+
+
+def new_instance(model: type[Model], attnames: Sequence[str], values: Sequence[Any]) -> Model:
+    """What ``model(**dict(zip(attnames, values)))`` makes — an unsaved instance of every concrete field's value —
+    the way :func:`_instance` makes a loaded one (a step's dozen RunEvent rows: agents/store.py ``event_rows``)."""
+    if not _fast(model):
+        return model(**dict(zip(attnames, values, strict=True)))
+    return _filled(model, None, attnames, values)
+
+
+def _fast(model: type[Model]) -> bool:
+    return _plain(model) and not pre_init.receivers and not post_init.receivers
+
+
+def _filled(model: type[Model], db: str | None, attnames: Sequence[str], values: Sequence[Any]) -> Model:
     obj = model.__new__(model)
     state = ModelState()
-    state.adding = False
+    state.adding = db is None
     state.db = db
     attributes = obj.__dict__
     attributes["_state"] = state
     attributes.update(zip(attnames, values, strict=True))
     return obj
+
+
+def json_column(value: Any) -> Any:
+    """A JSON column's value read with a raw cursor: Django leaves PostgreSQL's jsonb as its text (its field decodes it)."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 _PLAIN: dict[type[Model], bool] = {}

@@ -5,13 +5,13 @@ at start-up (``MarketplaceConfig.ready()``). Read-only; no audit rows here (the 
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from typing import Any
 
 from django.db import connections, router
 from django.db.models import Q, QuerySet
 
+from config.compiled import json_column
 from marketplace.models import ACTIVE_INSTALL_STATUSES, PluginInstall
 from marketplace.release import bucket
 from tools.models import Tool
@@ -71,9 +71,15 @@ def _policy_query(pk: Any) -> QuerySet[Tool, dict[str, Any]]:
 @lru_cache(maxsize=8)
 def _policy_sql(alias: str) -> str:
     """The policy read's SQL, compiled by the ORM once per database (it runs before every tool call)."""
-    statement, params = _policy_query(0).query.get_compiler(alias).as_sql()
-    if list(params) != [0]:  # pragma: no cover - the query's one parameter is the tool's id
-        raise RuntimeError(f"unexpected parameters in the tool policy query: {params!r}")
+    return _sql_of(_policy_query(0), alias, [0], "tool policy")  # its one parameter: the tool's id
+
+
+def _sql_of(queryset: QuerySet[Any, Any], alias: str, expected: list[Any], what: str) -> str:
+    """A queryset's SQL as the ORM compiles it, checked to take exactly ``expected`` (placeholder values) as its
+    parameters, in order: the caller binds its own values in their place."""
+    statement, params = queryset.query.get_compiler(alias).as_sql()
+    if [str(p) for p in params] != [str(p) for p in expected]:  # pragma: no cover - a Django upgrade changed the SQL
+        raise RuntimeError(f"unexpected parameters in the {what} query: {params!r}")
     return str(statement)
 
 
@@ -117,7 +123,7 @@ def granted_scopes(tenant_id: int) -> list[str]:
     else:
         with connections[alias].cursor() as cursor:
             cursor.execute(_granted_sql(alias), [*_ACTIVE, tenant_id])
-            found = [json.loads(value) if isinstance(value, str) else value for (value,) in cursor.fetchall()]
+            found = [json_column(value) for (value,) in cursor.fetchall()]
     granted: list[str] = []
     for scopes in found:
         granted.extend(str(s) for s in scopes or [])
@@ -134,7 +140,4 @@ def _granted_query(tenant_id: int) -> QuerySet[PluginInstall, Any]:
 
 @lru_cache(maxsize=8)
 def _granted_sql(alias: str) -> str:
-    statement, params = _granted_query(0).query.get_compiler(alias).as_sql()
-    if [str(p) for p in params] != [*_ACTIVE, "0"]:  # pragma: no cover - the statuses, then the tenant's id
-        raise RuntimeError(f"unexpected parameters in the granted scopes query: {params!r}")
-    return str(statement)
+    return _sql_of(_granted_query(0), alias, [*_ACTIVE, 0], "granted scopes")  # the statuses, then the tenant's id
