@@ -252,6 +252,25 @@ def new_instance(model: type[Model], attnames: Sequence[str], values: Sequence[A
     return _filled(model, None, attnames, values)
 
 
+def new_with_defaults(model: type[Model], values: dict[str, Any]) -> Model:
+    """What ``model(**values)`` makes when ``values`` are given by attribute name (``run_id``, not ``run``): a field
+    not given takes its default, evaluated now (``timezone.now``, ``list``), as ``Model.__init__`` evaluates it — a
+    tool call's audit row, a step or a wave at a time (tools/gateway.py). Anything else in ``values`` (a relation's
+    object, an unknown name) goes to the constructor, which takes it or says what is wrong."""
+    fields = _CONCRETE.get(model)
+    if fields is None:
+        fields = _CONCRETE[model] = (tuple(model._meta.concrete_fields),
+                                     frozenset(f.attname for f in model._meta.concrete_fields))
+    every, names = fields
+    if not _fast(model) or not names.issuperset(values):
+        return model(**values)
+    return _filled(model, None, [f.attname for f in every],
+                   [values[f.attname] if f.attname in values else f.get_default() for f in every])
+
+
+_CONCRETE: dict[type[Model], tuple[tuple[Any, ...], frozenset[str]]] = {}
+
+
 def _fast(model: type[Model]) -> bool:
     return _plain(model) and not pre_init.receivers and not post_init.receivers
 

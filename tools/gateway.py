@@ -19,7 +19,7 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db.models import Q
@@ -29,6 +29,7 @@ from audit.masking import mask_value, summarize_arguments
 from audit.models import ToolCallAudit, ToolCallStatus
 from audit.unit_of_work import StepAudit
 from config.buckets import bucket_store
+from config.compiled import new_with_defaults
 from runtime.documents import problems as document_problems
 from runtime.serde import without_nul
 from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
@@ -408,27 +409,27 @@ class ToolGateway:
         sensitive = set(tool.sensitive_fields or []) if tool is not None else set()
         run = self.run
         arguments = s.arguments if s.args_hash else {"_raw": s.call.arguments[:500]}
-        return ToolCallAudit(
-            tenant_id=run.tenant_id,
-            run_id=run.pk,
-            agent_id=run.agent_id,
-            version_id=run.version_id,
-            session_id=run.session_id,
-            user_id=run.created_by_id,
-            api_key_id=run.api_key_id,
-            step=s.ctx.step,
-            call_id=s.call.id[:100],
-            attempt_call_ids=[s.call.id[:MAX_CALL_ID]],
-            span_id=s.ctx.span_id,
-            tool_name=s.call.name[:200],
-            arguments_summary=summarize_arguments(arguments, sensitive),
-            arguments_hash=s.args_hash or arguments_hash(arguments),
-            status=status,
-            error=error,
-            latency_ms=latency_ms,
-            result_size=result_size,
-            idempotency_key=s.idempotency_key,
-        )
+        return cast(ToolCallAudit, new_with_defaults(ToolCallAudit, {  # ToolCallAudit(...) without its __init__
+            "tenant_id": run.tenant_id,
+            "run_id": run.pk,
+            "agent_id": run.agent_id,
+            "version_id": run.version_id,
+            "session_id": run.session_id,
+            "user_id": run.created_by_id,
+            "api_key_id": run.api_key_id,
+            "step": s.ctx.step,
+            "call_id": s.call.id[:100],
+            "attempt_call_ids": [s.call.id[:MAX_CALL_ID]],
+            "span_id": s.ctx.span_id,
+            "tool_name": s.call.name[:200],
+            "arguments_summary": summarize_arguments(arguments, sensitive),
+            "arguments_hash": s.args_hash or arguments_hash(arguments),
+            "status": status,
+            "error": error,
+            "latency_ms": latency_ms,
+            "result_size": result_size,
+            "idempotency_key": s.idempotency_key,
+        }))
 
     def _audit(self, s: _Call, outcome: ToolOutcome) -> ToolOutcome:
         latency_ms = int((time.perf_counter() - s.started) * 1000)
