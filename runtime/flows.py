@@ -324,16 +324,25 @@ class FlowDefinition(Document):
     # -- the graph ------------------------------------------------------------------------------------------
 
     def node(self, node_id: str) -> Node:
-        return next(n for n in self.nodes if n.id == node_id)
+        """The top-level node of this id (``KeyError`` if there is none): looked up many times a wave."""
+        return self._by_id[node_id]
 
-    def tool_names(self) -> set[str]:
-        """The tools the graph's tool nodes name, in map bodies too: a flow's tool list."""
+    @cached_property
+    def _by_id(self) -> dict[str, Node]:
+        return {n.id: n for n in self.nodes}
+
+    def tool_names(self) -> frozenset[str]:
+        """The tools the graph's tool nodes name, in map bodies too: a flow's tool list (worked out once)."""
+        return self._tool_names
+
+    @cached_property
+    def _tool_names(self) -> frozenset[str]:
         every: list[BodyNode] = [*self.nodes, *(c for n in self.nodes if n.body for c in n.body.nodes)]
-        return {n.tool for n in every if n.kind == "tool" and n.tool}
+        return frozenset(n.tool for n in every if n.kind == "tool" and n.tool)
 
     def runs_inline(self, node_id: str) -> bool:
         """Whether a (top-level) node runs in the task that started it instead of a task of its own."""
-        node = next((n for n in self.nodes if n.id == node_id), None)
+        node = self._by_id.get(node_id)
         if node is None or node.kind not in INLINE_KINDS:
             return False
         return self.inline if node.inline is None else node.inline
