@@ -107,10 +107,13 @@ def _with_attention_events(events: list[Event], reasons: list[dict[str, Any]], w
 _LOCKED_FIELDS = ("last_seq", "message_count", "step", "lease_token", "cancel_requested", "attention_reasons")
 
 
-def _lock_with_head_sql() -> str:
+def _lock_sql(with_head: bool) -> str:
+    """The run's row (and the tenant's audit chain head) locked and read, one statement; its text fixed."""
     run, head = Run._meta, AuditChainHead._meta
     columns = ", ".join(f'r."{run.get_field(name).column}"' for name in _LOCKED_FIELDS)
     # Table and column names come from the models' metadata; the one value is a parameter.
+    if not with_head:
+        return f'SELECT {columns} FROM "{run.db_table}" r WHERE r."{run.pk.column}" = %s FOR UPDATE OF r'  # noqa: S608
     return (
         f'SELECT {columns}, h."{head.get_field("seq").column}", h."{head.get_field("hash").column}" '  # noqa: S608
         f'FROM "{run.db_table}" r JOIN "{head.db_table}" h ON h."{head.pk.column}" = r."{run.get_field("tenant").column}" '
@@ -118,7 +121,7 @@ def _lock_with_head_sql() -> str:
     )
 
 
-_LOCK_WITH_HEAD_SQL = _lock_with_head_sql()
+_LOCK_SQL = {True: _lock_sql(True), False: _lock_sql(False)}
 
 
 @dataclass
@@ -324,17 +327,21 @@ class DjangoRunStore:
         head in ``audit.chain.write_sealed`` (which creates it on the tenant's first row). Either way both
         locks are held from here to the commit, the run row's taken first.
         """
-        if chain_head and connection.vendor == "postgresql":
+        if connection.vendor != "postgresql":
+            return Run.objects.select_for_update().filter(pk=run.pk).values(*_LOCKED_FIELDS).first(), None
+        for with_head in (True, False) if chain_head else (False,):  # a tenant's first audit row: no head yet
             with connection.cursor() as cursor:
-                cursor.execute(_LOCK_WITH_HEAD_SQL, [run.pk])
+                cursor.execute(_LOCK_SQL[with_head], [run.pk])
                 row = cursor.fetchone()
-            if row is not None:
-                locked = dict(zip(_LOCKED_FIELDS, row[: len(_LOCKED_FIELDS)], strict=True))
-                locked["attention_reasons"] = json_column(locked["attention_reasons"])
-                seq, hash_ = row[len(_LOCKED_FIELDS):]
-                return locked, AuditChainHead(tenant_id=run.tenant_id, seq=seq, hash=hash_)
-        locked = Run.objects.select_for_update().filter(pk=run.pk).values(*_LOCKED_FIELDS).first()
-        return locked, None
+            if row is None:
+                continue
+            locked = dict(zip(_LOCKED_FIELDS, row[: len(_LOCKED_FIELDS)], strict=True))
+            locked["attention_reasons"] = json_column(locked["attention_reasons"])
+            if not with_head:
+                return locked, None
+            seq, hash_ = row[len(_LOCKED_FIELDS):]
+            return locked, AuditChainHead(tenant_id=run.tenant_id, seq=seq, hash=hash_)
+        return None, None
 
     def _close_session_turn(self, run: Run, record: StepRecord, batch: WriteBatch, now: Any) -> None:
         """Append the exchange to the session's conversation and carry the run's counters over: the session's row
