@@ -22,6 +22,7 @@ from approvals.decisions import cancel_for_run, resume_run
 from approvals.policy import FLOOR_OVERRIDE_ACTION, floor_for, loosening, recorded_overrides
 from audit.masking import mask_text, mask_value
 from audit.services import record_change
+from config.batch import WriteBatch
 from config.compiled import CompiledRead
 from config.errors import Conflict, Refused, only_fields
 from runtime.approval_policy import OVERRIDE_FLAG, flagged
@@ -94,14 +95,20 @@ def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None 
     # a version may keep named patterns raw (an audited opt-in); cards and secrets are always masked.
     raw = raw_input_patterns(version.policy)
     text, facts = mask_text(text, keep=raw), mask_value(facts or {}, keep=raw)
+    # The new session's row and the run's in one statement on PostgreSQL (config/batch.py): no insert SQL compiled
+    # per request. A second run with the idempotency key raises IntegrityError here, as a create would.
+    batch = WriteBatch()
     if session is None:
-        session = Session.objects.create(id=session_id, tenant_id=agent.tenant_id, agent=agent, created_by=actor.user,
-                                         api_key=actor.api_key)
-    run = Run.objects.create(
+        session = Session(id=session_id, tenant_id=agent.tenant_id, agent=agent, created_by=actor.user,
+                          api_key=actor.api_key)
+        batch.insert(Session, [session])
+    run = Run(
         tenant_id=agent.tenant_id, agent=agent, version=version, session=session,
         created_by=actor.user, api_key=actor.api_key, input=text, facts=facts or {},
         idempotency_key=idempotency_key, request_digest=request_digest, playground=playground,
     )
+    batch.insert(Run, [run])
+    batch.execute()
     if enqueue:
         enqueue_run(run.pk)
     return run
