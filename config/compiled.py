@@ -259,16 +259,15 @@ def new_with_defaults(model: type[Model], values: dict[str, Any]) -> Model:
     object, an unknown name) goes to the constructor, which takes it or says what is wrong."""
     fields = _CONCRETE.get(model)
     if fields is None:
-        fields = _CONCRETE[model] = (tuple(model._meta.concrete_fields),
-                                     frozenset(f.attname for f in model._meta.concrete_fields))
-    every, names = fields
-    if not _fast(model) or not names.issuperset(values):
+        every = model._meta.concrete_fields
+        fields = _CONCRETE[model] = (tuple(every), tuple(f.attname for f in every), frozenset(f.attname for f in every))
+    every, attnames, names = fields
+    if not names.issuperset(values):
         return model(**values)
-    return _filled(model, None, [f.attname for f in every],
-                   [values[f.attname] if f.attname in values else f.get_default() for f in every])
+    return new_instance(model, attnames, [values[f.attname] if f.attname in values else f.get_default() for f in every])
 
 
-_CONCRETE: dict[type[Model], tuple[tuple[Any, ...], frozenset[str]]] = {}
+_CONCRETE: dict[type[Model], tuple[tuple[Any, ...], tuple[str, ...], frozenset[str]]] = {}
 
 
 def _fast(model: type[Model]) -> bool:
