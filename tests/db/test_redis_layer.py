@@ -219,6 +219,21 @@ def test_a_feed_renews_its_membership_unannounced_and_a_killed_processs_member_e
     assert got == [{"type": "run.events", "n": 1}]
 
 
+def test_a_member_is_dropped_as_soon_as_it_is_older_than_group_expiry_not_up_to_a_second_later() -> None:
+    """The expiry cut-off is not truncated to whole seconds (which kept a member up to 1 s past ``group_expiry`` and made
+    the renewal test above flaky): with the clock at .05 past a second, a member 3.02 s old in a 3 s group is gone."""
+    from config import redis_layer
+
+    layer = _layer(group_expiry=3)
+    now = float(int(time.time())) + 0.05
+    key = layer._group_key("run.e")
+    layer._client(0).zadd(key, {"old-one": now - 3.02, "young-one": now - 2.9})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(redis_layer.time, "time", lambda: now)
+        layer.send_groups([("run.e", {"type": "x.one", "n": 1})])
+    assert layer._client(0).zrange(key, 0, -1) == [b"young-one"]
+
+
 def test_nobody_in_says_a_cached_send_would_send_nothing_only_while_that_is_known() -> None:
     """``nobody_in`` (what lets a worker skip framing a step nobody watches: agents/store.py) is True only when every
     group's members were read less than the ttl ago, were none, and the listener is subscribed; never from a guess."""
