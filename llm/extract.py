@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from llm.intent import split_name
@@ -114,8 +115,20 @@ def _find_all(regex: re.Pattern[str], text: str, claimed: list[Span]) -> list[tu
     return [(m.group(0), m.span()) for m in regex.finditer(text) if _free(m.span(), claimed)]
 
 
+#: Longer texts are worked out on each call and never kept (a message is a user's input).
+_CACHED_TEXT = 4096
+
+
 def find_dates(text: str, today: date) -> list[tuple[str, Span]]:
-    """Every date mentioned, as ``YYYY-MM-DD``, in order of appearance (impossible dates kept as written)."""
+    """Every date mentioned, as ``YYYY-MM-DD``, in order of appearance (impossible dates kept as written). The planner
+    extracts every scored tool's arguments from the same message: the dates are found once per (text, day)."""
+    if len(text) > _CACHED_TEXT:
+        return list(_dates.__wrapped__(text, today))
+    return list(_dates(text, today))
+
+
+@lru_cache(maxsize=256)
+def _dates(text: str, today: date) -> tuple[tuple[str, Span], ...]:
     found: list[tuple[int, str, Span]] = []
     taken: list[Span] = []
     for regex, shape in _DATE_PATTERNS:
@@ -154,7 +167,7 @@ def find_dates(text: str, today: date) -> list[tuple[str, Span]]:
             if day < today and m.group(1) in ("周", "星期"):
                 day += timedelta(days=7)
         found.append((m.start(), day.isoformat(), m.span()))
-    return [(value, span) for _, value, span in sorted(found)]
+    return tuple((value, span) for _, value, span in sorted(found))
 
 
 def _enum_mentions(values: list[Any], text: str) -> list[tuple[Any, Span]]:

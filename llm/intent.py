@@ -233,10 +233,42 @@ def _explicit(listed: tuple[str, ...], description: str) -> tuple[str, ...]:
 def tool_keywords(tool: ToolSpec) -> list[Keyword]:
     """The keywords a tool is matched by: from its name, its listed keywords and its description. Worked out once per
     distinct (name, description, keywords) in a process — the planner scores every tool on every call."""
-    name, description, listed = tool.name, tool.description or "", _listed_keywords(tool)
-    if len(name) + len(description) + sum(len(w) for w in listed) > _CACHED_TEXT:
-        return list(_keywords.__wrapped__(name, description, listed))
-    return list(_keywords(name, description, listed))
+    return list(_keywords_of(*_key_of(tool)))
+
+
+def _key_of(tool: ToolSpec) -> tuple[str, str, tuple[str, ...]]:
+    return tool.name, tool.description or "", _listed_keywords(tool)
+
+
+def _kept(name: str, description: str, listed: tuple[str, ...]) -> bool:
+    """Whether what is worked out from these texts may be kept in a cache (bounded in size: see ``_CACHED_TEXT``)."""
+    return len(name) + len(description) + sum(len(w) for w in listed) <= _CACHED_TEXT
+
+
+def _keywords_of(name: str, description: str, listed: tuple[str, ...]) -> tuple[Keyword, ...]:
+    return _keywords(name, description, listed) if _kept(name, description, listed) else _keywords.__wrapped__(
+        name, description, listed)
+
+
+#: A tool's keywords by group: (group, the group's weight, its words), in the order the groups first appear.
+Groups = tuple[tuple[str, float, tuple[str, ...]], ...]
+
+
+def tool_groups(tool: ToolSpec) -> Groups:
+    """A tool's keywords grouped (a concept's words are one group, weighted by its strongest keyword): what
+    :func:`score_tools` matches. Worked out once per distinct tool text in a process, like :func:`tool_keywords`."""
+    key = _key_of(tool)
+    return _groups(*key) if _kept(*key) else _groups.__wrapped__(*key)
+
+
+@lru_cache(maxsize=512)
+def _groups(name: str, description: str, listed: tuple[str, ...]) -> Groups:
+    groups: dict[str, tuple[float, list[str]]] = {}
+    for kw in _keywords_of(name, description, listed):
+        weight, words = groups.get(kw.group, (0.0, []))
+        words.append(kw.text)
+        groups[kw.group] = (max(weight, kw.weight), words)
+    return tuple((group, weight, tuple(words)) for group, (weight, words) in groups.items())
 
 
 @lru_cache(maxsize=512)
@@ -269,24 +301,17 @@ def score_tools(text: str, tools: Iterable[ToolSpec]) -> list[IntentScore]:
     """Score every tool against ``text``; the result keeps the tools' order."""
     tools = list(tools)
     message = MessageText(text)
-    groups_per_tool: list[dict[str, tuple[float, list[str]]]] = []
-    for tool in tools:
-        groups: dict[str, tuple[float, list[str]]] = {}
-        for kw in tool_keywords(tool):
-            weight, words = groups.get(kw.group, (0.0, []))
-            words.append(kw.text)
-            groups[kw.group] = (max(weight, kw.weight), words)
-        groups_per_tool.append(groups)
+    groups_per_tool = [tool_groups(tool) for tool in tools]
     document_frequency: dict[str, int] = {}
     for groups in groups_per_tool:
-        for group in groups:
+        for group, _, _ in groups:
             document_frequency[group] = document_frequency.get(group, 0) + 1
     total = max(1, len(tools))
     scores: list[IntentScore] = []
     for tool, groups in zip(tools, groups_per_tool, strict=True):
         score = 0.0
         matched: list[str] = []
-        for group, (weight, words) in groups.items():
+        for group, weight, words in groups:
             if any(message.contains(w) for w in words):
                 score += weight * math.log(1 + total / document_frequency[group])
                 matched.append(group.split(":", 1)[1])

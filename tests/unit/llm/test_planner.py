@@ -211,11 +211,45 @@ def test_a_huge_tool_description_is_scored_but_never_kept_in_the_keyword_cache()
     from llm import intent
 
     huge = ToolSpec("lookup", "Look up the weather forecast. " + "padding " * 20_000, {"type": "object"})
-    before = intent._keywords.cache_info().currsize
+    before = intent._keywords.cache_info().currsize, intent._groups.cache_info().currsize
     assert intent.score_tools("what is the forecast", [huge])[0].score > 0
-    assert intent._keywords.cache_info().currsize == before
+    assert (intent._keywords.cache_info().currsize, intent._groups.cache_info().currsize) == before
     intent.score_tools("anything", [ToolSpec("a", "short", {"type": "object"})])  # "short" is in the caches now
     sizes = intent._expand_cached.cache_info().currsize, intent._normal_cached.cache_info().currsize
     intent.score_tools("anything", [ToolSpec("x" * 5_000, "short", {"type": "object"})])
     assert (intent._expand_cached.cache_info().currsize, intent._normal_cached.cache_info().currsize) == sizes, \
         "a 5,000-character word is not kept either"
+
+
+def test_a_tools_keyword_groups_are_worked_out_once_and_match_as_its_keywords_do() -> None:
+    """``score_tools`` scores by the tool's cached groups: the same groups, weights and words (in order) as grouping
+    ``tool_keywords`` on each call did; a second scoring of the same tool reads the cache."""
+    from llm import intent
+
+    tool = ToolSpec("query_logistics", "Track a parcel. Keywords: shipment, 物流", {"type": "object"})
+    expected: dict[str, tuple[float, list[str]]] = {}
+    for kw in intent.tool_keywords(tool):
+        weight, words = expected.get(kw.group, (0.0, []))
+        expected[kw.group] = (max(weight, kw.weight), [*words, kw.text])
+    assert intent.tool_groups(tool) == tuple((g, w, tuple(ws)) for g, (w, ws) in expected.items())
+    hits = intent._groups.cache_info().hits
+    assert intent.score_tools("where is my shipment", [tool])[0].score > 0
+    assert intent._groups.cache_info().hits == hits + 1
+
+
+def test_dates_are_found_once_per_message_and_a_caller_cannot_change_what_is_kept() -> None:
+    """The planner extracts every scored tool's arguments from one message: its dates are found once. What a caller
+    gets is its own list; a message longer than the cache's bound is worked out and not kept."""
+    from datetime import date
+
+    from llm import extract
+
+    today = date(2026, 12, 7)
+    first = extract.find_dates("ship it on 2026-12-24 or next monday", today)
+    assert first == [("2026-12-24", (11, 22)), ("2026-12-14", (25, 36))]
+    first.clear()
+    assert extract.find_dates("ship it on 2026-12-24 or next monday", today) == [("2026-12-24", (11, 22)),
+                                                                               ("2026-12-14", (25, 36))]
+    size = extract._dates.cache_info().currsize
+    assert extract.find_dates("x " * 3000 + "on 2026-01-02", today) == [("2026-01-02", (6003, 6013))]
+    assert extract._dates.cache_info().currsize == size
