@@ -1,16 +1,17 @@
 """End-to-end throughput of the two-step demo agent: runs/s at N in flight, POST -> finished, and where the time goes.
 
 Issue #14 goal 4. Starts its own stack on PostgreSQL + Redis (an own database, dropped afterwards): one server
-process (``manage.py serve --no-worker``) and one Celery worker (threads) per phase, a phase per worker
-concurrency given with ``--concurrency`` (default ``4,8``: what ``make worker`` runs, and twice that). Each phase
-sends ``--runs`` demo runs (``POST /api/v1/runs``) keeping ``--in-flight`` of them unfinished at a time, and watches
-them finish from the database (one query every 20 ms for all runs in flight, so watching costs the API nothing).
+process (``manage.py serve --no-worker``) and, per phase, Celery workers (threads): a phase per worker process count
+given with ``--worker-processes`` (default ``1,2``) and thread count given with ``--concurrency`` (default ``4,8``:
+what ``make worker`` runs, and twice that). Each phase sends ``--runs`` demo runs (``POST /api/v1/runs``) keeping
+``--in-flight`` of them unfinished at a time, and watches them finish from the database (one query every 20 ms for all
+runs in flight, so watching costs the API nothing).
 
 Per run: POST -> finished as the client sees it, and from the run's row the queue wait (``created_at`` ->
 ``started_at``: the task waiting for a worker thread) and the execution (``started_at`` -> ``finished_at``).
 Traffic goes to 127.0.0.1 only; every process started is stopped by its PID (also on SIGTERM).
 
-    .venv/bin/python bench/throughput.py --runs 120 --in-flight 20 --concurrency 4,8
+    .venv/bin/python bench/throughput.py --runs 120 --in-flight 20 --concurrency 4,8 --worker-processes 1,2
 """
 
 from __future__ import annotations
@@ -135,13 +136,15 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=120, help="runs per phase (at most 1000)")
     parser.add_argument("--in-flight", type=int, default=20)
     parser.add_argument("--concurrency", default="4,8", help="worker thread counts, a phase each (default 4,8)")
-    parser.add_argument("--worker-processes", type=int, default=1,
-                        help="Celery worker processes per phase, each with --concurrency threads (default 1; at most 4)")
+    parser.add_argument("--worker-processes", default="1,2",
+                        help="Celery worker process counts, each with every --concurrency (default 1,2: one process, "
+                             "and two, which on two cores take up what one process's threads leave idle; at most 4)")
     parser.add_argument("--keep-db", action="store_true")
     args = parser.parse_args()
-    workers = max(1, min(args.worker_processes, 4))
     runs, in_flight = max(1, min(args.runs, 1000)), max(1, min(args.in_flight, 100))
-    phases = [max(1, min(int(c), 32)) for c in args.concurrency.split(",") if c.strip()]
+    phases = [(max(1, min(int(w), 4)), max(1, min(int(c), 32)))
+              for w in args.worker_processes.split(",") if w.strip()
+              for c in args.concurrency.split(",") if c.strip()]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     url = database_url(DEFAULT_DB)
     workdir = Path(tempfile.mkdtemp(prefix="agentops-throughput-"))
@@ -156,12 +159,13 @@ def main() -> int:
             run_manage(env, "migrate", "--noinput")
             run_manage(env, "seed_demo")
             procs.start("server", [sys.executable, "manage.py", "serve", "--no-worker", "--port", str(port), "--workers", "1"])
-            for concurrency in phases:
+            for workers, concurrency in phases:
                 names = [f"worker{i}" for i in range(workers)]
                 for i, name in enumerate(names):
                     procs.start(name, [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=threads",
                                        f"--concurrency={concurrency}", "-Q", env["AGENTOPS_QUEUE"], "--without-gossip",
-                                       "--without-mingle", "--loglevel=WARNING", "-n", f"bench-tp-{port}-{concurrency}-{i}@%h"])
+                                       "--without-mingle", "--loglevel=WARNING",
+                                       "-n", f"bench-tp-{port}-{workers}x{concurrency}-{i}@%h"])
                 wait_healthy(base, procs)  # the server is up and sees a worker
                 wait_workers(base, workers)
                 asyncio.run(drive(base, url, min(5, runs), min(5, in_flight)))  # warm-up
@@ -179,16 +183,15 @@ def main() -> int:
                 for name in names:
                     procs.stop(name)
                 result["phases"].append(phase)
-                log(f"worker threads {concurrency}: {json.dumps(phase)}")
+                log(f"worker processes {workers} x threads {concurrency}: {json.dumps(phase)}")
     finally:
         procs.stop_all()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))
-    print(f"\nworker processes: {workers}")
-    print(f"{'threads':>7} {'runs/s':>7} {'POST->finished p50/p95 ms':>26} {'queue p50/p95 ms':>18} {'exec p50/p95 ms':>17} "
-          f"{'worker cpu ms/run':>18}")
+    print(f"\n{'processes':>9} {'threads':>7} {'runs/s':>7} {'POST->finished p50/p95 ms':>26} {'queue p50/p95 ms':>18} "
+          f"{'exec p50/p95 ms':>17} {'worker cpu ms/run':>18}")
     for p in result["phases"]:
-        print(f"{p['concurrency']:>7} {p['runs_per_s']:>7} {p['post_to_finished_ms']['p50']:>12} / "
+        print(f"{p['worker_processes']:>9} {p['concurrency']:>7} {p['runs_per_s']:>7} {p['post_to_finished_ms']['p50']:>12} / "
               f"{p['post_to_finished_ms']['p95']:<11} {p['queue_ms']['p50']:>8} / {p['queue_ms']['p95']:<7} "
               f"{p['execution_ms']['p50']:>7} / {p['execution_ms']['p95']:<7} {p['worker_cpu_ms_per_run']:>18}")
     log(f"logs in {workdir}; results in {RESULTS.relative_to(ROOT)}")
