@@ -161,7 +161,7 @@ class RedisLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_redis is 
             self._members = {g: k for g, k in self._members.items() if now - k[0] < self.members_ttl}
         for index, groups in by_host.items():
             pipe = self._client(index).pipeline(transaction=False)
-            expired = time.time() - self.group_expiry  # not truncated: a member is kept group_expiry, not up to 1 s less
+            expired = time.time() - self.group_expiry  # not truncated: a member is kept group_expiry, not up to 1 s longer
             for _, group in groups:
                 key = self._group_key(group)
                 pipe.zremrangebyscore(key, min=0, max=expired)
