@@ -15,7 +15,7 @@ from datetime import date, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from llm.intent import split_name
+from llm.intent import CACHED_TEXT, kept_or_fresh, split_name
 
 Span = tuple[int, int]
 
@@ -115,16 +115,10 @@ def _find_all(regex: re.Pattern[str], text: str, claimed: list[Span]) -> list[tu
     return [(m.group(0), m.span()) for m in regex.finditer(text) if _free(m.span(), claimed)]
 
 
-#: Longer texts are worked out on each call and never kept (a message is a user's input).
-_CACHED_TEXT = 4096
-
-
 def find_dates(text: str, today: date) -> list[tuple[str, Span]]:
     """Every date mentioned, as ``YYYY-MM-DD``, in order of appearance (impossible dates kept as written). The planner
     extracts every scored tool's arguments from the same message: the dates are found once per (text, day)."""
-    if len(text) > _CACHED_TEXT:
-        return list(_dates.__wrapped__(text, today))
-    return list(_dates(text, today))
+    return list(kept_or_fresh(_dates, len(text) <= CACHED_TEXT, text, today))  # a message is a user's input
 
 
 @lru_cache(maxsize=256)

@@ -14,7 +14,8 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import _lru_cache_wrapper, lru_cache
+from typing import Any, TypeVar
 
 from runtime.types import ToolSpec
 
@@ -183,11 +184,18 @@ for _concept, _words in SYNONYMS.items():
 #: What the caches below keep is bounded in entries and in size: a tool's name, description and keywords are a
 #: tenant's input (a description may be megabytes), so longer inputs are worked out on each call and never kept.
 _CACHED_WORD = 64
-_CACHED_TEXT = 4096
+T = TypeVar("T")
+CACHED_TEXT = 4096
+
+
+def kept_or_fresh(cache: _lru_cache_wrapper[T], kept: bool, *args: Any) -> T:
+    """``cache(*args)`` (an ``lru_cache``) when what it works out from these inputs may be kept, else the function it
+    wraps, called afresh: a tenant's or user's long text is worked out on each call and never held by the process."""
+    return cache(*args) if kept else cache.__wrapped__(*args)
 
 
 def _normal(word: str) -> str:
-    return _normal_cached(word) if len(word) <= _CACHED_WORD else _normal_cached.__wrapped__(word)
+    return kept_or_fresh(_normal_cached, len(word) <= _CACHED_WORD, word)
 
 
 @lru_cache(maxsize=8192)
@@ -196,7 +204,7 @@ def _normal_cached(word: str) -> str:
 
 
 def _expand(word: str, weight: float) -> tuple[Keyword, ...]:
-    return _expand_cached(word, weight) if len(word) <= _CACHED_WORD else _expand_cached.__wrapped__(word, weight)
+    return kept_or_fresh(_expand_cached, len(word) <= _CACHED_WORD, word, weight)
 
 
 @lru_cache(maxsize=8192)
@@ -241,13 +249,12 @@ def _key_of(tool: ToolSpec) -> tuple[str, str, tuple[str, ...]]:
 
 
 def _kept(name: str, description: str, listed: tuple[str, ...]) -> bool:
-    """Whether what is worked out from these texts may be kept in a cache (bounded in size: see ``_CACHED_TEXT``)."""
-    return len(name) + len(description) + sum(len(w) for w in listed) <= _CACHED_TEXT
+    """Whether what is worked out from these texts may be kept in a cache (bounded in size: see ``CACHED_TEXT``)."""
+    return len(name) + len(description) + sum(len(w) for w in listed) <= CACHED_TEXT
 
 
 def _keywords_of(name: str, description: str, listed: tuple[str, ...]) -> tuple[Keyword, ...]:
-    return _keywords(name, description, listed) if _kept(name, description, listed) else _keywords.__wrapped__(
-        name, description, listed)
+    return kept_or_fresh(_keywords, _kept(name, description, listed), name, description, listed)
 
 
 #: A tool's keywords by group: (group, the group's weight, its words), in the order the groups first appear.
@@ -258,7 +265,7 @@ def tool_groups(tool: ToolSpec) -> Groups:
     """A tool's keywords grouped (a concept's words are one group, weighted by its strongest keyword): what
     :func:`score_tools` matches. Worked out once per distinct tool text in a process, like :func:`tool_keywords`."""
     key = _key_of(tool)
-    return _groups(*key) if _kept(*key) else _groups.__wrapped__(*key)
+    return kept_or_fresh(_groups, _kept(*key), *key)
 
 
 @lru_cache(maxsize=512)
