@@ -287,6 +287,9 @@ class Writes:
         self._run_changes: dict[str, Any] = {}
         self.left_seq: int | None = None  # the run's last event when this transaction's writes went out
         self.wave: Wave | None = None
+        #: nodes this transaction's completions took out of the running (their leases were alive): places a
+        #: decision in the same transaction may hand on without counting the tenant's nodes (:func:`_hand_over`)
+        self.freed = 0
 
     def append(self, events: list[Event]) -> list[RunEvent]:
         """The events at the run's next seqs, one step (what :func:`_append` sends at once)."""
@@ -385,6 +388,13 @@ def _tenant_running_elsewhere(run: Run, now: Any) -> int:
         cursor.execute(_RUNNING_ELSEWHERE_SQL, [run.tenant_id, NodeStatus.RUNNING, now, run.pk])
         found = cursor.fetchone()
     return int(found[0]) if found else 0
+
+
+def _hand_over(flow: FlowDefinition, ready: list[str], wanted: list[Any], freed: int) -> bool:
+    """Whether the nodes about to start only take the places the same transaction's completions freed (a chain's
+    next node, a join after its branches), so the tenant's bound cannot be passed by starting them and its running
+    nodes need not be counted. Not with an approval among them: a decision with one starts as before."""
+    return 0 < len(ready) + len(wanted) <= freed and not any(flow.node(n).kind == "approval" for n in ready)
 
 
 def call_id(run_id: Any, node_id: str) -> str:
@@ -489,9 +499,16 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
         wanted = [(m, i, c) for m, ms in item_steps.items() for i, c in ms.ready] if not step.failed_node else []
         busy = 0  # the tenant's running nodes: counted only when there is something to start (a fan-in waits often)
         if ready or wanted:  # the tenant's other runs' and this run's live nodes, counted now that the tenant is locked
-            others = _tenant_running_elsewhere(run, now)
-            busy = others + sum(1 for nid, r in rows.items() if r.status == NodeStatus.RUNNING and nid not in stale
-                                and r.lease_expires_at is not None and r.lease_expires_at >= now)
+            own = sum(1 for nid, r in rows.items() if r.status == NodeStatus.RUNNING and nid not in stale
+                      and r.lease_expires_at is not None and r.lease_expires_at >= now)
+            if _hand_over(flow, ready, wanted, writes.freed):
+                # no count: every start (this one included) is decided under the tenant's lock and leaves its live
+                # nodes within the bound, and live nodes only ever stop; the completions of this transaction freed
+                # ``freed`` places, so the others hold at most the bound less this run's live nodes and those
+                others = max(_tenant_bound() - own - writes.freed, 0)
+            else:
+                others = _tenant_running_elsewhere(run, now)
+            busy = others + own
         room = max(_tenant_bound() - busy, 0)
         held = [n for n in ready if flow.node(n).kind != "approval"][room:]
         ready = [n for n in ready if n not in held]
@@ -757,6 +774,8 @@ def _complete(run: Run, done: list[Done], last: Writes | None = None, wave: Wave
                 log.warning("flow run %s: node %s lost its lease before committing; its result is dropped",
                             run.pk, d.node_id)
                 continue
+            if row.lease_expires_at is not None and row.lease_expires_at >= now:
+                writes.freed += 1  # a live node stops running here
             fields = {"status": d.status, "output": d.output, "chosen": d.chosen, "error": d.error, "lease_token": "",
                       "lease_expires_at": None, "finished_at": None if d.status == NodeStatus.WAITING else now}
             writes.batch.update_where(FlowNodeRun, {"run_id": run.pk, "node_id": d.node_id, "lease_token": d.token,

@@ -192,6 +192,65 @@ def test_a_tenant_at_its_node_limit_waits_visibly_and_goes_on_when_room_frees(wo
     assert drain(waiting)[0] == ["a", "b"] and waiting.terminal_reason == "final_answer"
 
 
+def _counts_tenant_nodes(sql: str) -> bool:
+    return "count(*)" in sql.lower() and "flows_flownoderun" in sql
+
+
+def test_a_chain_hands_its_place_on_without_counting_the_tenant_s_nodes_and_stays_within_the_bound(
+        world: World, settings: Any) -> None:
+    """A completion that starts no more nodes than it finished (a chain's next node, a join) cannot take the tenant past
+    its bound, so it does not count the tenant's running nodes; one that starts more does (a fan-out)."""
+    from django.test.utils import CaptureQueriesContext
+
+    settings.FLOW_TENANT_MAX_NODES = 2
+    make_flow(world, {"nodes": [lookup("a"), lookup("b", ["a"]), lookup("c", ["b"])]}, slug="chain")
+    make_flow(world, {"nodes": [lookup("x"), lookup("y")], "max_parallel": 2}, slug="pair")
+    chain = start(world, {"flow": "chain", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(chain)  # "a" runs
+    pair = start(world, {"flow": "pair", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(pair)
+    assert [n for n, _ in in_flight(Run.objects.get(pk=pair))] == ["x"]  # room for one: the tenant is at its bound
+    for expected in ("b", "c"):
+        [(node_id, token)] = in_flight(Run.objects.get(pk=chain))
+        with CaptureQueriesContext(connection) as queries:
+            execute_node(chain, node_id, token)  # done: the next node takes its place
+        assert not [q["sql"] for q in queries if _counts_tenant_nodes(q["sql"])]
+        assert [n for n, _ in in_flight(Run.objects.get(pk=chain))] == [expected]
+        assert FlowNodeRun.objects.filter(tenant_id=world.tenant.pk, status="running").count() == 2
+    [(node_id, token)] = in_flight(Run.objects.get(pk=pair))
+    execute_node(pair, node_id, token)  # "x" done: the held "y" takes its place
+    assert [n for n, _ in in_flight(Run.objects.get(pk=pair))] == ["y"]
+    drain(Run.objects.get(pk=chain))
+    drain(Run.objects.get(pk=pair))
+    make_flow(world, {"nodes": [lookup("a"), lookup("b", ["a"]), lookup("c", ["a"])]}, slug="fan")
+    fan = start(world, {"flow": "fan", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(fan)
+    [(node_id, token)] = in_flight(Run.objects.get(pk=fan))
+    with CaptureQueriesContext(connection) as queries:
+        execute_node(fan, node_id, token)  # one done, two to start: more than it freed, so the tenant's nodes are counted
+    assert [q["sql"] for q in queries if _counts_tenant_nodes(q["sql"])]
+    assert [n for n, _ in in_flight(Run.objects.get(pk=fan))] == ["b", "c"]
+
+
+def test_a_completion_whose_lease_had_lapsed_frees_no_place(world: World, settings: Any) -> None:
+    """A node whose lease lapsed no longer counts as running for the tenant's other runs, which may have filled its
+    place; when it then completes, its successor must wait for room, not take a place it did not free."""
+    settings.FLOW_TENANT_MAX_NODES = 2
+    make_flow(world, {"nodes": [lookup("a"), lookup("b", ["a"])]}, slug="chain")
+    make_flow(world, {"nodes": [lookup("x"), lookup("y")], "max_parallel": 2}, slug="pair")
+    chain = start(world, {"flow": "chain", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(chain)
+    [(node_id, token)] = in_flight(Run.objects.get(pk=chain))
+    FlowNodeRun.objects.filter(run_id=chain, node_id="a").update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    pair = start(world, {"flow": "pair", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(pair)
+    assert [n for n, _ in in_flight(Run.objects.get(pk=pair))] == ["x", "y"]  # "a" no longer counts
+    execute_node(chain, node_id, token)  # its worker was slow, not dead: the result is kept
+    assert FlowNodeRun.objects.get(run_id=chain, node_id="a").status == "done"
+    assert in_flight(Run.objects.get(pk=chain)) == []  # "b" waits: the tenant's two places are taken
+    assert RunEvent.objects.filter(run_id=chain, type="flow.throttled").exists()
+
+
 def test_a_node_whose_worker_died_starts_again_and_a_done_node_never_does(world: World) -> None:
     make_flow(world, {"nodes": [lookup("a"), lookup("b"), lookup("c", ["a", "b"])]})
     run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
