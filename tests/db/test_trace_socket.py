@@ -154,16 +154,16 @@ def test_watchers_send_the_publishers_text_heal_a_gap_from_the_database_and_neve
         # a repeated message: nothing is sent again
         await layer.group_send(group, _message(backlog[-1:], [live.encode_frame(backlog[-1].as_frame())]))
         # the message of seq 4 was lost on the way; seq 5's arrives: 4 and 5 come from the database, once each
-        lost_and_next = await asyncio.to_thread(_commit, run, 2)
+        lost_and_next = await asyncio.to_thread(_commit_elsewhere, run, 2)
         await layer.group_send(group, _message(lost_and_next[1:], [live.encode_frame(lost_and_next[1].as_frame())]))
         assert [json.loads(t)["seq"] for t in await _texts(ws, 2)] == [4, 5]
         # a live frame goes out as the publisher's text, byte for byte (not encoded again per watcher)
-        live_row = (await asyncio.to_thread(_commit, run, 1))[0]
+        live_row = (await asyncio.to_thread(_commit_elsewhere, run, 1))[0]
         marked = json.dumps({**live_row.as_frame(), "encoded": "by the publisher"})
         await layer.group_send(group, _message([live_row], [marked]))
         assert await ws.receive_from(timeout=5) == marked
         # a publisher that sent no texts (an older worker during a deploy) is still served
-        old = (await asyncio.to_thread(_commit, run, 1))[0]
+        old = (await asyncio.to_thread(_commit_elsewhere, run, 1))[0]
         await layer.group_send(group, _message([old]))
         assert json.loads(await ws.receive_from(timeout=5)) == old.as_frame()
         await layer.group_send(group, _message([old], [live.encode_frame(old.as_frame())]))
@@ -187,7 +187,7 @@ def test_live_frames_skip_the_per_message_thread_hop_other_messages_keep_it(monk
         ws = await _open(world, run)
         assert hops == ["close_old_connections"]  # the connect went through Channels' dispatch
         hops.clear()
-        rows = await asyncio.to_thread(_commit, run, 3)
+        rows = await asyncio.to_thread(_commit_elsewhere, run, 3)
         for row in rows:
             await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(row.as_frame())]))
         assert [json.loads(t)["seq"] for t in await _texts(ws, 3)] == [1, 2, 3]
@@ -256,7 +256,7 @@ def test_the_watchers_of_a_run_in_one_process_share_one_feed_which_closes_with_t
     async def scenario() -> None:
         sockets = [await _open(world, run) for _ in range(3)] + [await _open(world, other)]
         assert len(_feeds_here()) == 2  # one per watched run, not one per socket
-        row = (await asyncio.to_thread(_commit, run, 1))[0]
+        row = (await asyncio.to_thread(_commit_elsewhere, run, 1))[0]
         await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(row.as_frame())]))
         for ws in sockets[:3]:
             assert json.loads(await ws.receive_from(timeout=5))["seq"] == 1
@@ -276,7 +276,7 @@ def test_a_watcher_whose_inbox_overflowed_reads_the_dropped_frames_from_the_data
     async def scenario() -> None:
         ws = await _open(world, run)
         [watcher] = await _settled()
-        rows = await asyncio.to_thread(_commit, run, 3)
+        rows = await asyncio.to_thread(_commit_elsewhere, run, 3)
         async with watcher._sending:  # the socket is busy: one message waits in its pump, one in its inbox, one is dropped
             for row in rows:
                 await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(row.as_frame())]))
@@ -329,7 +329,7 @@ def test_a_socket_whose_gap_read_fails_is_closed_rather_left_open_without_frames
             raise ConnectionError("the database went away")
 
         monkeypatch.setattr("agents.consumers._events_after", broken)
-        rows = await asyncio.to_thread(_commit, run, 2)  # seq 1's message is lost: a gap read is needed
+        rows = await asyncio.to_thread(_commit_elsewhere, run, 2)  # seq 1's message is lost: a gap read is needed
         await get_channel_layer().group_send(live.run_group(run.pk), _message(rows[1:], [live.encode_frame(rows[1].as_frame())]))
         closed = await ws.receive_output(5)
         assert (closed["type"], closed["code"]) == ("websocket.close", 1011)
