@@ -17,6 +17,10 @@ Ours is measured two ways:
 
 (c) **inline**: the same graph with ``"inline": true`` (README "Flows"): the nodes run in the task that started them,
     a wave at a time, each wave's completions and the next decision committed in one transaction; in-process as (a).
+(d) **routing nodes, inline**: the same graph and run as (c), but its first 19 nodes are ``switch`` nodes (a JMESPath
+    condition each, choosing the nodes after it) and only ``end`` calls the tool: scheduling and persistence (node
+    rows, trace events, one transaction per wave) without a tool call's gateway, audit row and call events at every
+    node. The peer's nodes call nothing either: this is the like-for-like figure for "scheduling overhead per node".
 
 The peer: a LangGraph ``StateGraph`` of the same shape (the 10 nodes as parallel branches joined by one edge from
 all of them), ``PostgresSaver`` checkpointer, ``durability="sync"``, same PostgreSQL server, its own database.
@@ -86,6 +90,24 @@ def definition() -> dict[str, Any]:
     return {"max_parallel": FAN, "nodes": nodes, "output": "nodes.end"}
 
 
+def routing_definition() -> dict[str, Any]:
+    """(d): the graph of :func:`definition`, its nodes ``switch`` nodes that choose their successors (a condition that
+    is never true, and the successors as the default), the last one the echo tool node."""
+    after: dict[str, list[str]] = {}
+    for nid, deps in node_ids():
+        for dep in deps:
+            after.setdefault(dep, []).append(nid)
+    nodes: list[dict[str, Any]] = []
+    for i, (nid, deps) in enumerate(node_ids()):
+        if nid in after:
+            node: dict[str, Any] = {"id": nid, "kind": "switch", "cases": [{"when": "`false`", "goto": after[nid][:1]}],
+                                    "default": after[nid]}
+        else:
+            node = {"id": nid, "kind": "tool", "tool": "echo", "values": {"n": i}}
+        nodes.append({**node, **({"after": deps} if deps else {})})
+    return {"max_parallel": FAN, "nodes": nodes, "output": "nodes.end", "inline": True}
+
+
 def register_echo() -> None:
     """The nodes' tool, in this process and in the worker's (``bench/flow_worker.py``)."""
     from tools.pyfunc import registry, tool
@@ -119,9 +141,9 @@ def setup_django(url: str, queue: str) -> None:
     call_command("migrate", verbosity=0, interactive=False)
 
 
-def make_flow() -> tuple[Any, Any]:
-    """The tenant, the echo tool, the flow (a task per node) and the same flow with ``inline: true``, each with its
-    version (its definition checked as at save)."""
+def make_flow() -> tuple[Any, Any, Any]:
+    """The tenant, the echo tool, the flow (a task per node), the same flow with ``inline: true`` and the routing flow
+    of (d), each with its version (its definition checked as at save)."""
     from agents.models import Agent, AgentKind, AgentVersion
     from runtime.flows import FlowDefinition
     from tenants.models import Tenant
@@ -131,14 +153,15 @@ def make_flow() -> tuple[Any, Any]:
     tenant = Tenant.objects.create(slug="bench", name="bench")
     install_python_tool(tenant=tenant, key="bench.echo", actor=None)
     versions = []
-    for slug, inline in (("bench-flow", False), ("bench-flow-inline", True)):
+    docs = {"bench-flow": {**definition(), "inline": False}, "bench-flow-inline": {**definition(), "inline": True},
+            "bench-flow-route": routing_definition()}
+    for slug, doc in docs.items():
         agent = Agent.objects.create(tenant=tenant, slug=slug, name=slug, kind=AgentKind.FLOW)
-        doc = {**definition(), "inline": inline}
         FlowDefinition.model_validate(doc)
         version = AgentVersion.objects.create(tenant=tenant, agent=agent, number=1, model="demo/planner", definition=doc)
         Agent.objects.filter(pk=agent.pk).update(current_version=version)
         versions.append(version)
-    return versions[0], versions[1]
+    return versions[0], versions[1], versions[2]
 
 
 def new_run(version: Any) -> Any:
@@ -345,13 +368,14 @@ def main() -> None:
         setup_django(url, queue)
         from django.db import connection
 
-        version, inline = make_flow()
+        version, inline, route = make_flow()
         peer = Peer(purl)
         if not args.no_worker:
             worker = Worker(url, queue, args.concurrency)
         for _ in range(args.warmup):
             run_in_process(version)
             run_in_process(inline)
+            run_in_process(route)
             peer.measure_run()
         if worker is not None:
             for _ in range(args.warmup):
@@ -359,27 +383,33 @@ def main() -> None:
         rounds: list[dict[str, Any]] = []
         counts: list[tuple[int, int]] = []
         inline_counts: list[tuple[int, int]] = []
+        route_counts: list[tuple[int, int]] = []
         for number in range(1, args.rounds + 1):
             ours = [run_in_process(version) for _ in range(args.runs)]
             ours_inline = [run_in_process(inline) for _ in range(args.runs)]
+            ours_route = [run_in_process(route) for _ in range(args.runs)]
             theirs = [peer.measure_run() for _ in range(args.runs)]
             counts += [(q, t) for _, q, t in ours]
             inline_counts += [(q, t) for _, q, t in ours_inline]
+            route_counts += [(q, t) for _, q, t in ours_route]
             r: dict[str, Any] = {"round": number, "ours_inprocess_node_ms": _per_node_ms([e for e, _, _ in ours]),
                                  "ours_inline_node_ms": _per_node_ms([e for e, _, _ in ours_inline]),
+                                 "ours_route_node_ms": _per_node_ms([e for e, _, _ in ours_route]),
                                  "peer_node_ms": _per_node_ms(theirs)}
             r["ratio_inline"] = round(r["ours_inline_node_ms"] / r["peer_node_ms"], 3)
+            r["ratio_route"] = round(r["ours_route_node_ms"] / r["peer_node_ms"], 3)
             if worker is not None:
                 r["ours_worker_node_ms"] = _per_node_ms([run_on_worker(version) for _ in range(args.runs)])
                 r["ratio_worker"] = round(r["ours_worker_node_ms"] / r["peer_node_ms"], 3)
             r["ratio_inprocess"] = round(r["ours_inprocess_node_ms"] / r["peer_node_ms"], 3)
             rounds.append(r)
             print(f"round {number}: per node ms: ours in-process {r['ours_inprocess_node_ms']:.2f}, inline "
-                  f"{r['ours_inline_node_ms']:.2f}, LangGraph "
+                  f"{r['ours_inline_node_ms']:.2f}, routing nodes inline {r['ours_route_node_ms']:.2f}, LangGraph "
                   f"{r['peer_node_ms']:.2f}" + (f", ours on a worker {r['ours_worker_node_ms']:.2f}" if worker else "")
                   + f"; in-process / LangGraph {r['ratio_inprocess']:.2f}x", flush=True)
         peer.close()
-        keys = ["ours_inprocess_node_ms", "ours_inline_node_ms", "peer_node_ms", "ratio_inprocess", "ratio_inline"]
+        keys = ["ours_inprocess_node_ms", "ours_inline_node_ms", "ours_route_node_ms", "peer_node_ms", "ratio_inprocess",
+                "ratio_inline", "ratio_route"]
         if worker is not None:
             keys += ["ours_worker_node_ms", "ratio_worker"]
         summary = {k: _spread([r[k] for r in rounds]) for k in keys}
@@ -393,6 +423,7 @@ def main() -> None:
         print("-" * 43 + "+" + "-" * 9 + "+" + "-" * 9 + "+" + "-" * 8)
         labels = {"ours_inprocess_node_ms": "ours (a) in-process", "peer_node_ms": "LangGraph + PostgresSaver",
                   "ours_inline_node_ms": "ours (c) in-process, inline: true", "ratio_inline": "(c) / LangGraph per round",
+                  "ours_route_node_ms": "ours (d) routing nodes, inline", "ratio_route": "(d) / LangGraph per round",
                   "ours_worker_node_ms": "ours (b) Celery worker on Redis",
                   "ratio_inprocess": "(a) / LangGraph per round", "ratio_worker": "(b) / LangGraph per round"}
         for k in keys:
@@ -407,6 +438,12 @@ def main() -> None:
         iq = statistics.median(q for q, _ in inline_counts)
         it = statistics.median(t for _, t in inline_counts)
         print(f"(c) per node: {iq / NODES:.1f} SQL statements, {it / NODES:.2f} transactions (run medians {iq:g} / {it:g})")
+        rq = statistics.median(q for q, _ in route_counts)
+        rt = statistics.median(t for _, t in route_counts)
+        print(f"(d) per node: {rq / NODES:.1f} SQL statements, {rt / NODES:.2f} transactions (run medians {rq:g} / {rt:g})")
+        ratio_d = summary["ours_route_node_ms"]["median"] / summary["peer_node_ms"]["median"]
+        print(f"ours (c) / LangGraph (medians): {summary['ours_inline_node_ms']['median'] / summary['peer_node_ms']['median']:.2f}x; "
+              f"ours (d) / LangGraph (medians): {ratio_d:.2f}x")
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({
@@ -422,6 +459,8 @@ def main() -> None:
             "summary": summary, "ratio_inprocess": round(ratio_a, 3),
             "inprocess_per_node": {"queries": round(queries, 2), "transactions": round(transactions, 2)},
             "inline_per_node": {"queries": round(iq / NODES, 2), "transactions": round(it / NODES, 2)},
+            "route_per_node": {"queries": round(rq / NODES, 2), "transactions": round(rt / NODES, 2)},
+            "ratio_route": round(ratio_d, 3),
             "per_round": rounds,
         }, indent=2) + "\n")
         print(f"written {out}")
