@@ -473,13 +473,13 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
             maps = [n for n in step.ready if flow.node(n).kind == "map"]
             if maps:
                 writes.flush()
-            if _open_maps(run, flow, maps, _scope(run, rows), now):
+            if maps and _open_maps(run, flow, maps, _scope(run, rows), now):
                 rows = _rows(run.pk)
                 continue
             map_steps = _map_steps(run, flow, rows, states, room=flow.max_parallel)
             if map_steps:
                 writes.flush()
-            if _settle_maps(run, flow, rows, map_steps, _scope(run, rows), now):
+            if map_steps and _settle_maps(run, flow, rows, map_steps, _scope(run, rows), now):
                 rows = _rows(run.pk)
                 continue
             break
