@@ -9,16 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-#: (run, lease_token) -> None: runs the flow's ready nodes until it finishes or waits.
-_runner: Callable[[Any, str], None] | None = None
+#: (run, lease_token) -> whether the run ended in this call (its end committed, its lease given back): runs the flow's
+#: ready nodes until it finishes or waits.
+_runner: Callable[[Any, str], bool] | None = None
 
 
-def register_flow_runner(runner: Callable[[Any, str], None]) -> None:
+def register_flow_runner(runner: Callable[[Any, str], bool]) -> None:
     global _runner
     _runner = runner
 
 
-def run_flow(run: Any, token: str) -> None:
+def run_flow(run: Any, token: str) -> bool:
     if _runner is None:
         raise RuntimeError("no flow runner registered: the flows app is not installed")
-    _runner(run, token)
+    return bool(_runner(run, token))

@@ -258,7 +258,8 @@ def execute_run(run_id: str) -> None:
             from agents.flow_hook import run_flow
 
             with heartbeat_for(run.pk, token):
-                run_flow(run, token)
+                # ended in this call (an inline flow): its end gave the lease back, and a finished run is never waiting
+                ended = run_flow(run, token)
             return
         from agents.supervisor import supervise, supervisor_of
 

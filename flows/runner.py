@@ -411,9 +411,27 @@ def _grace() -> float:
     return float(settings.FLOW_NODE_LEASE_GRACE_SECONDS)
 
 
-def run_flow(run: Run, token: str) -> None:
-    """The registered runner: ``execute_run`` holds the run's lease; advance the flow (its node tasks do the rest)."""
-    advance(run.pk)
+def run_flow(run: Run, token: str) -> bool:
+    """The registered runner: ``execute_run`` holds the run's lease; advance the flow (its node tasks do the rest).
+    True when the run ended here, in this thread (an inline flow's last wave): its end committed with its lease given
+    back, so the caller has no lease to release."""
+    outer = getattr(_ended, "runs", None)  # a flow run in this thread's flow run (eager tasks): each watches its own
+    _ended.runs = set()
+    try:
+        advance(run.pk)
+        return str(run.pk) in _ended.runs
+    finally:
+        _ended.runs = outer
+
+
+def _ended_here(run_id: str) -> None:
+    """The end of ``run_id`` committed in this thread: :func:`run_flow`, if it is running here, hears of it."""
+    runs = getattr(_ended, "runs", None)
+    if runs is not None:
+        runs.add(run_id)
+
+
+_ended = threading.local()
 
 
 def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None = None,
@@ -1138,6 +1156,7 @@ def _finish(run: Run, flow: FlowDefinition, outcome: str, failed_node: str | Non
     writes.update_run(status=RunStatus.FINISHED, terminal_reason=reason.value, phase="finished", output=output,
                       error=error, finished_at=now, lease_token="", lease_expires_at=None)
     publish_after_commit(run, erows, run_summary(run))
+    transaction.on_commit(lambda: _ended_here(str(run.pk)))  # once it is committed: see run_flow
 
 
 def _text(value: Any) -> str:

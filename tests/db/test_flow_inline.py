@@ -260,3 +260,30 @@ def test_each_wave_sees_a_kill_switch_flipped_after_the_wave_before(world: World
     assert rows["a"].status == "done"
     assert rows["b"].status == "failed" and "switched off" in rows["b"].error
     assert ToolCallAudit.objects.get(run_id=run.pk, call_id=call_id(run.pk, "b")).status == "denied"
+
+
+def _releases(queries: Any) -> list[str]:
+    return [q["sql"] for q in queries if q["sql"].startswith('UPDATE "agents_run" SET "lease_token"')
+            and '"lease_expires_at" = NULL' in q["sql"]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flow_that_ended_in_its_task_gives_its_lease_back_once_with_its_end() -> None:
+    """An inline flow's last wave commits the run's end with its lease given back: ``execute_run`` then has no lease to
+    release (it used to send an UPDATE that found nothing). A flow whose nodes run as tasks still releases its lease."""
+    world = make_world()
+    make_flow(world, {**desk(), "inline": True}, slug="inline-desk")
+    run_id = start(world, {"flow": "inline-desk", "input": {"order_id": ORDER}}).json()["id"]
+    with CaptureQueriesContext(connection) as queries:
+        services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    assert run.terminal_reason == "final_answer" and run.lease_token == "" and run.lease_expires_at is None, run.error
+    assert _releases(queries) == []
+    assert runner._ended.runs is None  # nothing kept once run_flow returned
+    make_flow(world, desk(), slug="task-desk")
+    run_id = start(world, {"flow": "task-desk", "input": {"order_id": ORDER}}).json()["id"]
+    with CaptureQueriesContext(connection) as queries:
+        services.execute_run(run_id)
+    assert len(_releases(queries)) == 1  # its nodes run as tasks: the run is not over, its lease is given back
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "running" and run.lease_token == ""
