@@ -135,22 +135,26 @@ class _Known:
     head: tuple[int, str] | None  # (seq, hash) after this store's last audit rows; None: not known here
 
 
-def _guard_sql(with_head: bool) -> str:
-    """The one-statement commit's guard: the run's row (and the chain head) locked, found only if they are as this
-    store left them, its lease still held. Names from the models' metadata; every value a parameter."""
+def guard_sql(equal: tuple[str, ...], *, with_head: bool, uncancelled: bool = False) -> str:
+    """A one-statement commit's guard (``WriteBatch.execute_guarded``): the run's row (and the tenant's audit chain
+    head) locked, found only if they are as the committer last left them: the run's ``equal`` fields and the head's
+    seq and hash equal to the parameters that follow the run's id, in that order; with ``uncancelled``, only while
+    no cancel was asked. It selects ``cancel_requested``. Names from the models' metadata; every value a parameter."""
     run, head = Run._meta, AuditChainHead._meta
-    column = {name: f'r."{run.get_field(name).column}"' for name in ("lease_token", "step", "last_seq", "message_count")}
     sql = f'SELECT r."{run.get_field("cancel_requested").column}" FROM "{run.db_table}" r'  # noqa: S608
     if with_head:
         sql += f' JOIN "{head.db_table}" h ON h."{head.pk.column}" = r."{run.get_field("tenant").column}"'
-    sql += (f' WHERE r."{run.pk.column}" = %s AND {column["lease_token"]} = %s AND {column["step"]} = %s'
-            f' AND {column["last_seq"]} = %s AND {column["message_count"]} = %s')
+    sql += f' WHERE r."{run.pk.column}" = %s' + "".join(f' AND r."{run.get_field(name).column}" = %s' for name in equal)
+    if uncancelled:
+        sql += f' AND NOT r."{run.get_field("cancel_requested").column}"'
     if with_head:
         sql += f' AND h."{head.get_field("seq").column}" = %s AND h."{head.get_field("hash").column}" = %s'
     return sql + " FOR UPDATE OF r" + (", h" if with_head else "")
 
 
-_GUARD_SQL = {True: _guard_sql(True), False: _guard_sql(False)}
+#: The step's guard: its lease still held, the run's counters as this store's last commit left them.
+_STEP_GUARD = ("lease_token", "step", "last_seq", "message_count")
+_GUARD_SQL = {True: guard_sql(_STEP_GUARD, with_head=True), False: guard_sql(_STEP_GUARD, with_head=False)}
 
 
 # The session's counters, its row locked until the step commits (config/compiled.py: compiled once).

@@ -41,7 +41,7 @@ from agents.hooks import callable_tools, resolvable_tools, tool_allowed_as_read,
 from agents.lease import LeaseHeartbeat
 from agents.models import Run, RunEvent, RunStatus
 from agents.services import finish_without_worker
-from agents.store import event_rows, publish_after_commit, run_summary
+from agents.store import event_rows, guard_sql, publish_after_commit, run_summary
 from approvals.gate import ApprovalGate
 from audit.masking import mask_text, mask_value
 from audit.models import AuditChainHead
@@ -290,6 +290,9 @@ class Writes:
         #: nodes this transaction's completions took out of the running (their leases were alive): places a
         #: decision in the same transaction may hand on without counting the tenant's nodes (:func:`_hand_over`)
         self.freed = 0
+        #: ``(sql, params)``: no lock was taken; the writes go out as ONE statement that writes only if this guard
+        #: finds the run as the last commit left it (:func:`_complete_guarded`)
+        self.guard: tuple[str, list[Any]] | None = None
 
     def append(self, events: list[Event]) -> list[RunEvent]:
         """The events at the run's next seqs, one step (what :func:`_append` sends at once)."""
@@ -305,12 +308,32 @@ class Writes:
             setattr(self.run, name, value)
         self._run_changes.update(changes)
 
-    def flush(self) -> None:
+    def flush(self, *, final: bool = False) -> None:
+        """``final``: the transaction's last writes (a guarded transaction may send only those, see ``guard``)."""
+        if self.guard is not None and not final:
+            raise _Unguarded("a decision that writes more than its one statement")
         if self._run_changes:
             self.batch.update_where(Run, {"id": self.run.pk}, **self._run_changes)
             self._run_changes = {}
-        self.batch.execute()
+        if self.guard is not None:
+            guard, self.guard = self.guard, None
+            if not self.batch.can_guard():
+                raise _Unguarded("writes the guarded statement cannot hold")
+            if self.batch.execute_guarded(*guard) is None:
+                raise _Unguarded("another writer came between", contended=True)  # nothing was written
+        else:
+            self.batch.execute()
         self.left_seq = self.run.last_seq
+
+
+class _Unguarded(Exception):
+    """A guarded commit (:func:`_complete_guarded`) that wrote nothing: its transaction is rolled back, and the
+    completions commit the locked way. ``contended``: its guard found the run changed by another writer (not a
+    decision that needed more than one statement)."""
+
+    def __init__(self, why: str, *, contended: bool = False) -> None:
+        super().__init__(why)
+        self.contended = contended
 
 
 _LOCKED = ("status", "cancel_requested", "last_seq", "step", "usage", "phase", "lease_token")
@@ -508,7 +531,7 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
                 FlowNodeRun.objects.filter(run=run, kind="map", status=NodeStatus.RUNNING).update(
                     status=NodeStatus.FAILED, error=f"stopped: node {step.failed_node} failed", finished_at=now)
             _finish(run, flow, step.outcome, step.failed_node, rows, writes)
-            writes.flush()
+            writes.flush(final=True)
             return []
         ready = [n for n in step.ready if flow.node(n).kind != "map"]
         events: list[Event] = []
@@ -525,6 +548,8 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
                 # ``freed`` places, so the others hold at most the bound less this run's live nodes and those
                 others = max(_tenant_bound() - own - writes.freed, 0)
             else:
+                if writes.guard is not None:  # counting needs the tenant's lock
+                    raise _Unguarded("the tenant's running nodes must be counted")
                 others = _tenant_running_elsewhere(run, now)
             busy = others + own
         room = max(_tenant_bound() - busy, 0)
@@ -602,7 +627,7 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
             _wait(run)
         else:  # nodes in flight (or held): the run's lease expiry follows them, the node tasks renew it
             writes.update_run(lease_expires_at=now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS))
-        writes.flush()
+        writes.flush(final=True)
         if started:
             inline = [(n, t) for n, t in started if flow.runs_inline(n)]
             tasks = [(n, t) for n, t in started if not flow.runs_inline(n)]
@@ -772,58 +797,113 @@ def _complete(run: Run, done: list[Done], last: Writes | None = None, wave: Wave
     ``last``: the transaction that started these nodes (an inline wave's). Its rows are still the committed ones
     when nothing else wrote since: the run's event sequence is where it left it (every change of a node row but a
     task's lease renewal appends an event) and no node of the run runs in a task of its own (none renews a lease);
-    then they are not read again."""
+    then they are not read again, and the commit is first tried without the lock (:func:`_complete_guarded`)."""
+    if last is not None and wave is not None and _may_guard(run, done, last, wave):
+        head = wave.head
+        try:
+            with transaction.atomic():
+                _complete_guarded(run, done, last, wave)
+            return
+        except _Unguarded as why:  # rolled back, nothing written: the locked way, which reads what changed
+            log.debug("flow run %s: the wave commits the locked way (%s)", run.pk, why)
+            last = None  # the rows in memory went ahead of the database: read them again
+            # another writer: this run's later waves lock first; else the head is as it was
+            wave.contended, wave.head = (True, None) if why.contended else (False, head)
     with transaction.atomic():
         now = timezone.now()
         found, head = _lock(run, with_head=any(len(d.audit) for d in done))
         if not found:
             return
-        if last is not None and run.last_seq == last.left_seq and not any(
-                r.status == NodeStatus.RUNNING and not _definition(run).runs_inline(nid) for nid, r in last.rows.items()):
-            rows = last.rows
-        else:
-            rows = _rows(run.pk)
-        writes = Writes(run, rows)
-        writes.wave = wave  # the next wave of this run, in this thread, starts from it
-        audit, events, calls = StepAudit(), [], []
-        for d in done:
-            row = rows.get(d.node_id)
-            if row is None or row.lease_token != d.token or row.status != NodeStatus.RUNNING:
-                log.warning("flow run %s: node %s lost its lease before committing; its result is dropped",
-                            run.pk, d.node_id)
-                continue
-            if row.lease_expires_at is not None and row.lease_expires_at >= now:
-                writes.freed += 1  # a live node stops running here
-            fields = {"status": d.status, "output": d.output, "chosen": d.chosen, "error": d.error, "lease_token": "",
-                      "lease_expires_at": None, "finished_at": None if d.status == NodeStatus.WAITING else now}
-            writes.batch.update_where(FlowNodeRun, {"run_id": run.pk, "node_id": d.node_id, "lease_token": d.token,
-                                                    "status": NodeStatus.RUNNING}, **fields)
-            for name, value in fields.items():
-                setattr(row, name, value)
-            for write in d.audit:
-                audit.add(write)
-            payload: dict[str, Any] = {"node": d.node_id, "kind": d.kind, "status": str(d.status),
-                                       "output": _summary(d.output)}
-            if d.inline:
-                payload["inline"] = True
-            if d.error:
-                payload["error"] = d.error
-            if d.chosen:
-                payload["chosen"] = d.chosen
-            kind = "flow.node.waiting" if d.status == NodeStatus.WAITING else "flow.node.finished"
-            events += [*d.trace, Event(kind, payload, parent_span_id=row.span_id)]
-            calls += [e for e in d.trace if e.type == "model.call"]
-        if not events:
-            return
-        audit.commit(run.tenant_id, writes.batch, head)
-        if calls:  # the nodes' model calls into the run's usage (read under the lock), as spend reads it
-            usage = Usage.from_dict(run.usage)
-            for call in calls:
-                usage = usage + Usage(int(call.payload.get("input_tokens", 0)), int(call.payload.get("output_tokens", 0)),
-                                      float(call.payload.get("cost", 0.0)))
-            writes.update_run(usage=usage.to_dict())
-        # the next step in the same transaction: the completions and the next nodes' start commit together or not at all
-        advance(run.pk, savepoint=False, pending=events, writes=writes)
+        reuse = last is not None and run.last_seq == last.left_seq and not _tasks_running(run, last.rows)
+        writes = Writes(run, last.rows if reuse and last is not None else _rows(run.pk))
+        _record(run, done, writes, head, now, wave)
+
+
+def _tasks_running(run: Run, rows: dict[str, FlowNodeRun]) -> bool:
+    """Whether a node of the run runs in a task of its own (which renews its lease without an event)."""
+    return any(r.status == NodeStatus.RUNNING and not _definition(run).runs_inline(nid) for nid, r in rows.items())
+
+
+def _may_guard(run: Run, done: list[Done], last: Writes, wave: Wave) -> bool:
+    """Whether an inline wave's completions may commit without locking first: on PostgreSQL, nothing else wrote to
+    the run since the transaction that started the wave (as far as this thread knows; the guard checks it), and the
+    tenant's audit chain head is known when there are audit rows to seal."""
+    return (connection.vendor == "postgresql" and not wave.contended and run.last_seq == last.left_seq
+            and (wave.head is not None or not any(len(d.audit) for d in done)) and not _tasks_running(run, last.rows))
+
+
+#: The wave's guard (``agents.store.guard_sql``): the run still running, uncancelled, its events and step where the
+#: commit before the wave left them.
+_WAVE_GUARD = ("last_seq", "step", "status")
+_GUARD_SQL = {head: guard_sql(_WAVE_GUARD, with_head=head, uncancelled=True) for head in (True, False)}
+
+
+def _complete_guarded(run: Run, done: list[Done], last: Writes, wave: Wave) -> None:
+    """An inline wave's completions and the next decision with no lock taken first: decided from the run and rows the
+    wave's own transaction left, they go out as ONE statement that writes only if the run's row (and the tenant's
+    chain head, for audit rows) is still as that transaction left it, under their locks (the agent step's guarded
+    commit, ``agents/store.py``). Only a decision that needs nothing more qualifies: one that would count the
+    tenant's nodes (a start beyond a hand-over), settle approvals, skips or maps, or wait, raises
+    :class:`_Unguarded` before anything is written, as does a guard that finds the run changed."""
+    head = None
+    if any(len(d.audit) for d in done):
+        assert wave.head is not None
+        head = AuditChainHead(tenant_id=run.tenant_id, seq=wave.head[0], hash=wave.head[1])
+    writes = Writes(run, last.rows)
+    params: list[Any] = [run.pk, run.last_seq, run.step, RunStatus.RUNNING.value]
+    writes.guard = (_GUARD_SQL[head is not None], params + ([head.seq, head.hash] if head is not None else []))
+    _record(run, done, writes, head, timezone.now(), wave)
+    if writes.guard is not None and writes.batch:  # a decision that returned before its last writes (cannot happen)
+        raise _Unguarded("writes left unsent")
+
+
+def _record(run: Run, done: list[Done], writes: Writes, head: AuditChainHead | None, now: Any, wave: Wave | None) -> None:
+    """The completions' writes (node rows, sealed audit rows, events, usage) into ``writes``, then the next decision
+    (:func:`advance`) in the same transaction, which sends them all."""
+    rows = writes.rows
+    writes.wave = wave  # the next wave of this run, in this thread, starts from it
+    audit, events, calls = StepAudit(), [], []
+    for d in done:
+        row = rows.get(d.node_id)
+        if row is None or row.lease_token != d.token or row.status != NodeStatus.RUNNING:
+            log.warning("flow run %s: node %s lost its lease before committing; its result is dropped",
+                        run.pk, d.node_id)
+            continue
+        if row.lease_expires_at is not None and row.lease_expires_at >= now:
+            writes.freed += 1  # a live node stops running here
+        fields = {"status": d.status, "output": d.output, "chosen": d.chosen, "error": d.error, "lease_token": "",
+                  "lease_expires_at": None, "finished_at": None if d.status == NodeStatus.WAITING else now}
+        writes.batch.update_where(FlowNodeRun, {"run_id": run.pk, "node_id": d.node_id, "lease_token": d.token,
+                                                "status": NodeStatus.RUNNING}, **fields)
+        for name, value in fields.items():
+            setattr(row, name, value)
+        for write in d.audit:
+            audit.add(write)
+        payload: dict[str, Any] = {"node": d.node_id, "kind": d.kind, "status": str(d.status),
+                                   "output": _summary(d.output)}
+        if d.inline:
+            payload["inline"] = True
+        if d.error:
+            payload["error"] = d.error
+        if d.chosen:
+            payload["chosen"] = d.chosen
+        kind = "flow.node.waiting" if d.status == NodeStatus.WAITING else "flow.node.finished"
+        events += [*d.trace, Event(kind, payload, parent_span_id=row.span_id)]
+        calls += [e for e in d.trace if e.type == "model.call"]
+    if not events:
+        writes.guard = None  # nothing to write
+        return
+    audit.commit(run.tenant_id, writes.batch, head)
+    if wave is not None and head is not None:
+        wave.head = (head.seq, head.hash)  # the chain's head once this commits (sealing moved it)
+    if calls:  # the nodes' model calls into the run's usage (read under the lock), as spend reads it
+        usage = Usage.from_dict(run.usage)
+        for call in calls:
+            usage = usage + Usage(int(call.payload.get("input_tokens", 0)), int(call.payload.get("output_tokens", 0)),
+                                  float(call.payload.get("cost", 0.0)))
+        writes.update_run(usage=usage.to_dict())
+    # the next step in the same transaction: the completions and the next nodes' start commit together or not at all
+    advance(run.pk, savepoint=False, pending=events, writes=writes)
 
 
 def _attempts(run: Run, flow: FlowDefinition, node: BodyNode, row: FlowNodeRun, scope: dict[str, Any], audit: StepAudit,
@@ -877,6 +957,10 @@ class Wave:
     #: the tools were read for the wave about to run (the first of this thread's): it decides their policy from that
     #: read; the later waves read it again
     fresh: bool = True
+    #: the tenant's audit chain head as this thread's last commit of the run left it: (seq, hash), None if not known
+    head: tuple[int, str] | None = None
+    #: a guarded commit found another writer had come between: this run's later waves take the locked way
+    contended: bool = False
 
     def tool_policy(self, tool: Any, tenant_id: int, session_key: Any) -> tuple[bool, str]:
         if tool.pk not in self.checked:
