@@ -24,6 +24,15 @@ each request borrows a single-thread executor from :class:`Threads` for its cont
 ``ThreadSensitiveContext(executor=...)``: same rules, one call at a time on one thread) and gives it back when the
 request is done, so the threads and their connection objects live as long as the process. The same request still
 runs on one thread; two requests never share one at the same time.
+
+**A few at a time.** Past ``REQUEST_THREADS`` requests running Django in a process, the next waits its turn in the
+event loop (an ``asyncio.Semaphore``, first come first served), holding no thread. A process runs Python on one core at
+a time: under load, 48 threads taking turns on the GIL each finish later than if they had run a few at a time, and
+switching between them costs CPU of its own (``bench/api_load.py``: at 220 requests/s on 2 cores, 2 at a time answered
+more requests, with less CPU each, and refused a sixth to two thirds as many). A request still running after ``REQUEST_TURN_SECONDS``
+(most often one waiting on something slow: a pool connection, an MCP server being imported) stops counting and lets
+the next one start, so slow requests cannot hold the process's turns; ``MAX_CONCURRENT_REQUESTS``
+(config/admission.py) still bounds everything in progress.
 """
 
 from __future__ import annotations
@@ -31,10 +40,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.conf import settings
 from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
@@ -46,6 +57,8 @@ from django.urls import set_script_prefix
 #: ``MAX_CONCURRENT_REQUESTS`` bounds the requests in progress (config/admission.py); an event stream holds its thread
 #: while it lasts, as it did when every request made its own.
 KEEP_IDLE = 64
+
+T = TypeVar("T")
 
 
 class Threads:
@@ -74,11 +87,47 @@ class Threads:
         executor.shutdown(wait=False)  # its thread ends once what it runs (if anything) returns
 
 
+class Turns:
+    """At most ``size`` calls running at once, the others waiting in order; a call running past ``turn`` seconds stops
+    counting (it goes on; the next one starts). ``size`` 0: no bound. Used from one event loop (the server's)."""
+
+    def __init__(self, size: int, turn: float) -> None:
+        self.size, self.turn = size, turn
+        # made inside the event loop that uses them (a server process has one; each asyncio.run in a test its own)
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+    async def run(self, call: Coroutine[Any, Any, T]) -> T:
+        if not self.size:
+            return await call
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(self.size))
+        slots = self._slots[1]
+        try:
+            await slots.acquire()
+        except BaseException:
+            call.close()  # never started: no "coroutine was never awaited" warning
+            raise
+        held = True
+        task = asyncio.ensure_future(call)
+        try:
+            try:
+                return await asyncio.wait_for(asyncio.shield(task), self.turn)
+            except TimeoutError:
+                held = False
+                slots.release()  # still running (its thread cannot be stopped): the next request's turn
+                return await task
+        finally:
+            if held:
+                slots.release()
+
+
 class SyncChainASGIHandler(ASGIHandler):
     def __init__(self) -> None:
         BaseHandler.__init__(self)
         self.load_middleware(is_async=False)
         self.threads = Threads()
+        self.turns = Turns(settings.REQUEST_THREADS, settings.REQUEST_TURN_SECONDS)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -111,7 +160,7 @@ class SyncChainASGIHandler(ASGIHandler):
             return
         try:
             set_script_prefix(get_script_prefix(scope))
-            response = await sync_to_async(self.respond, thread_sensitive=True)(scope, body_file)
+            response = await self.turns.run(sync_to_async(self.respond, thread_sensitive=True)(scope, body_file))
             if response.streaming:
                 await self._stream(response, receive, send)
                 await sync_to_async(response.close, thread_sensitive=True)()

@@ -184,3 +184,35 @@ def test_an_ordinary_request_is_one_call_on_its_thread(world: World, monkeypatch
     assert _call("GET", "/api/v1/runs", headers=headers).status_code == 200
     assert _call("GET", "/api/v1/runs/not-a-run", headers=headers).status_code == 404
     assert len(calls) == 2, "\n".join(calls)
+
+
+def test_a_process_runs_two_requests_chains_at_a_time_and_the_others_wait_their_turn(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """REQUEST_THREADS (2): eight requests at once all answered, never more than two in the chain together."""
+    assert (django_asgi_app.turns.size, django_asgi_app.turns.turn) == (settings.REQUEST_THREADS, settings.REQUEST_TURN_SECONDS)
+    assert settings.REQUEST_THREADS == 2
+    lock, now, most = threading.Lock(), [0], [0]
+    chain = django_asgi_app.get_response
+
+    def get_response(request: Any) -> Any:
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        try:
+            time.sleep(0.03)  # well inside a turn (0.2 s)
+            return chain(request)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    monkeypatch.setattr(django_asgi_app, "get_response", get_response)
+    headers = {"Authorization": f"Bearer {world.raw_key}"}
+
+    async def together() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=application, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            return await asyncio.gather(*(http.get("/api/v1/runs", headers=headers) for _ in range(8)))
+
+    assert [r.status_code for r in asyncio.run(together())] == [200] * 8
+    assert most[0] == 2
