@@ -807,8 +807,10 @@ def _complete(run: Run, done: list[Done], last: Writes | None = None, wave: Wave
         except _Unguarded as why:  # rolled back, nothing written: the locked way, which reads what changed
             log.debug("flow run %s: the wave commits the locked way (%s)", run.pk, why)
             last = None  # the rows in memory went ahead of the database: read them again
-            # another writer: this run's later waves lock first; else the head is as it was
-            wave.contended, wave.head = (True, None) if why.contended else (False, head)
+            if why.contended:  # another writer: this run's later waves lock first
+                wave.contended, wave.head = True, None
+            else:  # nothing was sent: the head is as it was
+                wave.head = head
     with transaction.atomic():
         now = timezone.now()
         found, head = _lock(run, with_head=any(len(d.audit) for d in done))

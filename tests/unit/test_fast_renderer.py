@@ -65,7 +65,7 @@ def test_a_float_that_is_not_a_number_is_null_not_a_failed_response() -> None:
     assert json.loads(FastJSONRenderer().render({"x": float("nan"), "y": float("inf")})) == {"x": None, "y": None}
 
 
-def test_the_api_renders_with_it(settings: Any) -> None:
+def test_the_api_renders_with_it() -> None:
     from rest_framework.settings import api_settings
 
     assert api_settings.DEFAULT_RENDERER_CLASSES[0] is FastJSONRenderer
