@@ -183,7 +183,8 @@ def check(run_id: Any) -> None:
 
 
 class Counter:
-    """SQL statements and transactions (commits + autocommitted writes) on this process's connection."""
+    """SQL statements and transactions (commits + autocommitted writes, among them a guarded wave's ``WITH g AS …``:
+    config/batch.py ``one_statement``) on this process's connection."""
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
@@ -192,7 +193,7 @@ class Counter:
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         self.queries += 1
-        if sql.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE") and not self.connection.in_atomic_block:
+        if sql.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE", "WITH G") and self.connection.get_autocommit():
             self.transactions += 1
         return execute(sql, params, many, context)
 

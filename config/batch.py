@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Any, cast
 
@@ -34,6 +35,7 @@ from django.conf import settings
 from django.db import connections
 from django.db.models import DateField, DateTimeField, Field, JSONField, Model, QuerySet
 from django.db.models import sql as orm_sql
+from django.db.transaction import TransactionManagementError
 
 from config import fastjson
 
@@ -176,6 +178,44 @@ class WriteBatch:
         parts = [(sql, params, gate or "") for (sql, params), gate in zip(self._parts, self._gates, strict=True)]
         self._parts, self._gates = [], []
         return parts
+
+
+@contextmanager
+def one_statement(using: str = "default") -> Iterator[None]:
+    """A block whose writes are ONE autocommitted statement (``WriteBatch.execute_guarded`` outside a transaction),
+    with what it gives ``transaction.on_commit`` held until that statement has committed: run when the block returns,
+    dropped when it raises (then nothing was written). Two round trips fewer than ``transaction.atomic()`` (no
+    BEGIN, no COMMIT), for code that registers its after-commit work before its last write is sent.
+
+    Django runs an ``on_commit`` callback at once outside an atomic block; here the connection is marked as in one,
+    its autocommit left on, so it queues them instead. Reads may come first; a second statement that is not a
+    ``SELECT`` raises ``TransactionManagementError`` before it is sent (it would commit apart from the first). Not
+    nestable, and not inside ``atomic()``."""
+    connection = connections[using]
+    if connection.in_atomic_block or not connection.get_autocommit():
+        raise TransactionManagementError("one_statement() needs autocommit, outside any atomic block")
+    writes = 0
+
+    def one_write(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        nonlocal writes
+        if sql.lstrip()[:6].upper() != "SELECT":
+            writes += 1
+            if writes > 1:
+                raise TransactionManagementError("one_statement(): a second write statement would commit on its own")
+        return execute(sql, params, many, context)
+
+    connection.ensure_connection()
+    connection.in_atomic_block = True  # on_commit queues (Django's own check), autocommit stays on
+    try:
+        with connection.execute_wrapper(one_write):
+            yield
+    except BaseException:
+        connection.run_on_commit = []
+        raise
+    finally:
+        connection.in_atomic_block = False
+        connection.needs_rollback = False  # an error inside marked it (autocommit: nothing to roll back)
+    connection.run_and_clear_commit_hooks()
 
 
 #: How an INSERT … SELECT (:func:`_json_insert`) and an UPDATE … WHERE (:func:`_json_update`) wait on the guard.

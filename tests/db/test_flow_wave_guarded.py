@@ -81,7 +81,12 @@ def test_a_wave_that_hands_its_places_on_commits_in_one_statement_and_a_fan_out_
     # a: the chain head is not known yet; b: starts two, counts under the tenant's lock (its guarded try sent nothing);
     # c and d (one wave): hand e their places; e: the end
     assert ways == ["locked", "locked", "guarded", "guarded"], ways
-    assert len([q for q in queries if q["sql"].startswith("WITH g AS (SELECT")]) == 2
+    sent = [q["sql"] for q in queries]
+    guarded = [i for i, sql in enumerate(sent) if sql.startswith("WITH g AS (SELECT")]
+    assert len(guarded) == 2
+    # each commits by itself (config/batch.py one_statement): no BEGIN before it, no COMMIT after it
+    assert all(sent[i - 1] != "BEGIN" and sent[i + 1:i + 2] != ["COMMIT"] for i in guarded), [sent[i - 1:i + 2] for i in guarded]
+    assert "COMMIT" in sent  # (the locked commits still show theirs)
     run = Run.objects.get(pk=run_id)
     assert run.terminal_reason == "final_answer" and run.lease_token == "", run.error
     assert sorted(FlowNodeRun.objects.filter(run_id=run_id, status="done", attempt=1).values_list("node_id", flat=True)) == [
