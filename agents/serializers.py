@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from typing import Any
@@ -212,7 +213,12 @@ def iso_datetime(value: Any, zone: Any = None) -> str | None:
     it up once for many values — UTC as ``Z``)."""
     if not value:
         return None
-    text = timezone.localtime(value, zone).isoformat() if timezone.is_aware(value) else value.isoformat()
+    zone = zone or timezone.get_current_timezone()
+    tz = value.tzinfo
+    # a value read from the database is in UTC (datetime.UTC), as the zone usually is (ZoneInfo("UTC")): as it is
+    if tz is not zone and not (tz is dt.UTC and getattr(zone, "key", None) == "UTC") and timezone.is_aware(value):
+        value = value.astimezone(zone)
+    text = value.isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
