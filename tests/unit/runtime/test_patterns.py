@@ -6,6 +6,7 @@ minutes). Each check below would return after seconds without a ``PatternError``
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import pytest
@@ -195,3 +196,16 @@ def test_a_schemas_patterns_are_checked_at_save_with_where_they_are() -> None:
     assert [where for where, _ in found] == [["patternProperties"], ["properties", "a", "pattern"],
                                             ["properties", "l", "prefixItems", 0, "pattern"]]
     assert "too large" in found[0][1] and "not a valid regular expression" in found[2][1]
+
+
+def test_the_budget_is_this_threads_cpu_time_not_the_wall_clock() -> None:
+    with patterns.budget(0.05):
+        time.sleep(0.1)  # descheduled (a busy machine, another thread holding the GIL): spends none of it
+        assert not patterns.spent()
+        assert patterns.search("a+b", "aab") is not None
+        end = time.thread_time() + 0.06
+        while time.thread_time() < end:  # computing does
+            pass
+        assert patterns.spent()
+        with pytest.raises(patterns.PatternError):
+            patterns.search("a", "a")
