@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import re._constants as _c
 import re._parser as _parser
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,7 +41,14 @@ MAX_CACHED_CHARS = 1000
 #: The most elements a pattern may stand for with its counted repeats written out (about 1 KB each compiled).
 MAX_WEIGHT = 1000
 
-_deadline: ContextVar[float | None] = ContextVar("pattern_deadline", default=None)
+#: The enclosing budget's end on its thread's CPU clock, with that thread's id: a context copied to another thread
+#: (asgiref, executors) carries no budget there, as that thread's clock is another (its matches keep their own bound).
+_deadline: ContextVar[tuple[int, float] | None] = ContextVar("pattern_deadline", default=None)
+
+
+def _budget_end() -> float | None:
+    entry = _deadline.get()
+    return entry[1] if entry is not None and entry[0] == threading.get_ident() else None
 
 
 class CheckError(ValueError):
@@ -69,8 +77,8 @@ def budget(seconds: float = BUDGET_SECONDS) -> Iterator[None]:
     and a busy machine that deschedules the thread, or another thread holding the GIL, spends none of it (on a loaded
     2-core machine a plain schema check failed past 250 ms of wall clock)."""
     deadline = time.thread_time() + seconds
-    outer = _deadline.get()
-    token = _deadline.set(deadline if outer is None else min(outer, deadline))
+    outer = _budget_end()
+    token = _deadline.set((threading.get_ident(), deadline if outer is None else min(outer, deadline)))
     try:
         yield
     finally:
@@ -79,12 +87,12 @@ def budget(seconds: float = BUDGET_SECONDS) -> Iterator[None]:
 
 def spent() -> bool:
     """Whether the enclosing ``budget()`` has run out (False outside any)."""
-    deadline = _deadline.get()
+    deadline = _budget_end()
     return deadline is not None and time.thread_time() > deadline
 
 
 def _timeout(pattern: str) -> float:
-    deadline = _deadline.get()
+    deadline = _budget_end()
     if deadline is None:
         return MATCH_SECONDS
     left = deadline - time.thread_time()  # CPU seconds left, given to the match as its wall-clock bound: no looser

@@ -209,3 +209,23 @@ def test_the_budget_is_this_threads_cpu_time_not_the_wall_clock() -> None:
         assert patterns.spent()
         with pytest.raises(patterns.PatternError):
             patterns.search("a", "a")
+
+
+def test_a_budget_copied_to_another_thread_is_not_spent_on_that_threads_clock() -> None:
+    import contextvars
+    import threading
+
+    end = time.thread_time() + 0.2
+    while time.thread_time() < end:  # this thread's CPU clock well past a fresh thread's
+        pass
+    carried: list[contextvars.Context] = []
+
+    def fresh_thread() -> None:  # a budget entered on a fresh thread (its clock near 0), its context carried off
+        with patterns.budget(0.05):
+            carried.append(contextvars.copy_context())
+
+    worker = threading.Thread(target=fresh_thread)
+    worker.start()
+    worker.join()
+    spent, found = carried[0].run(lambda: (patterns.spent(), patterns.search("a+b", "aab")))  # here, on this clock
+    assert spent is False and found is not None
