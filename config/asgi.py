@@ -27,3 +27,12 @@ application = ProtocolTypeRouter(
         "websocket": WebsocketAuthMiddleware(URLRouter(websocket_urlpatterns + console_websocket_urlpatterns)),
     }
 )
+
+
+def served_application() -> ProtocolTypeRouter:
+    """``manage.py serve``'s app factory, called once in each server process after this module is imported: the
+    process's code is loaded, so it goes out of the garbage collector's way (config/heap.py), then the app."""
+    from config.heap import freeze_startup_heap
+
+    freeze_startup_heap()
+    return application

@@ -9,6 +9,7 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
 from config import workers
+from config.heap import freeze_startup_heap
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -20,6 +21,7 @@ app.autodiscover_tasks()
 @worker_ready.connect
 def _worker_ready(sender: Any = None, **kwargs: Any) -> None:
     workers.start_beating(sender.hostname if sender is not None else "worker")
+    freeze_startup_heap()  # the worker has imported its tasks: keep them out of the collector's way (config/heap.py)
 
 
 @worker_shutdown.connect

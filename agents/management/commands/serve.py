@@ -43,5 +43,5 @@ class Command(BaseCommand):
         # uvicorn shuts down gracefully on SIGTERM, then re-raises it: exit normally so exit handlers
         # (e.g. flushing OpenTelemetry spans) still run.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        uvicorn.run("config.asgi:application", host=host, port=port, ws=WS_IMPLEMENTATION, lifespan="off",
+        uvicorn.run("config.asgi:served_application", factory=True, host=host, port=port, ws=WS_IMPLEMENTATION, lifespan="off",
                     log_level=settings.UVICORN_LOG_LEVEL, proxy_headers=False, workers=workers)
