@@ -120,7 +120,9 @@ class ListFilterBackend(DjangoFilterBackend):
         if getattr(view, "action", None) != "list":
             return queryset
         filterset_class = self.get_filterset_class(view, queryset)
-        if filterset_class is not None:
+        # only a declared class: for ``filterset_fields`` django-filter builds a new class per call, which would grow
+        # the cache below by one entry per request
+        if filterset_class is not None and filterset_class is getattr(view, "filterset_class", None):
             names = parameters(filterset_class)
             if names is not None and names.isdisjoint(request.query_params):
                 return queryset

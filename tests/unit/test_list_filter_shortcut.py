@@ -103,3 +103,20 @@ def test_an_action_on_one_object_is_never_filtered() -> None:
     queryset = Run.objects.all()
     view, request = listing(RunViewSet, "playground=perhaps", action="retrieve")
     assert ListFilterBackend().filter_queryset(request, queryset, view) is queryset
+
+
+def test_a_view_with_filterset_fields_is_filtered_and_grows_no_cache() -> None:
+    """django-filter builds a new filterset class per call for ``filterset_fields``: caching per class would grow by
+    one entry a request, so such a view takes django-filter's path, and still filters."""
+    from config import filters
+
+    queryset = Run.objects.all()
+    view = SimpleNamespace(action="list", filterset_fields=["status"])
+    backend = ListFilterBackend()
+    before = len(filters._PARAMETERS)
+    for _ in range(3):
+        unfiltered = backend.filter_queryset(SimpleNamespace(query_params=QueryDict("limit=5")), queryset, view)
+        assert str(unfiltered.query) == str(queryset.query)
+    narrowed = backend.filter_queryset(SimpleNamespace(query_params=QueryDict("status=running")), queryset, view)
+    assert '"status"' in str(narrowed.query)
+    assert len(filters._PARAMETERS) == before
