@@ -45,7 +45,7 @@ from agents.serializers import (
 )
 from config.api import CursorPages
 from config.compiled import CompiledRead
-from config.filters import ListFilterBackend
+from config.filters import ListFilterBackend, parameters
 from tenants.api import TenantScopedViewSet
 from tools.serializers import PreviewImpactResultSerializer
 
@@ -174,12 +174,15 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """DRF's list (filters checked by the filter backend, a cursor page, the lean serializer) with the page read by
         a compiled query (:class:`_RunsPage`)."""
-        backend = ListFilterBackend()
-        filterset = backend.get_filterset(request, self.get_queryset(), self)
-        if not filterset.is_valid():
-            raise translate_validation(filterset.errors)
-        filters = tuple(filterset.form.cleaned_data)
-        values = tuple(filterset.form.cleaned_data[name] for name in filters)
+        filters: tuple[str, ...] = ()
+        values: tuple[Any, ...] = ()
+        names = parameters(RunFilter)
+        if names is None or not names.isdisjoint(request.query_params):  # else no filter applies: none is built
+            filterset = ListFilterBackend().get_filterset(request, self.get_queryset(), self)
+            if not filterset.is_valid():
+                raise translate_validation(filterset.errors)
+            filters = tuple(filterset.form.cleaned_data)
+            values = tuple(filterset.form.cleaned_data[name] for name in filters)
         page = self.paginator.paginate_queryset(_RunsPage(self.actor.tenant_ids("view"), filters, values), request, self)
         return self.paginator.get_paginated_response(self.get_serializer(page, many=True).data)
 

@@ -32,3 +32,30 @@ def test_a_second_tenants_lists_hold_none_of_the_firsts_rows(query: str) -> None
     listed = [r["id"] for r in client.get("/api/v1/runs" + query).json()["results"]]
     assert listed == [str(own.pk)]
     assert [r["id"] for r in bearer_client(mine.raw_key).get("/api/v1/runs" + query).json()["results"]] == [str(run.pk)]
+
+
+def test_the_runs_list_without_filter_parameters_builds_no_filterset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs list reads its page with a compiled query (agents/api.py ``RunViewSet.list``); without any of
+    RunFilter's parameters it skips the filterset too, and with one it still filters and still refuses a bad value."""
+    import django_filters
+
+    world = make_world()
+    run, child = make_run(world), make_run(world)
+    child.playground = True
+    child.save(update_fields=["playground"])
+    client = bearer_client(world.raw_key)
+    built: list[str] = []
+    real_init = django_filters.FilterSet.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        built.append(type(self).__name__)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(django_filters.FilterSet, "__init__", counted)
+    listed = client.get("/api/v1/runs?limit=50").json()["results"]
+    assert {r["id"] for r in listed} == {str(run.pk), str(child.pk)}
+    assert built == []
+    narrowed = client.get("/api/v1/runs?playground=true").json()["results"]
+    assert [r["id"] for r in narrowed] == [str(child.pk)] and built
+    refused = client.get("/api/v1/runs?playground=perhaps")
+    assert refused.status_code == 400 and "Must be true or false; got 'perhaps'." in refused.content.decode()
