@@ -142,8 +142,9 @@ class RunSerializer(OnePageZone, serializers.ModelSerializer):
         tests/db/test_api_lean.py compares them), at a fraction of its cost on a page of runs (issue #14)."""
         resolved_by = run.attention_resolved_by
         zone = self._zone
+        pk = str(run.pk)  # once: UUID.__str__ is Python, and the links repeat it
         return {
-            "id": str(run.pk), "status": run.status, "terminal_reason": run.terminal_reason, "agent": run.agent.slug,
+            "id": pk, "status": run.status, "terminal_reason": run.terminal_reason, "agent": run.agent.slug,
             "version": run.version.number, "session": str(run.session_id), "input": run.input, "output": run.output,
             "error": run.error, "usage": run.usage, "step": run.step, "last_seq": run.last_seq,
             "cancel_requested": run.cancel_requested, "created_at": iso_datetime(run.created_at, zone),
@@ -154,7 +155,7 @@ class RunSerializer(OnePageZone, serializers.ModelSerializer):
             "attention_resolved_at": iso_datetime(run.attention_resolved_at, zone),
             "attention_resolved_by": resolved_by.username if resolved_by is not None else None,
             "attention_resolution": run.attention_resolution, "parent_run": self.get_parent_run(run),
-            "playground": run.playground, "links": self.get_links(run),
+            "playground": run.playground, "links": self._links(pk),
         }
 
     def generic_representation(self, run: Run) -> dict[str, Any]:
@@ -167,12 +168,11 @@ class RunSerializer(OnePageZone, serializers.ModelSerializer):
         return base, base.replace("https://", "wss://").replace("http://", "ws://")
 
     def get_links(self, run: Run) -> dict[str, str]:
+        return self._links(str(run.pk))
+
+    def _links(self, pk: str) -> dict[str, str]:
         base, ws_base = self._bases  # once per page, not once per run
-        return {
-            "self": f"{base}api/v1/runs/{run.pk}",
-            "events": f"{base}api/v1/runs/{run.pk}/events",
-            "ws": f"{ws_base}ws/runs/{run.pk}/",
-        }
+        return {"self": f"{base}api/v1/runs/{pk}", "events": f"{base}api/v1/runs/{pk}/events", "ws": f"{ws_base}ws/runs/{pk}/"}
 
 
 class ResolveAttentionSerializer(serializers.Serializer):
