@@ -120,7 +120,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "csp.middleware.CSPMiddleware",  # one Content-Security-Policy for every page: console, approvals, admin, API docs
+    "config.content_policy.CSPMiddleware",  # one Content-Security-Policy for every page (django-csp, built once)
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
