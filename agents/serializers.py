@@ -137,9 +137,12 @@ class RunSerializer(OnePageZone, serializers.ModelSerializer):
     def get_injection_flags(self, run: Run) -> list[Any]:
         return list((run.facts or {}).get("injection_flags", []))
 
-    def to_representation(self, run: Run) -> dict[str, Any]:
+    def to_representation(self, run: Run | dict[str, Any]) -> dict[str, Any]:
         """The fields above, written out: the same body as DRF's field-by-field walk (``generic_representation``;
-        tests/db/test_api_lean.py compares them), at a fraction of its cost on a page of runs (issue #14)."""
+        tests/db/test_api_lean.py compares them), at a fraction of its cost on a page of runs (issue #14). A page of
+        the runs list comes as row dicts (config/compiled.py ``CompiledRead.dicts``: no model instances made)."""
+        if isinstance(run, dict):
+            return self.row_representation(run)
         resolved_by = run.attention_resolved_by
         zone = self._zone
         pk = str(run.pk)  # once: UUID.__str__ is Python, and the links repeat it
@@ -156,6 +159,28 @@ class RunSerializer(OnePageZone, serializers.ModelSerializer):
             "attention_resolved_by": resolved_by.username if resolved_by is not None else None,
             "attention_resolution": run.attention_resolution, "parent_run": self.get_parent_run(run),
             "playground": run.playground, "links": self._links(pk),
+        }
+
+    def row_representation(self, row: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`to_representation` of a run read as a row dict (``RUN_READ_FIELDS`` by column name)."""
+        zone = self._zone
+        pk = str(row["id"])
+        facts = row["facts"] or {}
+        parent = facts.get("parent_run")
+        return {
+            "id": pk, "status": row["status"], "terminal_reason": row["terminal_reason"], "agent": row["agent__slug"],
+            "version": row["version__number"], "session": str(row["session_id"]), "input": row["input"],
+            "output": row["output"], "error": row["error"], "usage": row["usage"], "step": row["step"],
+            "last_seq": row["last_seq"], "cancel_requested": row["cancel_requested"],
+            "created_at": iso_datetime(row["created_at"], zone), "started_at": iso_datetime(row["started_at"], zone),
+            "finished_at": iso_datetime(row["finished_at"], zone),
+            "injection_flags": list(facts.get("injection_flags", [])), "needs_attention": row["needs_attention"],
+            "attention_reasons": [None if reason is None else {str(k): v for k, v in reason.items()}
+                                  for reason in row["attention_reasons"]],
+            "attention_resolved_at": iso_datetime(row["attention_resolved_at"], zone),
+            "attention_resolved_by": row["attention_resolved_by__username"],
+            "attention_resolution": row["attention_resolution"], "parent_run": str(parent) if parent else None,
+            "playground": row["playground"], "links": self._links(pk),
         }
 
     def generic_representation(self, run: Run) -> dict[str, Any]:

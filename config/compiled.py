@@ -81,6 +81,7 @@ class _Shape:
     populators: list[Any]
     annotations: dict[str, int]
     locks: bool  # SELECT ... FOR UPDATE: only inside a transaction, as Django says
+    columns: tuple[str, ...] | None  # each column's name in a row dict (attname, "agent__slug", an annotation's)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,23 @@ class CompiledRead(Generic[M]):
         if shape is None:
             return list(self.build(*args))
         return self._run(shape, args)
+
+    def dicts(self, *args: Any) -> list[dict[str, Any]] | None:
+        """The rows as dicts, each column by its name (``created_at``, ``agent_id``, ``agent__slug`` for a
+        ``select_related`` field, an annotation's name), converted as the model's fields convert them, with no model
+        instance made: for a page whose rows are only written out (agents/api.py, the runs list). None when this
+        shape is not compiled (SQLite, or a shape the ORM answers): call the read itself then."""
+        if connection.vendor != "postgresql":
+            return None
+        key = tuple(_kind(a) for a in args)
+        try:
+            shape = self._shapes[key]
+        except KeyError:
+            shape = self._compile(key, args)
+        if shape is None or shape.columns is None:
+            return None
+        columns = shape.columns
+        return [dict(zip(columns, row, strict=False)) for row in self._rows(shape, args)]  # past them: ordering columns
 
     def first(self, *args: Any) -> M | None:
         rows = self(*args)
@@ -178,6 +196,7 @@ class CompiledRead(Generic[M]):
         if any(str(value) in sql for _, value in markers):  # a value written into the text (a slice): the same
             return None
         select, klass_info = compiler.select, compiler.klass_info
+        columns = _column_names(select, klass_info, compiler.annotation_col_map or {}, compiler.col_count)
         fields = klass_info["select_fields"]
         start, end = fields[0], fields[-1] + 1
         converters = compiler.get_converters([s[0] for s in select[0:compiler.col_count]])
@@ -193,12 +212,19 @@ class CompiledRead(Generic[M]):
             populators=get_related_populators(klass_info, select, queryset.db),
             annotations=dict(compiler.annotation_col_map or {}),
             locks=bool(queryset.query.select_for_update),
+            columns=columns,
         )
 
     # -- running it -------------------------------------------------------------------------------------------------
 
     def _run(self, shape: _Shape, args: Sequence[Any]) -> list[M]:
         """Django's ``ModelIterable`` over the bound statement; instances made as :func:`_instance` says."""
+        db = connection.alias
+        return [_from_row(row, shape.model, db, shape.init_list, shape.start, shape.end, shape.populators,  # type: ignore[misc]
+                          shape.annotations) for row in self._rows(shape, args)]
+
+    def _rows(self, shape: _Shape, args: Sequence[Any]) -> list[list[Any]]:
+        """The bound statement's rows, each value converted as its field converts it (``from_db_value``)."""
         if shape.locks and connection.get_autocommit():
             raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")
         params = list(shape.params)
@@ -208,8 +234,7 @@ class CompiledRead(Generic[M]):
         with connection.cursor() as cursor:
             cursor.execute(shape.sql, params)
             rows = cursor.fetchall()
-        objects: list[M] = []
-        db = connection.alias
+        converted: list[list[Any]] = []
         for raw in rows:
             row = list(raw)
             for position, (convs, expression) in shape.converters:
@@ -217,9 +242,33 @@ class CompiledRead(Generic[M]):
                 for convert in convs:
                     value = convert(value, expression, connection)
                 row[position] = value
-            objects.append(_from_row(row, shape.model, db, shape.init_list, shape.start, shape.end, shape.populators,
-                                     shape.annotations))  # type: ignore[arg-type]
-        return objects
+            converted.append(row)
+        return converted
+
+
+def _column_names(select: Sequence[Any], klass_info: dict[str, Any], annotations: dict[str, int],
+                  count: int) -> tuple[str, ...] | None:
+    """Each selected column's name for :meth:`CompiledRead.dicts`: the model's attnames, a ``select_related``
+    model's prefixed by the relation (``agent__slug``), annotations by their names; None if one has none."""
+    names: list[str | None] = [None] * count
+
+    def walk(info: dict[str, Any], prefix: str) -> None:
+        for position in info["select_fields"]:
+            names[position] = prefix + select[position][0].target.attname
+        for child in info.get("related_klass_infos", []):
+            if child.get("reverse"):
+                raise ValueError("a reverse one-to-one relation")
+            walk(child, prefix + child["field"].name + "__")
+
+    try:
+        walk(klass_info, "")
+    except (ValueError, AttributeError, KeyError):
+        return None
+    for name, position in annotations.items():
+        names[position] = name
+    if any(name is None for name in names) or len(set(names)) != len(names):
+        return None
+    return tuple(names)  # type: ignore[arg-type]
 
 
 def _from_row(row: list[Any], model: type[Model], db: str, attnames: list[str], start: int, end: int,

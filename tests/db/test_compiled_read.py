@@ -214,3 +214,34 @@ def test_a_locking_read_outside_a_transaction_is_refused_as_django_refuses_it(wo
     if connection.features.has_select_for_update:  # autocommit: refused, as Django's own evaluation is (not on SQLite)
         with pytest.raises(TransactionManagementError):
             read(world.tenant.pk)
+
+
+def test_rows_as_dicts_name_each_column_and_hold_what_the_orm_holds(world: World) -> None:
+    """``CompiledRead.dicts``: no instances; the model's attnames, ``relation__attname`` for a select_related model
+    (nested too, and None through a null relation), an annotation by its name."""
+    Tool.objects.create(tenant=world.tenant, name="plain", kind="http", config={"url": "https://x.example"})
+
+    def build(tenant_id: int) -> Any:
+        return (Tool.objects.filter(tenant_id=tenant_id).select_related("plugin_install__plugin")
+                .annotate(double_id=Count("id")).order_by("name"))
+
+    read = CompiledRead(build)
+    rows = read.dicts(world.tenant.pk)
+    if not ON_POSTGRES:
+        assert rows is None  # SQLite: not compiled; the caller reads instances
+        return
+    assert rows is not None and rows
+    expected = list(build(world.tenant.pk))
+    assert [row["id"] for row in rows] == [tool.pk for tool in expected]
+    for row, tool in zip(rows, expected, strict=True):
+        assert {f.attname for f in Tool._meta.concrete_fields} <= set(row)
+        for name, value in row.items():
+            if name == "double_id":
+                assert value == tool.double_id
+                continue
+            parts = name.split("__")
+            obj: Any = tool
+            for part in parts[:-1]:
+                obj = getattr(obj, part) if obj is not None else None
+            assert value == (getattr(obj, parts[-1]) if obj is not None else None), name
+    assert any(name.startswith("plugin_install__plugin__") for name in rows[0])
