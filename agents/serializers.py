@@ -3,6 +3,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import zoneinfo
 from typing import Any
 
 from django.conf import settings
@@ -233,6 +234,9 @@ RUN_READ_FIELDS = (
 )
 
 
+_UTC_ZONE = zoneinfo.ZoneInfo("UTC")  # the same object Django's get_current_timezone() gives (ZoneInfo caches by key)
+
+
 def iso_datetime(value: Any, zone: Any = None) -> str | None:
     """DRF's rendering of a DateTimeField (ISO 8601 in the current time zone — or ``zone``, when the caller looked
     it up once for many values — UTC as ``Z``)."""
@@ -240,6 +244,8 @@ def iso_datetime(value: Any, zone: Any = None) -> str | None:
         return None
     zone = zone or timezone.get_current_timezone()
     tz = value.tzinfo
+    if tz is dt.UTC and zone is _UTC_ZONE:  # the common case, first: read from the database, written in UTC
+        return value.isoformat()[:-6] + "Z"
     # a value read from the database is in UTC (datetime.UTC), as the zone usually is (ZoneInfo("UTC")): as it is
     if tz is not zone and not (tz is dt.UTC and getattr(zone, "key", None) == "UTC") and timezone.is_aware(value):
         value = value.astimezone(zone)

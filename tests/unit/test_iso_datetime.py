@@ -35,3 +35,12 @@ def test_it_writes_what_drf_writes(current: str, value: dt.datetime) -> None:
 def test_nothing_is_none_and_a_naive_value_is_written_as_it_is() -> None:
     assert iso_datetime(None) is None
     assert iso_datetime(dt.datetime(2026, 1, 2, 3, 4, 5)) == "2026-01-02T03:04:05"
+
+
+def test_the_fast_path_is_taken_for_the_utc_zone_django_hands_out() -> None:
+    """The fast path compares zones by identity: Django's UTC zone must be the very object it checks for."""
+    from agents import serializers as module
+
+    with timezone.override("UTC"):
+        assert timezone.get_current_timezone() is module._UTC_ZONE
+    assert timezone.get_default_timezone_name() != "UTC" or timezone.get_default_timezone() is module._UTC_ZONE
