@@ -309,10 +309,14 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         run = self.get_object()
         after = _non_negative_int(request.query_params.get("after"), "after", 0)
         limit = min(_non_negative_int(request.query_params.get("limit"), "limit", 100) or 100, EVENTS_PAGE_MAX)
-        rows = _events_after(limit)(run.pk, after)
+        read = _events_after(limit)
+        # row dicts where the read is compiled (no model instance per event), else the ORM's events
+        rows: list[Any] | None = read.dicts(run.pk, after)
+        if rows is None:
+            rows = read(run.pk, after)
         has_more = len(rows) > limit
         rows = rows[:limit]
-        next_after = rows[-1].seq if rows else after
+        next_after = (rows[-1]["seq"] if isinstance(rows[-1], dict) else rows[-1].seq) if rows else after
         next_url = None
         if has_more:
             next_url = request.build_absolute_uri(f"/api/v1/runs/{run.pk}/events?after={next_after}&limit={limit}")

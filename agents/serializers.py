@@ -215,8 +215,13 @@ class RunEventSerializer(OnePageZone, serializers.ModelSerializer):
         fields = ["seq", "step", "type", "span_id", "parent_span_id", "payload", "at"]
         read_only_fields = fields
 
-    def to_representation(self, event: RunEvent) -> dict[str, Any]:
-        """Written out, as :meth:`RunSerializer.to_representation` (same body as DRF's walk, a fraction of its cost)."""
+    def to_representation(self, event: RunEvent | dict[str, Any]) -> dict[str, Any]:
+        """Written out, as :meth:`RunSerializer.to_representation` (same body as DRF's walk, a fraction of its cost);
+        an event read as a row dict (``CompiledRead.dicts``) the same way."""
+        if isinstance(event, dict):
+            return {"seq": event["seq"], "step": event["step"], "type": event["type"], "span_id": event["span_id"],
+                    "parent_span_id": event["parent_span_id"], "payload": event["payload"],
+                    "at": iso_datetime(event["at"], self._zone)}
         return {"seq": event.seq, "step": event.step, "type": event.type, "span_id": event.span_id,
                 "parent_span_id": event.parent_span_id, "payload": event.payload, "at": iso_datetime(event.at, self._zone)}
 

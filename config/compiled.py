@@ -84,10 +84,19 @@ class _Shape:
     columns: tuple[str, ...] | None  # each column's name in a row dict (attname, "agent__slug", an annotation's)
 
 
+#: psycopg's integer types Django binds an integer field's value as, and the values each holds (-bound <= v < bound).
+_INT_BOUNDS = {"Int2": 2**15, "Int4": 2**31, "Int8": 2**63}
+
+
+class _OutOfRange(Exception):
+    """A value its column's integer type cannot hold: the ORM answers that call."""
+
+
 @dataclass(frozen=True)
 class _Slot:
     arg: int
     item: int  # -1 for a scalar argument
+    wrap: Any = None  # the type Django bound the value as (psycopg's Int4 for an IntegerField), to bind it the same way
 
 
 class CompiledRead(Generic[M]):
@@ -108,7 +117,10 @@ class CompiledRead(Generic[M]):
             shape = self._compile(key, args)
         if shape is None:
             return list(self.build(*args))
-        return self._run(shape, args)
+        try:
+            return self._run(shape, args)
+        except _OutOfRange:  # the ORM answers it (Django turns an out-of-range integer into an empty or full match)
+            return list(self.build(*args))
 
     def dicts(self, *args: Any) -> list[dict[str, Any]] | None:
         """The rows as dicts, each column by its name (``created_at``, ``agent_id``, ``agent__slug`` for a
@@ -125,7 +137,11 @@ class CompiledRead(Generic[M]):
         if shape is None or shape.columns is None:
             return None
         columns = shape.columns
-        return [dict(zip(columns, row, strict=False)) for row in self._rows(shape, args)]  # past them: ordering columns
+        try:
+            rows = self._rows(shape, args)
+        except _OutOfRange:
+            return None
+        return [dict(zip(columns, row, strict=False)) for row in rows]  # past them: ordering columns
 
     def first(self, *args: Any) -> M | None:
         rows = self(*args)
@@ -185,10 +201,14 @@ class CompiledRead(Generic[M]):
         found: set[_Slot] = set()
         for position, param in enumerate(raw_params):
             slot = markers.get((type(param), param)) if isinstance(param, _SCALARS) else None
+            bound_as = None
+            if slot is None and isinstance(param, int) and type(param) not in (int, bool):
+                # Django binds an IntegerField's value as psycopg's Int4 (Int2, Int8): an int of another type
+                slot, bound_as = markers.get((int, int(param))), type(param)
             if slot is not None:
                 slots.append(position)
                 found.add(slot)
-                params.append(slot)
+                params.append(slot if bound_as is None else _Slot(slot.arg, slot.item, bound_as))
             else:
                 params.append(param)
         if len(found) != len(markers):  # a value was transformed (or dropped): this shape stays with the ORM
@@ -230,7 +250,13 @@ class CompiledRead(Generic[M]):
         params = list(shape.params)
         for position in shape.slots:
             slot = params[position]
-            params[position] = args[slot.arg] if slot.item < 0 else args[slot.arg][slot.item]
+            value = args[slot.arg] if slot.item < 0 else args[slot.arg][slot.item]
+            if slot.wrap is not None:
+                bound = _INT_BOUNDS.get(slot.wrap.__name__, 2**63)
+                if not -bound <= value < bound:
+                    raise _OutOfRange
+                value = slot.wrap(value)
+            params[position] = value
         with connection.cursor() as cursor:
             cursor.execute(shape.sql, params)
             rows = cursor.fetchall()

@@ -251,3 +251,29 @@ def test_a_forged_cursor_with_a_naive_time_reads_that_time_in_utc(world: World) 
     cursor = base64.b64encode(urlencode({"p": position}).encode()).decode()
     page = api.get("/api/v1/runs?" + urlencode({"cursor": cursor})).json()
     assert [r["id"] for r in page["results"]] == [str(old.pk)]
+
+
+def test_the_events_page_read_as_rows_answers_what_drf_wrote_for_the_orm_s_events(world: World) -> None:
+    (run,) = _runs(world, 1)
+    now = timezone.now()
+    for seq in range(1, 6):
+        RunEvent.objects.create(tenant=world.tenant, run=run, seq=seq, step=seq // 2, type="tool.called",
+                                span_id=f"{seq:016x}", parent_span_id="" if seq == 1 else "0" * 16,
+                                payload={"n": seq, "ünï": ["côdé", None]}, at=now + timedelta(microseconds=seq))
+    api = _api(world)
+    serializer = RunEventSerializer()
+    expected = [serializer.generic_representation(e) for e in RunEvent.objects.filter(run=run).order_by("seq")]
+    first = api.get(f"/api/v1/runs/{run.pk}/events?after=0&limit=3").json()
+    assert first["events"] == expected[:3] and first["has_more"] and first["next_after"] == 3
+    rest = api.get(f"/api/v1/runs/{run.pk}/events?after=3&limit=3").json()
+    assert rest["events"] == expected[3:] and not rest["has_more"] and rest["next_after"] == 5
+    with CaptureQueriesContext(connection) as queries:
+        empty = api.get(f"/api/v1/runs/{run.pk}/events?after=5").json()
+    assert empty["events"] == [] and empty["next_after"] == 5 and not empty["has_more"]
+    assert len([q for q in queries if 'FROM "agents_runevent"' in q["sql"]]) == 1  # an empty page: one read
+    from agents.api import _events_after
+
+    rows = _events_after(3).dicts(run.pk, 0)  # the rows path the pages above took (on PostgreSQL; SQLite: instances)
+    assert (rows is not None) == (connection.vendor == "postgresql")
+    if rows is not None:
+        assert [serializer.to_representation(row) for row in rows] == expected[:4]

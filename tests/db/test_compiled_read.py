@@ -245,3 +245,34 @@ def test_rows_as_dicts_name_each_column_and_hold_what_the_orm_holds(world: World
                 obj = getattr(obj, part) if obj is not None else None
             assert value == (getattr(obj, parts[-1]) if obj is not None else None), name
     assert any(name.startswith("plugin_install__plugin__") for name in rows[0])
+
+
+def test_an_integer_field_s_value_compiles_and_binds_as_django_binds_it(world: World) -> None:
+    """Django binds an IntegerField's value as psycopg's Int4 (not a plain int): such a shape is compiled too (the
+    events page was not, before), the value bound as Int4 again; a value past the column's range is the ORM's."""
+    from agents.models import RunEvent
+
+    session = Session.objects.create(tenant=world.tenant, agent=world.agent)
+    run = Run.objects.create(tenant=world.tenant, agent=world.agent, version=world.version, session=session, input="x")
+    for seq in range(1, 5):
+        RunEvent.objects.create(tenant=world.tenant, run=run, seq=seq, step=0, type="t", span_id="a" * 16,
+                                payload={}, at=timezone.now())
+
+    def build(run_id: uuid.UUID, after: int) -> Any:
+        return RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:3]
+
+    read = CompiledRead(build)
+    for after in (0, 2, 4, 2**31 - 1, 2**31, 10**30, -(2**31), -(2**31) - 1):
+        assert [e.seq for e in read(run.pk, after)] == [e.seq for e in build(run.pk, after)], after
+        rows = read.dicts(run.pk, after)
+        if ON_POSTGRES and -(2**31) <= after < 2**31:
+            assert rows is not None and [r["seq"] for r in rows] == [e.seq for e in build(run.pk, after)], after
+        else:
+            assert rows is None, after  # SQLite, or past Int4: the caller reads through the ORM
+    if ON_POSTGRES:
+        from psycopg.types.numeric import Int4
+
+        (shape,) = read._shapes.values()
+        assert shape is not None
+
+        assert [p.wrap for p in shape.params if hasattr(p, "wrap")] == [None, Int4]
