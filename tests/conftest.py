@@ -17,6 +17,17 @@ pytest_plugins = ["tests.support.live_stack", "tests.support.stream_stack"]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
+# A fast password hasher for the whole suite, this process and the live stack's (which inherit the environment):
+# PBKDF2 costs about a second a hash here and was ~80 % of the db suite's time (healthchecks does the same).
+os.environ.setdefault("PASSWORD_HASHERS", "django.contrib.auth.hashers.MD5PasswordHasher")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-django has read the settings before this module was imported: name the hasher to them as well.
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = [name.strip() for name in os.environ["PASSWORD_HASHERS"].split(",") if name.strip()]
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
