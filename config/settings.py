@@ -399,6 +399,9 @@ SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 10, minimum=1)
 #: A queued run with no lease this old is assumed lost by the broker and enqueued again; a run is
 #: re-enqueued at most once per this many seconds (duplicates are harmless: the lease decides).
 SWEEP_QUEUED_AFTER_SECONDS = env_int("SWEEP_QUEUED_AFTER_SECONDS", 60, minimum=1)
+#: A replay shard's lease: renewed after each replayed run, so a shard whose worker died is taken over by the replay
+#: sweeper this many seconds (plus one sweep interval) after its last run, not after the broker's visibility timeout.
+REPLAY_LEASE_SECONDS = env_int("REPLAY_LEASE_SECONDS", 60, minimum=5)
 CELERY_BEAT_SCHEDULE = {
     # Overdue approval requests expire; their runs go on with "approval expired" (approvals/decisions.py).
     "expire-approvals": {"task": "tools.expire_approvals", "schedule": 15.0, "options": {"expires": 15.0}},
@@ -406,6 +409,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "agents.sweep_runs",
         "schedule": float(SWEEP_INTERVAL_SECONDS),
         # A sweep that waited longer than one interval in the queue is stale: the next one is due.
+        "options": {"expires": float(SWEEP_INTERVAL_SECONDS)},
+    },
+    # Replay shards whose worker died or whose message was lost are enqueued again (releases/sweeper.py).
+    "sweep-replays": {
+        "task": "releases.sweep_replays",
+        "schedule": float(SWEEP_INTERVAL_SECONDS),
         "options": {"expires": float(SWEEP_INTERVAL_SECONDS)},
     },
     # Gray release: roll back candidate agent versions whose guard tripped (marketplace/services.py).

@@ -111,3 +111,26 @@ class ReplayRun(TenantOwned):
     class Meta:
         ordering = ["batch", "position"]
         constraints = [models.UniqueConstraint(fields=["batch", "source_run"], name="replay_run_once_per_batch")]
+
+
+class ReplayShard(models.Model):
+    """One shard of a batch as a durable job: a worker leases it before replaying, renews the lease per replayed run and
+    fences each chunk's commit with it; the sweeper (``releases/sweeper.py``) re-enqueues a shard whose lease expired
+    (its worker died) or that was never leased (its message was lost), so a killed worker's shard resumes within a
+    sweep interval instead of the broker's visibility timeout."""
+
+    batch = models.ForeignKey(ReplayBatch, on_delete=models.CASCADE, related_name="shards")
+    shard = models.PositiveSmallIntegerField()
+    shards = models.PositiveSmallIntegerField()
+    lease_token = models.CharField(max_length=32, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    swept_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["batch", "shard"], name="replay_shard_once_per_batch")]
+        indexes = [models.Index(fields=["finished_at", "lease_expires_at"], name="replay_shard_open")]
+
+    def __str__(self) -> str:
+        return f"shard {self.shard}/{self.shards} of replay {self.batch_id}"

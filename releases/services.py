@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -20,7 +20,7 @@ from audit.services import record_change
 from config.errors import Conflict, Invalid
 from releases import diffs, metrics, recording
 from releases.flow_replay import replay_flow
-from releases.models import BatchStatus, EvaluationSet, EvaluationSetRun, MissPolicy, ModelMode, ReplayBatch, ReplayRun
+from releases.models import BatchStatus, EvaluationSet, EvaluationSetRun, MissPolicy, ModelMode, ReplayBatch, ReplayRun, ReplayShard
 from releases.replay import Candidate, replay
 from tenants.models import Tenant
 from tenants.scoping import Actor
@@ -181,6 +181,7 @@ def start_replay(*, tenant: Tenant, actor: Actor, evaluation_set: EvaluationSet,
     batch = ReplayBatch.objects.create(tenant=tenant, evaluation_set=evaluation_set, candidate=candidate,
                                        model_mode=model_mode, miss_policy=miss_policy, checks=checks, cost_cap=cap,
                                        concurrency=width, total=total, created_by=actor.user)
+    ReplayShard.objects.bulk_create([ReplayShard(batch=batch, shard=n, shards=width) for n in range(width)])
     record_change(tenant=tenant, actor=actor, action="replay.started", target=batch,
                   details={"evaluation_set": evaluation_set.name, "candidate": f"{candidate.agent.slug} v{candidate.number}",
                            "model_mode": model_mode, "miss_policy": miss_policy, "runs": total,
@@ -214,11 +215,41 @@ def _enqueue(batch_id: Any, shards: int) -> None:
         replay_shard_task.delay(batch_id, shard, shards)
 
 
+class LeaseLost(Exception):
+    """This worker's lease on a shard expired and another took the shard over: stop without committing."""
+
+
+def _lease_until() -> dt.datetime:
+    return timezone.now() + dt.timedelta(seconds=settings.REPLAY_LEASE_SECONDS)
+
+
+def _take_lease(batch_id: Any, shard: int, shards: int) -> tuple[int, str] | None:
+    """The shard's lease for this worker, or None if another worker holds it or the shard has finished."""
+    row, _ = ReplayShard.objects.get_or_create(batch_id=batch_id, shard=shard, defaults={"shards": shards})
+    token, now = uuid.uuid4().hex, timezone.now()
+    free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+    taken = ReplayShard.objects.filter(free, pk=row.pk, finished_at__isnull=True).update(
+        lease_token=token, lease_expires_at=_lease_until())
+    return (row.pk, token) if taken else None
+
+
+def _renew(lease: tuple[int, str]) -> None:
+    """Extend the lease, or raise LeaseLost if the sweeper gave the shard to another worker meanwhile."""
+    if not ReplayShard.objects.filter(pk=lease[0], lease_token=lease[1]).update(lease_expires_at=_lease_until()):
+        raise LeaseLost
+
+
 def run_shard(batch_id: Any, shard: int, shards: int) -> None:
     """Replay the set's members at positions ≡ ``shard`` (mod ``shards``) in chunks: per chunk a fixed number of
-    queries to read the recordings, one bulk insert of results and one update of the batch's counters."""
+    queries to read the recordings, one bulk insert of results and one update of the batch's counters.
+
+    Leased: a duplicate message (the sweeper's, the broker's redelivery) finds the lease held and returns; a successor
+    resumes after the last committed chunk; a chunk commits only while its worker still holds the lease."""
     batch = ReplayBatch.objects.select_related("tenant", "candidate__agent", "candidate__tenant", "evaluation_set").get(pk=batch_id)
     if batch.status in ENDED:
+        return
+    lease = _take_lease(batch_id, shard, shards)
+    if lease is None:
         return
     ReplayBatch.objects.filter(pk=batch_id, status=BatchStatus.QUEUED).update(status=BatchStatus.RUNNING,
                                                                               started_at=timezone.now())
@@ -232,13 +263,19 @@ def run_shard(batch_id: Any, shard: int, shards: int) -> None:
         log.exception("replay batch %s: the candidate cannot run", batch_id)
         ReplayBatch.objects.filter(pk=batch_id).update(status=BatchStatus.FAILED, error=f"the candidate cannot run: {exc}",
                                                        finished_at=timezone.now())
+        ReplayShard.objects.filter(pk=lease[0], lease_token=lease[1]).update(finished_at=timezone.now())
         return
     model = _live_model(batch) if batch.model_mode == ModelMode.LIVE else None
-    for start in range(0, len(members), CHUNK):
-        if start and ReplayBatch.objects.filter(pk=batch_id, status=BatchStatus.CANCELLED).exists():
-            return  # cancelled: the chunks already replayed stay, the rest are never started
-        chunk = members[start:start + CHUNK]
-        _replay_chunk(batch, candidate, chunk, model)
+    try:
+        for start in range(0, len(members), CHUNK):
+            if start and ReplayBatch.objects.filter(pk=batch_id, status=BatchStatus.CANCELLED).exists():
+                break  # cancelled: the chunks already replayed stay, the rest are never started
+            chunk = members[start:start + CHUNK]
+            _replay_chunk(batch, candidate, chunk, model, lease)
+    except LeaseLost:
+        log.warning("replay batch %s shard %s: the lease passed to another worker; this one stops", batch_id, shard)
+        return
+    ReplayShard.objects.filter(pk=lease[0], lease_token=lease[1]).update(finished_at=timezone.now(), lease_expires_at=None)
     _maybe_finish(batch_id)
 
 
@@ -249,7 +286,8 @@ def _live_model(batch: ReplayBatch) -> Any:
     return TenantModelClient(gateway_for(probe), f"t{batch.tenant_id}", deltas=None)
 
 
-def _replay_chunk(batch: ReplayBatch, candidate: Candidate, chunk: list[tuple[int, Any]], model: Any) -> None:
+def _replay_chunk(batch: ReplayBatch, candidate: Candidate, chunk: list[tuple[int, Any]], model: Any,
+                  lease: tuple[int, str] | None = None) -> None:
     position = {run_id: pos for pos, run_id in chunk}
     recs = {r.run.pk: r for r in recording.load([run_id for _, run_id in chunk])}
     rows: list[ReplayRun] = []
@@ -269,6 +307,8 @@ def _replay_chunk(batch: ReplayBatch, candidate: Candidate, chunk: list[tuple[in
                 row.status, row.passed = "skipped", None
                 row.error = f"the batch's cost cap ({batch.cost_cap}) was reached before this run"
                 continue
+        if lease is not None:
+            _renew(lease)
         try:
             replayer = replay_flow if rec.nodes or rec.run.agent.kind == AgentKind.FLOW else replay
             result = replayer(candidate, rec, model=model)
@@ -292,6 +332,8 @@ def _replay_chunk(batch: ReplayBatch, candidate: Candidate, chunk: list[tuple[in
     passed = sum(1 for r in rows if r.passed)
     failed = sum(1 for r in rows if r.passed is False)
     with transaction.atomic():
+        if lease is not None:
+            _renew(lease)  # fenced: a worker that lost its shard to the sweeper commits nothing (no double count)
         ReplayRun.objects.bulk_create(rows, ignore_conflicts=True)
         for audit in audits:
             audit.commit(batch.tenant_id)
