@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-AgentOps-Signature"
 TIMESTAMP_HEADER = "X-AgentOps-Timestamp"
 MAX_BACKOFF = 3600.0
-STRANDED_AFTER = 120
 
 
 def approval_url(request_id: Any) -> str:
@@ -168,9 +167,10 @@ def expiry_notices_due() -> list[Any]:
 
 def stranded_deliveries() -> list[int]:
     """Deliveries whose task was lost (a broker outage, a worker killed with it in memory): pending for over
-    ``STRANDED_AFTER`` seconds, or overdue for their retry by as much. One query; sending one twice is harmless,
-    as :func:`attempt` claims a row before it sends."""
-    cutoff = timezone.now() - dt.timedelta(seconds=STRANDED_AFTER)
+    ``NOTIFY_RESEND_AFTER_SECONDS`` seconds, or overdue for their retry by as much. One query. Delivery is at least
+    once: :func:`attempt` claims a row before it sends, but a notice cut off by a crash mid-send is sent again with the
+    same ``X-AgentOps-Delivery`` id, on which receivers dedupe."""
+    cutoff = timezone.now() - dt.timedelta(seconds=settings.NOTIFY_RESEND_AFTER_SECONDS)
     stuck = Q(status=DeliveryStatus.PENDING, created_at__lt=cutoff) | Q(status=DeliveryStatus.RETRYING, next_attempt_at__lt=cutoff)
     return list(Delivery.objects.filter(stuck).order_by("created_at").values_list("pk", flat=True)[:500])
 

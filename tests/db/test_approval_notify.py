@@ -367,3 +367,13 @@ def test_a_delivery_whose_task_was_lost_is_sent_again_by_the_sweep(world: World,
     Delivery.objects.filter(pk=delivery_id).update(status=DeliveryStatus.RETRYING,
                                                    next_attempt_at=timezone.now() + timedelta(minutes=30))
     assert notify.stranded_deliveries() == []  # waiting for its backoff is not lost
+
+
+def test_how_long_a_delivery_waits_before_it_is_taken_as_lost_is_a_setting(world: World, settings: Any) -> None:
+    request = _request(world, _refund_tool(world))
+    _channel(world, kind="email", name="mail")
+    [delivery_id] = notify.fan_out(request.pk, "arrived")
+    Delivery.objects.filter(pk=delivery_id).update(created_at=timezone.now() - timedelta(seconds=40))
+    assert settings.NOTIFY_RESEND_AFTER_SECONDS == 120 and notify.stranded_deliveries() == []
+    settings.NOTIFY_RESEND_AFTER_SECONDS = 30
+    assert notify.stranded_deliveries() == [delivery_id]
