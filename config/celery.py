@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from config import workers
 from config.heap import freeze_startup_heap
@@ -16,6 +16,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 app = Celery("agentops")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_init.connect
+def _worker_init(**kwargs: Any) -> None:
+    from config.dbroles import use_worker_timeouts
+
+    use_worker_timeouts()
 
 
 @worker_ready.connect

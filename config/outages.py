@@ -41,6 +41,9 @@ BUSY_RETRY_AFTER_SECONDS = 2
 DATABASE, REDIS = "database", "redis"
 #: Not a dependency of its own: the database, reachable, but no pooled connection free in time (over capacity).
 DATABASE_BUSY = "database_busy"
+#: Not a dependency either: the database answered, but a statement or a wait for a lock passed its bound
+#: (DB_STATEMENT_TIMEOUT_SECONDS, DB_LOCK_TIMEOUT_SECONDS): contention, not an outage.
+DATABASE_SLOW = "database_slow"
 #: Not a dependency either: this server process already has MAX_CONCURRENT_REQUESTS requests in progress
 #: (config/admission.py refuses the next one before Django sees it).
 SERVER_BUSY = "server_busy"
@@ -57,6 +60,9 @@ _KNOWN: dict[tuple[str, str], str] = {
     # requests already waiting for one.
     ("psycopg_pool", "PoolTimeout"): DATABASE_BUSY,
     ("psycopg_pool", "TooManyRequests"): DATABASE_BUSY,
+    # PostgreSQL cut a statement at statement_timeout, or a lock wait at lock_timeout.
+    ("psycopg.errors", "QueryCanceled"): DATABASE_SLOW,
+    ("psycopg.errors", "LockNotAvailable"): DATABASE_SLOW,
 }
 
 _MESSAGES = {
@@ -67,6 +73,8 @@ _MESSAGES = {
     DATABASE_BUSY: "No database connection became free in time: the server is at capacity, or the database is "
                    "unreachable. Retry shortly.",
     SERVER_BUSY: "The server is at capacity: too many requests in progress. Retry shortly.",
+    DATABASE_SLOW: "The database is busy: this request waited too long for a statement or a lock (other work holds "
+                   "what it needs). Retry shortly.",
 }
 
 
@@ -81,7 +89,7 @@ def dependency_down(exc: BaseException | None) -> str | None:
         for klass in type(exc).__mro__:
             found = _KNOWN.get((klass.__module__, klass.__qualname__))
             if found is not None:
-                if found == DATABASE_BUSY:
+                if found in (DATABASE_BUSY, DATABASE_SLOW):  # more precise than the wrapper's "database"
                     return found
                 first = first or found
                 break
@@ -89,7 +97,7 @@ def dependency_down(exc: BaseException | None) -> str | None:
     return first
 
 
-_NAMED = {DATABASE_BUSY: DATABASE, SERVER_BUSY: "server"}
+_NAMED = {DATABASE_BUSY: DATABASE, DATABASE_SLOW: DATABASE, SERVER_BUSY: "server"}
 
 
 def body(dependency: str) -> dict[str, Any]:
@@ -99,7 +107,7 @@ def body(dependency: str) -> dict[str, Any]:
 
 
 def headers(dependency: str | None = None) -> dict[str, str]:
-    wait = BUSY_RETRY_AFTER_SECONDS if dependency in (DATABASE_BUSY, SERVER_BUSY) else RETRY_AFTER_SECONDS
+    wait = BUSY_RETRY_AFTER_SECONDS if dependency in (DATABASE_BUSY, DATABASE_SLOW, SERVER_BUSY) else RETRY_AFTER_SECONDS
     return {"Retry-After": str(wait), "Cache-Control": "no-store"}
 
 

@@ -77,6 +77,16 @@ else:
     DB_PREPARE_THRESHOLD = env_count_or_off("DB_PREPARE_THRESHOLD", 5)
     DATABASES["default"].setdefault("OPTIONS", {}).update(server_side_binding=True,
                                                           prepare_threshold=DB_PREPARE_THRESHOLD)
+    # A statement, or a wait for a lock, past its bound is cut by PostgreSQL and the request answered 503 with
+    # Retry-After (config/outages.py) instead of holding its pooled connection for as long as the lock is held.
+    # Requests are short; worker tasks get the WORKER_ bounds (config/celery.py sets them on a worker's connections).
+    # 0: no bound.
+    DB_STATEMENT_TIMEOUT_SECONDS = env_float("DB_STATEMENT_TIMEOUT_SECONDS", 15.0, minimum=0.0)
+    DB_LOCK_TIMEOUT_SECONDS = env_float("DB_LOCK_TIMEOUT_SECONDS", 5.0, minimum=0.0)
+    WORKER_DB_STATEMENT_TIMEOUT_SECONDS = env_float("WORKER_DB_STATEMENT_TIMEOUT_SECONDS", 120.0, minimum=0.0)
+    WORKER_DB_LOCK_TIMEOUT_SECONDS = env_float("WORKER_DB_LOCK_TIMEOUT_SECONDS", 30.0, minimum=0.0)
+    DATABASES["default"].setdefault("OPTIONS", {})["options"] = (
+        f"-c statement_timeout={round(DB_STATEMENT_TIMEOUT_SECONDS * 1000)} -c lock_timeout={round(DB_LOCK_TIMEOUT_SECONDS * 1000)}")
     DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 10, minimum=0)  # 0: no pool, a connection per request (not advised)
     if DB_POOL_MAX_SIZE:
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
