@@ -46,12 +46,18 @@ def _broker() -> str:
 
 
 def _workers() -> str:
+    """The workers consuming this deployment's queue, against how many the deployment expects (``WORKERS_EXPECTED``):
+    one worker that exited while another lives is reported, not hidden behind the survivor."""
     if settings.EMBEDDED:
         return "in-process (embedded mode)"
-    seen = seen_workers()
+    seen, expected, queue = seen_workers(), settings.WORKERS_EXPECTED, settings.CELERY_TASK_DEFAULT_QUEUE
+    window = WORKER_BEAT_SECONDS * 3
     if not seen:
-        raise RuntimeError(f"no worker seen in the last {WORKER_BEAT_SECONDS * 3} s: runs are accepted but wait in the queue")
-    return f"{len(seen)} seen in the last {WORKER_BEAT_SECONDS * 3} s"
+        raise RuntimeError(f"no worker seen on queue {queue!r} in the last {window} s: runs are accepted but wait in the queue")
+    if len(seen) < expected:
+        raise RuntimeError(f"{len(seen)} of {expected} expected workers seen on queue {queue!r} in the last {window} s "
+                           f"({', '.join(seen)}): restart the missing ones (deploy/systemd)")
+    return f"{len(seen)} of {expected} expected seen on queue {queue!r} in the last {window} s: {', '.join(seen)}"
 
 
 def _channel_layer() -> str:

@@ -409,6 +409,8 @@ SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 10, minimum=1)
 #: A queued run with no lease this old is assumed lost by the broker and enqueued again; a run is
 #: re-enqueued at most once per this many seconds (duplicates are harmless: the lease decides).
 SWEEP_QUEUED_AFTER_SECONDS = env_int("SWEEP_QUEUED_AFTER_SECONDS", 60, minimum=1)
+#: How many Celery workers consume this deployment's queue: /healthz is degraded (200, "workers" down) with fewer.
+WORKERS_EXPECTED = env_int("WORKERS_EXPECTED", 1, minimum=1)
 #: A notification delivery still pending (or overdue for its retry) this long is taken as lost with its task and sent
 #: again by the approval-expiry sweep, with the same X-AgentOps-Delivery id (receivers dedupe on it: at least once).
 NOTIFY_RESEND_AFTER_SECONDS = env_int("NOTIFY_RESEND_AFTER_SECONDS", 120, minimum=5)

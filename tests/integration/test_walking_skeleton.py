@@ -127,7 +127,7 @@ def test_health_reports_each_dependency(live_stack: Any) -> None:
     assert all(check["ok"] for check in body["checks"].values())
     assert body["status"] == "ok"
     if live_stack.mode == "production":
-        assert body["checks"]["workers"]["detail"].startswith(("1 seen", "2 seen")), body
+        assert body["checks"]["workers"]["detail"].startswith(("1 of 1 expected seen", "2 of 1 expected seen")), body
 
 
 def test_health_is_degraded_when_no_worker_serves_the_queue_and_unavailable_when_the_broker_transport_is_broken(
