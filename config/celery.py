@@ -8,10 +8,12 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
-from config import workers
+from config import broker_patch, workers
 from config.heap import freeze_startup_heap
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+broker_patch.apply()  # a worker survives a Redis blip with unacknowledged messages (config/broker_patch.py)
 
 app = Celery("agentops")
 app.config_from_object("django.conf:settings", namespace="CELERY")
