@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from agents import attention, metrics, otel
 from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
-from audit.masking import mask_value
+from audit.masking import mask_text, mask_value
 from audit.models import AuditChainHead
 from audit.unit_of_work import StepAudit
 from config import live
@@ -47,6 +47,12 @@ def _error_text(record: StepRecord) -> str:
         return ""
     finished = next((e for e in reversed(record.events) if e.type == "run.finished"), None)
     return str((finished.payload.get("reason") if finished else "") or "error")[:2000]
+
+
+def masked_output(record: StepRecord) -> str:
+    """The answer as the run and the session's turn store it: masked by the trace's and the deltas' rule (mask_text),
+    so the API, the console and the next run's context read what the trace and a streaming client saw."""
+    return mask_text(record.output or "")
 
 
 def status_for(phase: Phase) -> str:
@@ -307,7 +313,7 @@ class DjangoRunStore:
             if finished:
                 changes.update(
                     terminal_reason=record.terminal_reason.value if record.terminal_reason else "error",
-                    output=record.output or "",
+                    output=masked_output(record),
                     error=_error_text(record),
                     finished_at=now,
                     lease_token="",
@@ -361,4 +367,4 @@ class DjangoRunStore:
         batch.update_where(Session, {"id": run.session_id}, usage=usage, turns=turns, updated_at=now,
                            model_calls=model_calls + int(record.state.get("llm_call_count", 0)))
         batch.insert(Turn, [Turn(tenant_id=run.tenant_id, session_id=run.session_id, turn_seq=turns, run_id=run.pk,
-                                 user_message=run.input, assistant_message=record.output or "", created_at=now)])
+                                 user_message=run.input, assistant_message=masked_output(record), created_at=now)])

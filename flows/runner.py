@@ -1235,7 +1235,7 @@ def _finish(run: Run, flow: FlowDefinition, outcome: str, failed_node: str | Non
     reason = TerminalReason.FINAL_ANSWER if outcome == "succeeded" else TerminalReason.ERROR
     now = timezone.now()
     error = "" if outcome == "succeeded" else f"node {failed_node} failed: {rows[failed_node].error if failed_node in rows else ''}"
-    output = _text(value) if outcome == "succeeded" else ""
+    output = mask_text(_text(value)) if outcome == "succeeded" else ""  # the rule of the trace and of agents' answers
     events = [Event("run.finished", {"terminal_reason": reason.value, "output": _summary(output) or None,
                                       "reason": error or None})]
     erows = writes.append(events)
