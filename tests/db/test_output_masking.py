@@ -102,3 +102,25 @@ def test_masking_the_answer_is_idempotent_and_leaves_plain_answers_alone(monkeyp
     run = _answered(make_world(), monkeypatch, plain)
     assert run.output == mask_text(plain) == mask_text(mask_text(plain))
     assert "O202411280001" in run.output and "my token expired" in run.output
+
+
+def test_answers_stored_raw_before_are_masked_by_the_command_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    world = make_world()
+    run = _answered(world, monkeypatch, "The key is on file.")
+    Run.objects.filter(pk=run.pk).update(output=ANSWER)  # as a run finished before answers were masked holds it
+    Turn.objects.filter(run=run).update(assistant_message=ANSWER)
+    dry = StringIO()
+    call_command("mask_stored_answers", "--dry-run", stdout=dry)
+    assert "would mask 1" in dry.getvalue() and Run.objects.get(pk=run.pk).output == ANSWER
+
+    out = StringIO()
+    call_command("mask_stored_answers", stdout=out)
+    assert "masked 1" in out.getvalue()
+    assert Run.objects.get(pk=run.pk).output == Turn.objects.get(run=run).assistant_message == mask_text(ANSWER)
+    again = StringIO()
+    call_command("mask_stored_answers", stdout=again)
+    assert "masked 0" in again.getvalue() and again.getvalue().count("masked 0") == 2
