@@ -2,8 +2,8 @@
 
 A result keeps its verdict (status, passed, regression, tokens, cost, latency) and the names of the aspects that
 changed (the batch's tallies read them), and loses the diff's content (recorded and replayed answers, tool calls with
-their arguments, cassette misses) and any error text (an exception's message may quote the run). The evaluation sets
-keep the run as a member: later replays report it as erased.
+their arguments, cassette misses) and any error text (an exception's message may quote the run): its error says it was
+erased instead. The evaluation sets keep the run as a member: later replays report it as erased.
 """
 
 from __future__ import annotations
@@ -21,6 +21,6 @@ def erase_results(run_ids: list[Any]) -> int:
     for row in rows:
         changed = row.diff.get("changed") if isinstance(row.diff, dict) else None
         row.diff = {"changed": [c for c in changed if isinstance(c, str)] if isinstance(changed, list) else [], "erased": True}
-        row.error = ERASED_RESULT if row.error else ""
+        row.error = ERASED_RESULT  # says why the report shows no details (and replaces any error text)
     ReplayRun.objects.bulk_update(rows, ["diff", "error"], batch_size=500)
     return len(rows)

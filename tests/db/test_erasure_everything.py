@@ -194,6 +194,7 @@ def test_a_session_in_an_evaluation_set_and_a_replay_leaves_nothing_behind(scrip
     _assert_erased(MARKER, run)
     result.refresh_from_db()
     assert (result.status, result.passed, result.diff) == ("replayed", True, {"changed": changed, "erased": True})
+    assert "erased" in result.error
     assert not any(MARKER in page().content.decode() for page in pages), "the API and the console show it no more"
     batch.refresh_from_db()
     report = releases.batch_report(batch)
