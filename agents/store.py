@@ -46,7 +46,7 @@ def _error_text(record: StepRecord) -> str:
     if record.terminal_reason is None or record.terminal_reason.value != "error":
         return ""
     finished = next((e for e in reversed(record.events) if e.type == "run.finished"), None)
-    return str((finished.payload.get("reason") if finished else "") or "error")[:2000]
+    return mask_text(str((finished.payload.get("reason") if finished else "") or "error"))[:2000]  # as the event shows it
 
 
 def masked_output(record: StepRecord) -> str:

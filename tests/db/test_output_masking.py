@@ -124,3 +124,18 @@ def test_answers_stored_raw_before_are_masked_by_the_command_once(monkeypatch: p
     again = StringIO()
     call_command("mask_stored_answers", stdout=again)
     assert "masked 0" in again.getvalue() and again.getvalue().count("masked 0") == 2
+
+
+def test_a_failed_runs_error_is_stored_masked_as_its_event_shows_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = make_world()
+
+    def fails(request: object) -> None:
+        raise RuntimeError(f"the provider answered 401: password={PASSWORD} was refused for {KEY}")
+
+    model = ScriptedModel([fails, fails, fails, fails])
+    monkeypatch.setattr(model_clients, "model_client_for", lambda run: model)
+    run = services.start_run(actor=Actor(api_key=world.key), agent=world.agent, text="hello")
+    services.execute_run(str(run.pk))
+    run.refresh_from_db()
+    assert run.terminal_reason == "error" and run.error
+    assert _raw(run.error) == [] and _raw(json.dumps(bearer_client(world.raw_key).get(f"/api/v1/runs/{run.pk}").json())) == []
