@@ -321,7 +321,7 @@ class DjangoRunStore:
                 )
             batch.update_where(Run, {"id": run.pk}, **changes)
             if finished:
-                self._close_session_turn(run, record, batch, now)
+                self._close_session_turn(run, record, batch, now, answer=changes["output"])
             batch.execute()
             self._committed(changes)
             publish_after_commit(run, rows, run_summary(run))
@@ -353,9 +353,10 @@ class DjangoRunStore:
             return locked, AuditChainHead(tenant_id=run.tenant_id, seq=seq, hash=hash_)
         return None, None
 
-    def _close_session_turn(self, run: Run, record: StepRecord, batch: WriteBatch, now: Any) -> None:
+    def _close_session_turn(self, run: Run, record: StepRecord, batch: WriteBatch, now: Any, *, answer: str) -> None:
         """Append the exchange to the session's conversation and carry the run's counters over: the session's row
-        locked and read here (its turn number), its update and the turn's row sent with the step's batch."""
+        locked and read here (its turn number), its update and the turn's row sent with the step's batch. ``answer``:
+        the run's output as stored (masked once, see :func:`masked_output`)."""
         session = _locked_session.get(run.session_id)
         usage, model_calls, turns = dict(session.usage or {}), session.model_calls, session.turns
         run_usage = record.usage.to_dict()
@@ -367,4 +368,4 @@ class DjangoRunStore:
         batch.update_where(Session, {"id": run.session_id}, usage=usage, turns=turns, updated_at=now,
                            model_calls=model_calls + int(record.state.get("llm_call_count", 0)))
         batch.insert(Turn, [Turn(tenant_id=run.tenant_id, session_id=run.session_id, turn_seq=turns, run_id=run.pk,
-                                 user_message=run.input, assistant_message=masked_output(record), created_at=now)])
+                                 user_message=run.input, assistant_message=answer, created_at=now)])
