@@ -8,7 +8,7 @@ append-only, hash-chained audit rows (``agents/erasure.py`` says why, and the to
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import pytest
@@ -44,7 +44,7 @@ MARKER = "Quillon Marrowpatch"
 TEXT_FIELDS = (models.TextField, models.CharField, models.JSONField)
 
 
-def _kept_audit(model: type[models.Model], row: dict[str, Any], approvals: set[str]) -> bool:
+def _kept_audit(model: type[models.Model], row: dict[str, Any], approvals: Collection[str]) -> bool:
     """The rows erasure keeps on purpose: tool-call audit rows, and the chained decisions on the erased approvals."""
     name = model._meta.label
     if name == "audit.ToolCallAudit":
@@ -52,7 +52,7 @@ def _kept_audit(model: type[models.Model], row: dict[str, Any], approvals: set[s
     return name == "audit.ConfigChange" and row.get("target_type") == "ApprovalRequest" and row.get("target_id") in approvals
 
 
-def _holders(marker: str, approvals: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+def _holders(marker: str, approvals: Collection[str] = ()) -> list[str]:
     """Every ``app.Model.field #pk`` whose value holds ``marker``, but for the audit rows erasure keeps."""
     found = []
     for model in apps.get_models():
@@ -61,8 +61,7 @@ def _holders(marker: str, approvals: set[str] = frozenset()) -> list[str]:  # ty
         fields = [f.attname for f in model._meta.concrete_fields if isinstance(f, TEXT_FIELDS)]
         if not fields:
             continue
-        extra = [n for n in ("target_type", "target_id") if model is ConfigChange]
-        for row in model._base_manager.values(model._meta.pk.attname, *fields, *extra).iterator():
+        for row in model._base_manager.values(model._meta.pk.attname, *fields).iterator():  # target_* are CharFields
             if _kept_audit(model, row, approvals):
                 continue
             for name in fields:
@@ -102,7 +101,7 @@ def _agent_session(world: World, scripted: Callable[[list[Any]], None]) -> Run:
     return first
 
 
-def _assert_erased(marker: str, run: Run, approvals: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+def _assert_erased(marker: str, run: Run, approvals: Collection[str] = ()) -> None:
     left = _holders(marker, approvals)
     assert left == [], f"erasure left the conversation in: {left}"
     # the audit rows kept are intact: both chains still verify
@@ -186,7 +185,7 @@ def test_a_session_in_an_evaluation_set_and_a_replay_leaves_nothing_behind(scrip
     api, browser = bearer_client(world.raw_key), Client()
     browser.force_login(world.operator)
     pages = (lambda: api.get(f"/api/v1/replays/{batch.pk}"), lambda: browser.get(f"/console/replays/{batch.pk}/"))
-    assert all(MARKER in page().content.decode() for page in pages), "the report showed the conversation"
+    assert all(page().status_code == 200 and MARKER in page().content.decode() for page in pages), "the report shows it"
     changed = result.diff["changed"]
 
     erase_session(actor=_owner(world), session=run.session, reason="DSR-3")
