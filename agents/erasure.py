@@ -11,13 +11,23 @@ or was told, and keeps only counts, ids, times and statuses:
   the console's trace all read "no events" and agree. Redacting payloads in place would keep the
   waterfall's shape but every event type carries personal data somewhere (arguments, results, text);
 * its ``Turn`` rows (the session's history, which later runs read) are deleted; ``Session.facts`` is blanked;
-* its approval requests keep their decision record (tool, status, who decided, times) but lose
-  ``arguments`` and ``preview``;
+* its approval requests keep their decision record (tool, status, who decided, times, the arguments' hashes) but
+  lose ``arguments``, ``edited_arguments`` and ``preview``; their decisions lose the approver's ``note`` (it may
+  quote the call);
+* a flow run's node rows keep kind, status, attempts and times but lose ``inputs``, ``output`` and ``error``;
+* replay results of these runs keep their verdict (status, passed, what changed, tokens, cost) but lose the ``diff``
+  (recorded and replayed answers, tool arguments, misses) and any error text; the evaluation sets keep the runs as
+  members (reported as erased, never replayed again);
+* a run's ``attention_resolution`` (an operator's note on it) is blanked too;
 * ``ToolCallAudit`` rows are **kept**: they are append-only and HMAC-chained (rewriting one breaks
   ``verify_audit``), they are the legal record of what the agent did to the world, and they hold only masked,
   shortened argument summaries (cards, secrets, phone numbers, e-mail and ID numbers masked; free text such as
   a name may remain, at most 120 characters a value). The tombstone says how many were kept. The same holds
-  for the configuration-change rows of the session's approval decisions (their notes are in the chain).
+  for the configuration-change rows of the session's approval decisions (chained too: their notes and masked
+  argument versions of an edited call stay there); the tombstone counts them as well.
+
+``tests/db/test_erasure_everything.py`` checks this against every text and JSON column of every model: after an
+erasure a marker from the conversation is found only in the two kept audit tables.
 
 A run started by an agent tool of one of these runs (``facts.parent_run``) lives in a session of its own,
 with an input derived from this conversation: those sessions are erased too, in the same transaction.
@@ -33,6 +43,7 @@ A run that is still active (queued, running or waiting) would write again after 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,9 +52,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents.models import ACTIVE_STATUSES, Run, RunEvent, RunMessage, Session, Turn
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalDecision, ApprovalRequest
 from audit.masking import mask_text
-from audit.models import ToolCallAudit
+from audit.models import ConfigChange, ToolCallAudit
 from audit.services import record_change
 from config.errors import Conflict
 from tenants.scoping import Actor
@@ -57,6 +68,19 @@ ERASE_ACTION = "own"
 TOMBSTONE_ACTION = "session.erased"
 #: How deep agent tools may nest (tools.agent_exec.MAX_AGENT_DEPTH is 3); a bound on the search for child sessions.
 _MAX_CHILD_DEPTH = 10
+
+
+#: Tables of the layers above that copy run content (flows: node rows; releases: replay results), each erased by a
+#: function those apps register at start-up (``register_eraser`` in their ``AppConfig.ready``): run ids -> rows changed.
+#: ``agents`` imports nothing from them (see .importlinter).
+_ERASERS: dict[str, Callable[[list[Any]], int]] = {}
+
+
+def register_eraser(name: str, eraser: Callable[[list[Any]], int]) -> None:
+    """Called once per app at start-up; ``name`` is the count's key in the tombstone."""
+    if name in _ERASERS and _ERASERS[name] is not eraser:
+        raise ValueError(f"an eraser named {name!r} is registered already")
+    _ERASERS[name] = eraser
 
 
 class ErasureRefused(Conflict):
@@ -101,12 +125,20 @@ def erase_session(*, actor: Actor, session: Session, reason: str = "", via: str 
             "messages": RunMessage.objects.filter(run_id__in=run_ids).delete()[0],
             "events": RunEvent.objects.filter(run_id__in=run_ids).delete()[0],
             "turns": Turn.objects.filter(session_id__in=ids).delete()[0],
-            "approvals": ApprovalRequest.objects.filter(run_id__in=run_ids).update(arguments={}, preview={}),
+            "approvals": ApprovalRequest.objects.filter(run_id__in=run_ids).update(
+                arguments={}, edited_arguments=None, preview={}),
+            "approval_notes": ApprovalDecision.objects.filter(request__run_id__in=run_ids).exclude(note="").update(note=""),
         }
+        for name, eraser in _ERASERS.items():  # the layers above: flow node rows, replay results
+            counts[name] = eraser(run_ids)
         Run.objects.filter(pk__in=run_ids).update(
-            input="", output="", error="", facts={}, state={}, pending_calls=[], last_seq=0, message_count=0, updated_at=now)
+            input="", output="", error="", facts={}, state={}, pending_calls=[], last_seq=0, message_count=0,
+            attention_resolution="", updated_at=now)
         Session.objects.filter(pk__in=ids).update(facts={}, erased_at=now, erased_by=actor.user, updated_at=now)
         kept = ToolCallAudit.objects.filter(run_id__in=run_ids).count()
+        approval_ids = [str(pk) for pk in ApprovalRequest.objects.filter(run_id__in=run_ids).values_list("pk", flat=True)]
+        kept_changes = ConfigChange.objects.filter(
+            tenant_id=root.tenant_id, target_type=ApprovalRequest.__name__, target_id__in=approval_ids).count()
         key = actor.api_key
         record_change(tenant=root.tenant, actor=actor, action=TOMBSTONE_ACTION, target=root, details={
             "erased_at": now.isoformat(),
@@ -115,7 +147,7 @@ def erase_session(*, actor: Actor, session: Session, reason: str = "", via: str 
             "reason": mask_text(reason.strip())[:300],
             "sessions": [str(i) for i in ids],
             "counts": counts,
-            "kept": {"tool_call_audits": kept,
+            "kept": {"tool_call_audits": kept, "approval_changes": kept_changes,
                      "why": "append-only and hash-chained; they hold masked argument summaries, not the conversation"},
         })
     return Erasure(counts=counts, sessions=tuple(str(i) for i in ids))

@@ -154,8 +154,10 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSco
         """Erase the session's stored inputs, messages and outputs (a data-subject request); the audit keeps a tombstone.
 
         Runs stay (status, usage, times) with their input, output, error and facts blank; their messages, trace events
-        and the session's turns are deleted; approval requests lose their arguments and preview. Tool-call audit rows are
-        kept (append-only, hash-chained, masked summaries). Sessions that this session's agent tools started are erased
+        and the session's turns are deleted; approval requests lose their arguments, edited arguments and preview, their
+        decisions the approvers' notes; flow runs' node rows lose their inputs, outputs and errors; replay results of the
+        runs lose their diffs. Tool-call audit rows and the chained approval decisions are kept (append-only,
+        hash-chained, masked summaries). Sessions that this session's agent tools started are erased
         with it. One ``session.erased`` configuration change records who, when and the counts, never the content.
         Needs the tenant's owner role. 409 while a run of the session is active: cancel it first. Erasing an erased
         session answers 204 again and records nothing new. No new run may join an erased session.

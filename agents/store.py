@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from agents import attention, metrics, otel
 from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
-from audit.masking import mask_value
+from audit.masking import mask_text, mask_value
 from audit.models import AuditChainHead
 from audit.unit_of_work import StepAudit
 from config import live
@@ -46,7 +46,13 @@ def _error_text(record: StepRecord) -> str:
     if record.terminal_reason is None or record.terminal_reason.value != "error":
         return ""
     finished = next((e for e in reversed(record.events) if e.type == "run.finished"), None)
-    return str((finished.payload.get("reason") if finished else "") or "error")[:2000]
+    return mask_text(str((finished.payload.get("reason") if finished else "") or "error"))[:2000]  # as the event shows it
+
+
+def masked_output(record: StepRecord) -> str:
+    """The answer as the run and the session's turn store it: masked by the trace's and the deltas' rule (mask_text),
+    so the API, the console and the next run's context read what the trace and a streaming client saw."""
+    return mask_text(record.output or "")
 
 
 def status_for(phase: Phase) -> str:
@@ -307,7 +313,7 @@ class DjangoRunStore:
             if finished:
                 changes.update(
                     terminal_reason=record.terminal_reason.value if record.terminal_reason else "error",
-                    output=record.output or "",
+                    output=masked_output(record),
                     error=_error_text(record),
                     finished_at=now,
                     lease_token="",
@@ -315,7 +321,7 @@ class DjangoRunStore:
                 )
             batch.update_where(Run, {"id": run.pk}, **changes)
             if finished:
-                self._close_session_turn(run, record, batch, now)
+                self._close_session_turn(run, record, batch, now, answer=changes["output"])
             batch.execute()
             self._committed(changes)
             publish_after_commit(run, rows, run_summary(run))
@@ -347,9 +353,10 @@ class DjangoRunStore:
             return locked, AuditChainHead(tenant_id=run.tenant_id, seq=seq, hash=hash_)
         return None, None
 
-    def _close_session_turn(self, run: Run, record: StepRecord, batch: WriteBatch, now: Any) -> None:
+    def _close_session_turn(self, run: Run, record: StepRecord, batch: WriteBatch, now: Any, *, answer: str) -> None:
         """Append the exchange to the session's conversation and carry the run's counters over: the session's row
-        locked and read here (its turn number), its update and the turn's row sent with the step's batch."""
+        locked and read here (its turn number), its update and the turn's row sent with the step's batch. ``answer``:
+        the run's output as stored (masked once, see :func:`masked_output`)."""
         session = _locked_session.get(run.session_id)
         usage, model_calls, turns = dict(session.usage or {}), session.model_calls, session.turns
         run_usage = record.usage.to_dict()
@@ -361,4 +368,4 @@ class DjangoRunStore:
         batch.update_where(Session, {"id": run.session_id}, usage=usage, turns=turns, updated_at=now,
                            model_calls=model_calls + int(record.state.get("llm_call_count", 0)))
         batch.insert(Turn, [Turn(tenant_id=run.tenant_id, session_id=run.session_id, turn_seq=turns, run_id=run.pk,
-                                 user_message=run.input, assistant_message=record.output or "", created_at=now)])
+                                 user_message=run.input, assistant_message=answer, created_at=now)])

@@ -191,7 +191,7 @@ def _finish(run: Run, reason: TerminalReason, output: str | None, why: str, root
                                          "decided_by": "supervisor", "child_run": child_run},
                         parent_span_id=root_span or None))
     changes: dict[str, Any] = {"status": RunStatus.FINISHED, "terminal_reason": reason.value, "phase": "finished",
-                               "output": output or "", "finished_at": timezone.now()}
+                               "output": mask_text(output or ""), "finished_at": timezone.now()}
     if reason != TerminalReason.FINAL_ANSWER:
         changes["error"] = why
     _append(run, events, **changes)

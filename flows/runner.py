@@ -1234,8 +1234,9 @@ def _finish(run: Run, flow: FlowDefinition, outcome: str, failed_node: str | Non
             value, outcome, failed_node = None, "failed", f"output ({exc})"
     reason = TerminalReason.FINAL_ANSWER if outcome == "succeeded" else TerminalReason.ERROR
     now = timezone.now()
-    error = "" if outcome == "succeeded" else f"node {failed_node} failed: {rows[failed_node].error if failed_node in rows else ''}"
-    output = _text(value) if outcome == "succeeded" else ""
+    error = "" if outcome == "succeeded" else mask_text(
+        f"node {failed_node} failed: {rows[failed_node].error if failed_node in rows else ''}")
+    output = mask_text(_text(value)) if outcome == "succeeded" else ""  # the rule of the trace and of agents' answers
     events = [Event("run.finished", {"terminal_reason": reason.value, "output": _summary(output) or None,
                                       "reason": error or None})]
     erows = writes.append(events)

@@ -17,7 +17,7 @@ from django.utils.html import format_html, format_html_join
 
 from agents.admin import ReadOnlyAdmin
 from config.errors import DomainError
-from releases import services
+from releases import diffs, services
 from releases.models import EvaluationSet, EvaluationSetRun, ReplayBatch, ReplayRun
 from tenants.admin_mixins import TenantScopedInline
 
@@ -147,4 +147,6 @@ class ReplayRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="diff")
     def diff_text(self, obj: ReplayRun) -> Any:
-        return format_html("<pre>{}</pre>", json.dumps(obj.diff, indent=2, ensure_ascii=False, default=str))
+        """Masked as the reports are (releases.diffs.masked), whoever reads it."""
+        shown = diffs.masked(obj.diff, services.sensitive_fields(obj.tenant_id, [obj.diff]))
+        return format_html("<pre>{}</pre>", json.dumps(shown, indent=2, ensure_ascii=False, default=str))

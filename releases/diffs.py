@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import difflib
+import json
+import re
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from audit.masking import MASK, mask_text, mask_value, normalize_key
 from releases.flow_replay import recorded_facts
 from releases.recording import Recording
 from releases.replay import Replayed
+from tools.arguments import canonical_json
 
 #: check name -> the parameter it takes (None: none)
 #: The largest 'times' a check takes (NaN and infinity are no numbers a JSON column stores).
@@ -104,3 +109,71 @@ def run_checks(checks: list[dict[str, Any]], d: dict[str, Any]) -> list[dict[str
             ok = d[key]["replayed"] <= float(entry["times"]) * d[key]["recorded"] + 1e-9
         results.append({**entry, "passed": bool(ok)})
     return results
+
+
+# -- what a report shows ---------------------------------------------------------------------------------------------
+
+#: A ``"key": value`` pair in JSON text that may be cut short (a miss quotes at most 200 characters of the arguments).
+_PAIR = re.compile(r'"((?:[^"\\]|\\.){1,128})"\s*:\s*("(?:[^"\\]|\\.)*"?|[^,}\]]*)')
+
+
+def masked_arguments(arguments: Any, sensitive_fields: Iterable[str]) -> Any:
+    """A call's arguments (canonical JSON text) as the approval page shows them: the fields the tool declares sensitive,
+    and secrets and personal data by name and pattern, masked (``audit.masking.mask_value``). Idempotent."""
+    if not isinstance(arguments, str):
+        return mask_value(arguments, sensitive_fields)
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return _masked_text(arguments, sensitive_fields)
+    return canonical_json(mask_value(parsed, sensitive_fields))
+
+
+def _masked_text(text: str, sensitive_fields: Iterable[str]) -> str:
+    """Free text quoting arguments (a miss, arguments that are not JSON): declared fields' values in ``"key": value``
+    pairs masked, then the patterns."""
+    declared = {normalize_key(f) for f in sensitive_fields}
+    if declared:
+        text = _PAIR.sub(lambda m: f'"{m.group(1)}":"{MASK}"' if normalize_key(m.group(1)) in declared else m.group(0), text)
+    return mask_text(text)
+
+
+def masked(d: Any, sensitive: Mapping[str, Iterable[str]]) -> Any:
+    """A result's diff as it is stored and shown, to every role: each tool call's recorded and replayed arguments masked
+    as the approval page masks them (``sensitive``: a tool's name -> the fields it declares sensitive), the answers, the
+    answer's text diff and the misses by the rule of the trace. Whether a side is ``same`` was decided on what ran;
+    idempotent, so a diff stored masked is shown as it is."""
+    if not isinstance(d, dict):
+        return d
+    out = dict(d)
+    tools = out.get("tools")
+    if isinstance(tools, dict):
+        out["tools"] = {**tools, **{side: [_masked_call(c, sensitive) for c in tools[side]]
+                                    for side in ("recorded", "replayed") if isinstance(tools.get(side), list)}}
+    answer = out.get("answer")
+    if isinstance(answer, dict):
+        answer = {**answer, **{side: mask_text(answer[side]) for side in ("recorded", "replayed")
+                               if isinstance(answer.get(side), str)}}
+        if isinstance(answer.get("diff"), list):
+            answer["diff"] = [mask_text(line) if isinstance(line, str) else line for line in answer["diff"]]
+        out["answer"] = answer
+    if isinstance(out.get("misses"), list):
+        out["misses"] = [_masked_text(m, sensitive.get(m.split("(", 1)[0], ())) if isinstance(m, str) else m
+                         for m in out["misses"]]
+    return out
+
+
+def _masked_call(call: Any, sensitive: Mapping[str, Iterable[str]]) -> Any:
+    if not isinstance(call, dict) or "arguments" not in call:
+        return call
+    return {**call, "arguments": masked_arguments(call["arguments"], sensitive.get(str(call.get("tool")), ()))}
+
+
+def tool_names(d: Any) -> set[str]:
+    """The tools a diff names (its calls on both sides, and those its misses quote): whose declared fields it needs."""
+    if not isinstance(d, dict):
+        return set()
+    tools = d.get("tools") if isinstance(d.get("tools"), dict) else {}
+    names = {str(c.get("tool")) for side in ("recorded", "replayed") for c in tools.get(side) or [] if isinstance(c, dict)}
+    names |= {m.split("(", 1)[0] for m in d.get("misses") or [] if isinstance(m, str) and "(" in m}
+    return names

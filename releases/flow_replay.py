@@ -21,6 +21,7 @@ from typing import Any
 
 from agents.engine import session_grants
 from approvals.gate import ApprovalGate
+from audit.masking import mask_text
 from flows.runner import call_id, flow_input, version_definition
 from releases.recording import Recording, canonical
 from releases.replay import MISS, Candidate, CassetteTools, MemoryStore, Replayed
@@ -88,7 +89,7 @@ def replay_flow(candidate: Candidate, rec: Recording, *, model: Any = None) -> R
                 scope = {"input": start, "nodes": outputs}
                 if step.outcome == "succeeded":
                     try:
-                        output = _text(evaluate(flow.output, scope) if flow.output else outputs)
+                        output = mask_text(_text(evaluate(flow.output, scope) if flow.output else outputs))
                     except Exception:
                         terminal, output = "error", ""
                 else:

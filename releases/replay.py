@@ -26,6 +26,7 @@ from agents.extensions import registry as extension_registry
 from agents.models import AgentKind, AgentVersion, Run
 from agents.run_policy import effective_document
 from approvals.gate import ApprovalGate
+from audit.masking import mask_text, mask_value
 from audit.unit_of_work import StepAudit
 from flows.runner import version_definition
 from releases.recording import Recording, canonical
@@ -34,6 +35,7 @@ from runtime.loop import AgentConfig
 from runtime.protocols import Checkpoint, StepAck, StepRecord
 from runtime.types import ModelRequest, ModelResponse, ToolCall, ToolContext, ToolOutcome, ToolSpec, ToolStatus, Usage
 from tools import decisions
+from tools.arguments import canonical_json
 from tools.models import Tool, ToolCategory
 
 MISS = "replay_miss"
@@ -159,7 +161,13 @@ class CassetteTools:
         return self._miss(tool, call, ctx, key, needs)
 
     def _miss(self, tool: Tool, call: ToolCall, ctx: ToolContext, key: tuple[str, str], needs: bool) -> ToolOutcome:
-        what = f"{call.name}({key[1][:200]})"
+        # the call as a report may quote it: the fields the tool declares sensitive masked, as on the approval page
+        shown = key[1]
+        try:
+            shown = canonical_json(mask_value(json.loads(shown), tool.sensitive_fields or ()))
+        except ValueError:
+            shown = mask_text(shown)
+        what = f"{call.name}({shown[:200]})"
         live = (self.candidate.miss_policy == "live_read" and tool.category == ToolCategory.READ
                 and not needs)
         if not live:
@@ -210,7 +218,7 @@ def replay(candidate: Candidate, recording: Recording, *, model: Any = None) -> 
     terminal = result.terminal_reason.value if result.terminal_reason is not None else str(result.phase)
     if tools.misses:
         terminal = MISS
-    output = result.output or ""
+    output = mask_text(result.output or "")  # as a run's answer is stored (agents/store.py): compared like for like
     for record in store.records:  # a model reply the cassette did not hold ends the run with an error naming it
         for event in record.events:
             if event.type == "model.error" and MISS in str(event.payload.get("error", "")):

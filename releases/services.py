@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from agents.models import Agent, AgentKind, AgentVersion, Run, RunStatus
+from audit.masking import mask_text
 from audit.services import record_change
 from config.errors import Conflict, Invalid
 from releases import diffs, metrics, recording
@@ -24,6 +25,7 @@ from releases.models import BatchStatus, EvaluationSet, EvaluationSetRun, MissPo
 from releases.replay import Candidate, replay
 from tenants.models import Tenant
 from tenants.scoping import Actor
+from tools.models import Tool
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +321,7 @@ def _replay_chunk(batch: ReplayBatch, candidate: Candidate, chunk: list[tuple[in
             continue
         d = diffs.diff(rec, result)
         results = diffs.run_checks(batch.checks, d)
-        row.diff, row.check_results = d, results
+        row.diff, row.check_results = d, results  # its arguments masked below, once the chunk's tools are known
         row.passed = all(r["passed"] for r in results)
         row.regression = not row.passed
         row.live_tool_calls = result.live_tool_calls
@@ -329,6 +331,10 @@ def _replay_chunk(batch: ReplayBatch, candidate: Candidate, chunk: list[tuple[in
         spent += row.cost
         if result.audit is not None and len(result.audit):
             audits.append(result.audit)
+    sensitive = sensitive_fields(batch.tenant_id, [r.diff for r in rows])
+    for row in rows:
+        row.diff = diffs.masked(row.diff, sensitive)
+        row.error = mask_text(row.error)
     passed = sum(1 for r in rows if r.passed)
     failed = sum(1 for r in rows if r.passed is False)
     with transaction.atomic():
@@ -357,9 +363,20 @@ def _maybe_finish(batch_id: Any) -> None:
                                "runs": batch.total, "cost_spent": str(batch.cost_spent)})
 
 
+def sensitive_fields(tenant_id: int, diffs_: Iterable[Any]) -> dict[str, list[str]]:
+    """The fields each tool these diffs name declares sensitive (``Tool.sensitive_fields``): one query."""
+    names = set().union(*(diffs.tool_names(d) for d in diffs_))
+    if not names:
+        return {}
+    rows = Tool.objects.filter(tenant_id=tenant_id, name__in=names).values_list("name", "sensitive_fields")
+    return {name: [f for f in fields if isinstance(f, str)] if isinstance(fields, list) else [] for name, fields in rows}
+
+
 def batch_report(batch: ReplayBatch, *, limit: int = 200) -> dict[str, Any]:
-    """The batch's progress and results, regressions first (then the set's order)."""
+    """The batch's progress and results, regressions first (then the set's order). Every result's diff is shown
+    masked, to every role (``diffs.masked``: results stored before their diffs were masked at rest are too)."""
     rows = list(batch.results.order_by("-regression", "position")[:limit])
+    sensitive = sensitive_fields(batch.tenant_id, [r.diff for r in rows])
     changed: dict[str, int] = {}
     for keys in batch.results.values_list("diff__changed", flat=True):  # the lists only, not every diff's text
         for key in keys if isinstance(keys, list) else []:
@@ -374,7 +391,7 @@ def batch_report(batch: ReplayBatch, *, limit: int = 200) -> dict[str, Any]:
         "changed": changed, "error": batch.error or None,
         "created_at": batch.created_at, "started_at": batch.started_at, "finished_at": batch.finished_at,
         "results": [{"source_run": str(r.source_run_id), "status": r.status, "passed": r.passed, "regression": r.regression,
-                     "changed": (r.diff or {}).get("changed", []), "checks": r.check_results, "diff": r.diff,
-                     "live_tool_calls": r.live_tool_calls, "tokens": r.tokens, "cost": str(r.cost),
-                     "latency_ms": r.latency_ms, "error": r.error or None} for r in rows],
+                     "changed": (r.diff or {}).get("changed", []), "checks": r.check_results,
+                     "diff": diffs.masked(r.diff, sensitive), "live_tool_calls": r.live_tool_calls, "tokens": r.tokens,
+                     "cost": str(r.cost), "latency_ms": r.latency_ms, "error": mask_text(r.error) or None} for r in rows],
     }

@@ -170,7 +170,7 @@ def test_erasure_removes_inputs_messages_events_turns_and_approval_arguments_and
     assert details["via"] == "api" and details["reason"] == "DSR-1234" and details["api_key"]["prefix"]
     assert setup.owner_key.startswith(details["api_key"]["prefix"])
     assert details["counts"] == {"sessions": 1, "runs": 2, "messages": details["counts"]["messages"], "events": details["counts"]["events"],
-                                 "turns": 1, "approvals": 1}
+                                 "turns": 1, "approvals": 1, "approval_notes": 0, "flow_nodes": 0, "replay_results": 0}
     assert details["counts"]["messages"] >= 4 and details["counts"]["events"] >= 10
     assert details["kept"]["tool_call_audits"] == len(audits)
     assert NAME not in json.dumps(details) and "glass cup" not in json.dumps(details)
