@@ -12,6 +12,11 @@ ASGI server's send waits, the inbox fills, and further messages are dropped — 
 are read from the database once the client reads again. The worker and the feed never wait for a
 client. Every ``KEEPALIVE_SECONDS`` without a frame a comment line is sent, and the database is read
 for anything a dropped message carried (e.g. the run's last step).
+
+Held open: a stream is an async iterator sent after its request's thread is given back (config/handler.py), so while
+it waits it holds no thread, only its place in the run's feed and a slot among the caller's and the tenant's open
+streams (tenants/open_streams.py: taken by the view, a 429 past the bound; renewed here; given back when the
+response is closed). Its reads of the database are short calls to the process's sync thread.
 """
 
 from __future__ import annotations
