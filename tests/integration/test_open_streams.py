@@ -106,6 +106,22 @@ def _eventually_opens(streams: Streams, seconds: float = 10) -> httpx.Response:
         time.sleep(0.1)
 
 
+@contextlib.contextmanager
+def _socket_once_free(stack: LiveStack, key: str, run_id: str, seconds: float = 10) -> Iterator[Any]:
+    """The run's trace websocket, opened once a slot is free (a closed stream's is, a moment after it closed)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with connect(f"{stack.ws_url}/ws/runs/{run_id}/?after=0", additional_headers={"Authorization": f"Bearer {key}"},
+                     open_timeout=10) as ws:
+            try:
+                frame = recv_frame(ws, timeout=0.5)
+            except TimeoutError:  # open, and nothing to say: the run has no events yet
+                yield ws
+                return
+        assert frame.get("code") == "too_many_streams" and time.monotonic() < deadline, frame
+        time.sleep(0.1)
+
+
 def test_thirty_open_streams_do_not_hold_thirty_threads(stack: LiveStack, worlds: tuple[World, World], streams: Any,
                                                         django_db_blocker: Any) -> None:
     world, _ = worlds
@@ -115,7 +131,7 @@ def test_thirty_open_streams_do_not_hold_thirty_threads(stack: LiveStack, worlds
     held.close()
     time.sleep(0.5)
     before = _server_threads(stack)
-    # when a client opens thirty streams of a running run, one after the other, and leaves them open
+    # when a client opens thirty streams of a run under way, one after the other, and leaves them open
     held = streams(world.raw_key, run_id)
     held.open_all(30)
     time.sleep(1.5)  # a keep-alive or two (SSE_KEEPALIVE_SECONDS=1): each stream has read the database since
@@ -170,3 +186,8 @@ def test_streams_past_a_keys_or_its_tenants_bound_are_refused_and_a_closed_one_f
     mine.close_one()
     assert _eventually_opens(mine).status_code == 200
     assert mine.try_open().status_code == 429
+    # and an open trace websocket holds a slot as an event stream does, given back when it closes
+    mine.close_one()
+    with _socket_once_free(stack, world.raw_key, run_id):
+        assert mine.try_open().status_code == 429
+    assert _eventually_opens(mine).status_code == 200
