@@ -46,6 +46,7 @@ from agents.serializers import (
 from config.api import CursorPages
 from config.compiled import CompiledRead
 from config.filters import ListFilterBackend, parameters
+from tenants import open_streams
 from tenants.api import TenantScopedViewSet
 from tools.serializers import PreviewImpactResultSerializer
 
@@ -260,17 +261,24 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
                 message = f"No session {data['session']} in this tenant. Omit the field to start a new one."
                 raise serializers.ValidationError({"session": [message]})
         streams = bool(data.get("stream") or wants_event_stream(request))
+        slot = _stream_slot(self.actor, tenant.pk) if streams else None  # refused before any run is created
         # A run created to be streamed is enqueued by its stream once that has joined the run's feed: the first delta
         # cannot be published before the client listens (deltas are not stored).
-        accepted = acceptance.accept_run(actor=self.actor, agent=agent, text=data["input"], session=session,
-                                         facts=data.get("facts"), idempotency_key=key, enqueue=not streams)
+        try:
+            accepted = acceptance.accept_run(actor=self.actor, agent=agent, text=data["input"], session=session,
+                                             facts=data.get("facts"), idempotency_key=key, enqueue=not streams)
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
         headers = {acceptance.REPLAYED_HEADER: "true"} if accepted.replayed else {}
         if streams:
             headers["Location"] = f"/api/v1/runs/{accepted.run.pk}"
             headers["X-Run-Id"] = str(accepted.run.pk)
             run_id = accepted.run.pk
             start = None if accepted.replayed else sse.Once(lambda: acceptance.deliver(run_id))
-            return sse.stream_response(run_id, 0, status=status.HTTP_202_ACCEPTED, headers=headers, on_joined=start)
+            return sse.stream_response(run_id, 0, status=status.HTTP_202_ACCEPTED, headers=headers, on_joined=start,
+                                       slot=slot)
         return Response(RunSerializer(accepted.run, context={"request": request}).data, status=status.HTTP_202_ACCEPTED,
                         headers=headers)
 
@@ -344,7 +352,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             raise exceptions.ValidationError(
                 {"after": ["Last-Event-ID (or after=) must be a non-negative integer: the last seq you received."]}
             )
-        return sse.stream_response(run.pk, after)
+        return sse.stream_response(run.pk, after, slot=_stream_slot(self.actor, run.tenant_id))
 
     @extend_schema(request=None, responses={202: RunSerializer, 409: None})
     @action(detail=True, methods=["post"])
@@ -370,6 +378,15 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
 
 
 
+
+
+def _stream_slot(actor: Any, tenant_id: int) -> open_streams.Slot:
+    """A place among the caller's and the tenant's open streams, or a 429 saying which bound is full."""
+    try:
+        return open_streams.hold(open_streams.caller(actor), tenant_id)
+    except open_streams.TooManyStreams as exc:
+        raise exceptions.Throttled(wait=open_streams.RETRY_AFTER_SECONDS, detail=exc.message,
+                                   code="too_many_streams") from None
 
 
 def _non_negative_int(raw: str | None, name: str, default: int) -> int:

@@ -8,11 +8,13 @@ import logging
 from typing import Any
 from urllib.parse import parse_qs
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 
 from agents import run_feeds
 from agents.models import Run, RunEvent
 from config import live
+from tenants import open_streams
 from tenants.feeds import HeartbeatConsumer, stop_tasks
 from tenants.scoping import ANONYMOUS, Actor
 
@@ -47,6 +49,8 @@ class RunEventsConsumer(HeartbeatConsumer):
     _pump: asyncio.Task[None] | None = None
     _resync: asyncio.Task[None] | None = None
     _overflowed = False
+    _slot: open_streams.Slot | None = None
+    _keeper: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         actor: Actor = self.scope.get("actor", ANONYMOUS)
@@ -64,12 +68,29 @@ class RunEventsConsumer(HeartbeatConsumer):
         if run is None:
             await self.close()  # unknown and foreign runs look the same
             return
-        self.run_id = run.pk
+        try:  # one of the caller's and the tenant's open streams (tenants/open_streams.py), as an SSE stream
+            self._slot = await sync_to_async(open_streams.hold, thread_sensitive=False)(open_streams.caller(actor), run.tenant_id)
+        except open_streams.TooManyStreams as refused:
+            await self.accept()  # to say why: a refused handshake carries no reason
+            await self.send_json({"type": "error", "code": "too_many_streams", "error": refused.message,
+                                  "retry_after": open_streams.RETRY_AFTER_SECONDS})
+            await self.close(code=open_streams.CLOSE_CODE, reason=refused.reason)
+            return
+        try:
+            await self._open(run.pk, after)
+        except BaseException:  # never connected: the slot goes back now (disconnect() is not called)
+            slot, self._slot = self._slot, None
+            await sync_to_async(slot.release, thread_sensitive=False)()
+            raise
+        self._keeper = asyncio.get_running_loop().create_task(open_streams.keep(self._slot))
+
+    async def _open(self, run_id: Any, after: int) -> None:
+        self.run_id = run_id
         self.last_seq = after
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=run_feeds.INBOX_SIZE)
         self._sending = asyncio.Lock()
         # Join the run's feed before reading the backlog, so nothing falls between the two.
-        self._feed = await run_feeds.join(self.channel_layer, live.run_group(run.pk), self)
+        self._feed = await run_feeds.join(self.channel_layer, live.run_group(run_id), self)
         await self.accept()
         async with self._sending:
             await self._backfill()
@@ -80,11 +101,14 @@ class RunEventsConsumer(HeartbeatConsumer):
                 self.close_on_error(lambda: self._resync_later(delay), f"of run {self.run_id} could not resync"))
 
     async def disconnect(self, code: int) -> None:
-        await stop_tasks(self._resync, self._pump)
-        self._resync = self._pump = None
+        await stop_tasks(self._resync, self._pump, self._keeper)
+        self._resync = self._pump = self._keeper = None
         if self._feed is not None:
             await run_feeds.leave(self._feed, self)
             self._feed = None
+        if self._slot is not None:
+            slot, self._slot = self._slot, None
+            await sync_to_async(slot.release, thread_sensitive=False)()
 
     def deliver(self, message: dict[str, Any]) -> None:
         """Called by the run's feed for each group message; never blocks the feed."""

@@ -12,11 +12,17 @@ ASGI server's send waits, the inbox fills, and further messages are dropped — 
 are read from the database once the client reads again. The worker and the feed never wait for a
 client. Every ``KEEPALIVE_SECONDS`` without a frame a comment line is sent, and the database is read
 for anything a dropped message carried (e.g. the run's last step).
+
+Held open: a stream is an async iterator sent after its request's thread is given back (config/handler.py), so while
+it waits it holds no thread, only its place in the run's feed and a slot among the caller's and the tenant's open
+streams (tenants/open_streams.py: taken by the view, a 429 past the bound; renewed here; given back when the
+response is closed). Its reads of the database are short calls to the process's sync thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +37,7 @@ from django.http import StreamingHttpResponse
 from agents import run_feeds
 from agents.models import Run, RunEvent, RunStatus
 from config import live
+from tenants import open_streams
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +98,14 @@ class RunStream:
     """``on_joined`` (a create that streams: enqueue the run) is called once the stream is in the run's feed, before
     anything is read, so nothing the run publishes can come before its subscriber."""
 
-    def __init__(self, run_id: Any, after: int, keepalive: float, on_joined: Once | None = None) -> None:
+    def __init__(self, run_id: Any, after: int, keepalive: float, on_joined: Once | None = None,
+                 slot: open_streams.Slot | None = None) -> None:
         self.run_id = run_id
         self.last_seq = after
         self.keepalive = keepalive
         self.ended = False
         self.on_joined = on_joined
+        self.slot = slot
 
     async def _backfill(self) -> list[bytes]:
         out: list[bytes] = []
@@ -128,6 +137,17 @@ class RunStream:
         return out
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        """The stream's messages, while its slot's lease is renewed (tenants/open_streams.py; given back on close)."""
+        keeper = asyncio.create_task(open_streams.keep(self.slot)) if self.slot is not None else None
+        try:
+            async with contextlib.aclosing(self._messages()) as messages:
+                async for chunk in messages:
+                    yield chunk
+        finally:
+            if keeper is not None:
+                keeper.cancel()
+
+    async def _messages(self) -> AsyncIterator[bytes]:
         layer = get_channel_layer()
         inbox = _Inbox()
         try:
@@ -189,15 +209,18 @@ def parse_resume(last_event_id: str | None, after: str | None) -> int:
 
 
 def stream_response(run_id: Any, after: int, status: int = 200, headers: dict[str, str] | None = None,
-                    on_joined: Once | None = None) -> StreamingHttpResponse:
+                    on_joined: Once | None = None, slot: open_streams.Slot | None = None) -> StreamingHttpResponse:
     """The run's stream; ``on_joined`` is called once it has joined the run's feed, or when the response is closed
-    if it never started (a client gone before the first byte: the run starts all the same)."""
+    if it never started (a client gone before the first byte: the run starts all the same). ``slot`` (the caller's
+    place among its open streams) is given back when the response is closed, however the stream ended."""
     response = StreamingHttpResponse(
-        RunStream(run_id, after, settings.SSE_KEEPALIVE_SECONDS, on_joined).__aiter__(), content_type="text/event-stream",
-        status=status,
+        RunStream(run_id, after, settings.SSE_KEEPALIVE_SECONDS, on_joined, slot).__aiter__(),
+        content_type="text/event-stream", status=status,
     )
     if on_joined is not None:
         response._resource_closers.append(on_joined)
+    if slot is not None:
+        response._resource_closers.append(slot.release)
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # a proxy in front must not buffer the stream
     for name, value in (headers or {}).items():

@@ -11,7 +11,8 @@ Every middleware in ``settings.MIDDLEWARE`` and every HTTP view is synchronous, 
 mode (as under WSGI) and the whole of it — ``request_started``, middleware, view, exception handling, response
 logging and ``request_finished`` — runs in one ``sync_to_async`` call on the request's thread-sensitive thread
 (:meth:`SyncChainASGIHandler.handle`). Streaming responses (the SSE run streams' async
-iterators) are still sent by the async handler afterwards, exactly as before. An async view or middleware would still
+iterators) are still sent by the async handler afterwards, as before; an async one once the request's thread is given
+back, so an open stream holds no thread (issue #49: one key's 195 open streams held 195). An async view or middleware would still
 work (Django adapts it with ``async_to_sync``), only slower: keep HTTP views and middleware synchronous (websockets go
 through Channels).
 
@@ -50,12 +51,13 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
+from django.db import close_old_connections
 from django.http import FileResponse
 from django.urls import set_script_prefix
 
 #: Idle threads a server process keeps for the next requests; past it, a thread given back is let go.
-#: ``MAX_CONCURRENT_REQUESTS`` bounds the requests in progress (config/admission.py); an event stream holds its thread
-#: while it lasts, as it did when every request made its own.
+#: ``MAX_CONCURRENT_REQUESTS`` bounds the requests in progress (config/admission.py); an event stream gives its
+#: request's thread back once its response is ready (``SyncChainASGIHandler.__call__``).
 KEEP_IDLE = 64
 
 T = TypeVar("T")
@@ -136,13 +138,20 @@ class SyncChainASGIHandler(ASGIHandler):
         try:
             # Django's handle(): request_started, the chain, response.close() — all on the borrowed thread.
             async with ThreadSensitiveContext(executor=executor):
-                await self.handle(scope, receive, send)
+                stream = await self.handle(scope, receive, send)
         finally:
             # A view still running after a client went away only delays the next request given this executor: it
             # runs one call at a time, in order.
             self.threads.give_back(executor)
+        if stream is not None:
+            # An async stream (a run's SSE) is sent once the request's thread is given back: open for as long as its
+            # run lasts, it holds no thread; its short reads go where a websocket's do (the process's sync thread).
+            try:
+                await self._stream(stream, receive, send)
+            finally:
+                await sync_to_async(stream.close, thread_sensitive=True)()
 
-    async def handle(self, scope: Any, receive: Any, send: Any) -> None:
+    async def handle(self, scope: Any, receive: Any, send: Any) -> Any:
         """Django's ``ASGIHandler.handle`` in one hop to the request's thread instead of three.
 
         Django sends ``request_started`` (a hop), runs the chain (a hop) while a second task listens for the client
@@ -153,14 +162,19 @@ class SyncChainASGIHandler(ASGIHandler):
         closed afterwards, as Django does: a stream may last as long as its run. Listening while a synchronous view
         runs bought nothing: a thread cannot be cancelled, and a response sent to a client that left is dropped by
         the server.
+
+        An async streaming response is not sent here but returned, for :meth:`__call__` to send after giving the
+        request's thread back (the view's database connection went back already, see :meth:`respond`).
         """
         try:
             body_file = await self.read_body(receive)
         except RequestAborted:
-            return
+            return None
         try:
             set_script_prefix(get_script_prefix(scope))
             response = await self.turns.run(sync_to_async(self.respond, thread_sensitive=True)(scope, body_file))
+            if response.streaming and response.is_async:
+                return response
             if response.streaming:
                 await self._stream(response, receive, send)
                 await sync_to_async(response.close, thread_sensitive=True)()
@@ -168,6 +182,7 @@ class SyncChainASGIHandler(ASGIHandler):
                 await self.send_response(response, send)
         finally:
             body_file.close()
+        return None
 
     def respond(self, scope: Any, body_file: Any) -> Any:
         """``request_started``, the request, the chain and (unless it streams) ``response.close()``, on one thread."""
@@ -181,6 +196,8 @@ class SyncChainASGIHandler(ASGIHandler):
                 response.block_size = self.chunk_size
         if not response.streaming:
             response.close()  # request_finished: the pooled connection goes back, from the thread that used it
+        elif response.is_async:
+            close_old_connections()  # sent from no thread of its own (__call__): the pooled connection goes back now
         return response
 
     async def _stream(self, response: Any, receive: Any, send: Any) -> None:

@@ -490,6 +490,13 @@ REQUEST_THREADS = env_int("REQUEST_THREADS", 2, minimum=0)
 REQUEST_TURN_SECONDS = env_float("REQUEST_TURN_SECONDS", 0.2, minimum=0.001)
 #: A run's event stream (GET /api/v1/runs/<id>/stream) sends a comment after this many idle seconds (agents/sse.py).
 SSE_KEEPALIVE_SECONDS = env_float("SSE_KEEPALIVE_SECONDS", 15.0, minimum=0.1)
+#: Streams (a run's SSE stream, its trace websocket) open at once per API key (or signed-in user) and per tenant, across
+#: every server process; the next is a 429 with Retry-After (a websocket is closed with 4429). 0: no bound
+#: (tenants/open_streams.py). A stream's count is a lease renewed while it lives: a killed process's streams stop
+#: counting after OPEN_STREAM_LEASE_SECONDS.
+MAX_OPEN_STREAMS_PER_KEY = env_int("MAX_OPEN_STREAMS_PER_KEY", 20, minimum=0)
+MAX_OPEN_STREAMS_PER_TENANT = env_int("MAX_OPEN_STREAMS_PER_TENANT", 100, minimum=0)
+OPEN_STREAM_LEASE_SECONDS = env_int("OPEN_STREAM_LEASE_SECONDS", 60, minimum=3)
 #: Server processes (uvicorn workers) ``manage.py serve`` starts; each has its own database pool (DB_POOL_MAX_SIZE).
 #: Embedded mode always serves from one process (its Celery worker lives there).
 SERVE_WORKERS = env_int("SERVE_WORKERS", 1, minimum=1)
