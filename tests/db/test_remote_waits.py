@@ -7,6 +7,7 @@ and the test looks at the waiting requests' connections (and, on PostgreSQL, the
 from __future__ import annotations
 
 import json
+import socket
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from django.db import connection, transaction
 from django.test import Client
 from rest_framework.test import APIClient
 
+from approvals.models import NotificationChannel
 from config.remote_waits import remote_wait
 from tenants.models import Tenant
 from tests.factories import World, make_world
@@ -143,6 +145,51 @@ def test_a_providers_connection_test_waits_holding_no_connection(via: str) -> No
     assert not holding, "the request held its database connection while the provider was slow to answer"
     said = response.json()["message"] if via == "api" else response.content.decode()
     assert "offers 1 model(s)" in said, said[:2000]
+
+
+SLOW_HOST = "hooks.slow.example"
+
+
+@pytest.fixture
+def slow_dns(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """``hooks.slow.example`` resolves to a public address; each lookup of it notes whether its thread held a database
+    connection (or was inside a transaction) while the tenant's DNS was asked."""
+    real = socket.getaddrinfo
+    held: list[bool] = []
+
+    def lookup(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if (host.decode() if isinstance(host, bytes) else host) != SLOW_HOST:
+            return real(host, port, *args, **kwargs)
+        held.append(connection.connection is not None or connection.in_atomic_block)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.215.14", int(port or 443)))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    return held
+
+
+@pytest.mark.parametrize("via", ["api", "admin"])
+def test_a_webhooks_address_is_resolved_holding_no_connection(slow_dns: list[bool], via: str) -> None:
+    world = make_world()
+    first, second = (f"https://{SLOW_HOST}/services/T000/B000/{tail}" for tail in ("first0123456789abcdef", "second0123456789abcde"))
+    if via == "api":
+        api = bearer_client(world.raw_key)
+        made = api.post("/api/v1/notification-channels", {"name": "ops", "kind": "webhook_slack", "target": first,
+                                                          "events": ["arrived"]}, format="json")
+        assert made.status_code == 201, made.content[:300]
+        changed = api.patch(f"/api/v1/notification-channels/{made.json()['id']}", {"target": second}, format="json")
+        assert changed.status_code == 200, changed.content[:300]
+    else:
+        page = Client()
+        page.force_login(world.operator)
+        form = {"tenant": world.tenant.pk, "name": "ops", "kind": "webhook_slack", "events": ["arrived"], "enabled": "on"}
+        made = page.post("/admin/approvals/notificationchannel/add/", {**form, "target": first})
+        assert made.status_code == 302, made.content.decode()[:2000]
+        channel = NotificationChannel.objects.get(tenant=world.tenant, name="ops")
+        changed = page.post(f"/admin/approvals/notificationchannel/{channel.pk}/change/", {**form, "target": second})
+        assert changed.status_code == 302, changed.content.decode()[:2000]
+    assert NotificationChannel.objects.get(tenant=world.tenant, name="ops").target == second
+    assert slow_dns, "the webhook's host was never resolved"
+    assert not any(slow_dns), f"{sum(slow_dns)} of {len(slow_dns)} lookups of the tenant's host held a database connection"
 
 
 @pytest.mark.django_db
