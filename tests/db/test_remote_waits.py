@@ -199,3 +199,13 @@ def test_inside_a_transaction_the_connection_stays_and_the_transaction_goes_on()
         with remote_wait(None, seconds=1, what="a check"):
             assert connection.connection is not None
         assert Tenant.objects.filter(slug="kept").exists()
+
+
+def test_atomic_requests_stops_start_up_since_a_waiting_request_could_not_give_its_connection_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from config.checks import no_atomic_requests
+
+    assert no_atomic_requests() == []
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    assert [e.id for e in no_atomic_requests()] == ["agentops.E001"]
