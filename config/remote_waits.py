@@ -1,9 +1,9 @@
 """Waiting on a server a tenant chose, from a request: holding no database connection, a few per tenant at a time.
 
-Importing an MCP server's tools and a provider's "test connection" wait on a server the tenant named (issue #49,
-hole 2). A request holds the pooled connection it borrowed for its first query until it ends, so DB_POOL_MAX_SIZE
-imports of a slow server took every connection of the process and every other tenant was answered 503 for as long
-as that server took. A service wraps such a wait in :func:`remote_wait`:
+Importing an MCP server's tools, a provider's "test connection" and a webhook channel's save (its host is resolved)
+wait on a server the tenant named (issue #49, hole 2). A request holds the pooled connection it borrowed for its
+first query until it ends, so DB_POOL_MAX_SIZE imports of a slow server took every connection of the process and
+every other tenant was answered 503 for as long as that server took. A service wraps such a wait in :func:`remote_wait`:
 
 - it takes one of the tenant's ``REMOTE_CALLS_PER_TENANT`` slots (default 2), or is refused at once
   (:class:`RemoteCallsBusy`: 429 with ``Retry-After``), so one tenant cannot hold the server's threads either;
@@ -70,7 +70,8 @@ def remote_wait(tenant_id: int | None, *, seconds: float, what: str) -> Iterator
     slot = _slots().take(key, limit(), seconds + SLOT_GRACE_SECONDS)
     if slot is None:
         raise RemoteCallsBusy(
-            f"This tenant already has {limit()} calls to outside servers under way (MCP imports, provider tests); "
+            f"This tenant already has {limit()} calls to outside servers under way (MCP imports, provider "
+            f"tests, webhook address checks); "
             f"{what} was not started. Try again in {RETRY_AFTER_SECONDS} seconds, when one of them has finished.")
     try:
         release_connections()
