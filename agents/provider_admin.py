@@ -12,6 +12,7 @@ from django.http import HttpRequest
 from agents import provider_services as services
 from agents.models import Provider
 from agents.providers import check_api_key, check_fields, check_headers, granted_secrets, key_status, masked_headers
+from config.remote_waits import RemoteCallsBusy
 from tenants.admin_mixins import TenantScopedAdmin
 from tenants.scoping import actor_for_user
 
@@ -74,7 +75,7 @@ def test_connection(modeladmin: ProviderAdmin, request: HttpRequest, queryset: Q
     for provider in queryset:
         try:
             check = services.check_connection(actor=actor, provider=provider)
-        except services.ProviderRefused as exc:
+        except (services.ProviderRefused, RemoteCallsBusy) as exc:
             modeladmin.message_user(request, f"{provider.name}: {exc}", messages.ERROR)
             continue
         level = messages.SUCCESS if check.ok else messages.ERROR

@@ -13,6 +13,7 @@ from django.db import transaction
 
 from agents.models import Provider
 from agents.providers import (
+    MAX_CALL_SECONDS,
     SecretError,
     check_api_key,
     check_fields,
@@ -25,6 +26,7 @@ from agents.providers import (
 )
 from audit.services import record_change
 from config.errors import Forbidden, Invalid
+from config.remote_waits import remote_wait
 from llm import ConnectionCheck, ModelGateway
 from tenants.models import Tenant
 from tenants.scoping import Actor
@@ -159,15 +161,19 @@ def delete_provider(*, actor: Actor, provider: Provider) -> None:
 
 
 def check_connection(*, actor: Actor, provider: Provider) -> ConnectionCheck:
-    """List the provider's models with its stored settings; a readable verdict, never an exception."""
+    """List the provider's models with its stored settings; a readable verdict, never an exception (but
+    :class:`~config.remote_waits.RemoteCallsBusy` when the tenant already has its share of such calls under way)."""
     _authorise(actor, provider.tenant_id)
     try:
-        config = provider_config(provider)
+        config = provider_config(provider)  # everything read from the database before the wait
     except (SecretError, ValueError) as exc:
         return ConnectionCheck(False, provider.name, provider.base_url, str(exc))
     guarded = guarded_client_for(provider, config)
     gateway = ModelGateway([config], clients={provider.name: guarded} if guarded is not None else None)
+    # Each attempt waits at most the provider's timeout (and MAX_CALL_SECONDS in all); the SDK retries max_retries times.
+    seconds = min(config.timeout, MAX_CALL_SECONDS) * (config.max_retries + 1)
     try:
-        return gateway.test_connection(provider.name)
+        with remote_wait(provider.tenant_id, seconds=seconds, what=f"the test of provider {provider.name!r}"):
+            return gateway.test_connection(provider.name)
     finally:
         gateway.close()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack, suppress
 from typing import Any
 from urllib.parse import urlsplit
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
@@ -16,7 +18,9 @@ from django.utils.html import format_html
 
 from approvals import channels, decisions, edits
 from approvals.models import ApprovalRequest, Delivery, NotificationChannel, NotifyEvent
+from config.numbers import whole_number
 from config.parsers import BoundedJSONField
+from config.remote_waits import RemoteCallsBusy
 from tenants.admin_mixins import TenantScopedAdmin
 from tenants.scoping import actor_for_user
 
@@ -149,6 +153,27 @@ class NotificationChannelAdmin(TenantScopedAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return ["tenant"] if obj is not None else []
+
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+                        extra_context: Any = None) -> Any:
+        """A posted webhook address is resolved before Django opens the form's transaction, holding no database
+        connection (the tenant's DNS may be slow); the service then uses that answer (``channels.addresses_checked``)."""
+        with ExitStack() as ahead:
+            tenant_id = self._posted_tenant(request, object_id) if request.method == "POST" else None
+            if tenant_id is not None:
+                with suppress(RemoteCallsBusy):  # the service meets the same refusal, which the form shows
+                    ahead.enter_context(channels.addresses_checked(tenant_id, request.POST.get("kind"),
+                                                                   request.POST.get("target")))
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def _posted_tenant(self, request: HttpRequest, object_id: str | None) -> int | None:
+        """The tenant of the channel being saved, when the user may change its channels; else None (nothing ahead)."""
+        if object_id is not None:
+            channel = self.get_object(request, unquote(object_id))
+            tenant_id = channel.tenant_id if channel is not None else None
+        else:
+            tenant_id = whole_number(request.POST.get("tenant", ""))
+        return tenant_id if tenant_id is not None and self._actor(request).can("operate", tenant_id) else None
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         actor = self._actor(request)

@@ -3,12 +3,16 @@
 The admin and the API call these; they never write a channel row themselves. A channel's signing
 secret is a reference (``secret:NAME``, read from ``NOTIFY_SECRET_<NAME>``) to a secret the platform
 granted the tenant; the reference is write-only: the API, the admin and the audit row say "set", never it.
+A webhook's host is resolved (the egress guard's check) before the channel's transaction begins and holding no
+database connection (:func:`addresses_checked`): the tenant chose that name, and its DNS may answer slowly.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,6 +23,7 @@ from django.db import transaction
 from approvals.models import ChannelKind, NotificationChannel, NotifyEvent
 from audit.services import record_change
 from config.errors import Forbidden, Invalid
+from config.remote_waits import remote_wait
 from egress.guard import EgressDenied, check_url
 from tenants.models import Tenant
 from tenants.scoping import Actor
@@ -82,6 +87,13 @@ def _target_problem(kind: str, target: str) -> str | None:
         return f"must be an http or https URL with a host, e.g. https://hooks.example.com/approvals; got {target[:100]!r}"
     if parts.username or parts.password:
         return "must not carry a user name or password; sign the body with a secret instead"
+    ahead = _AHEAD.get() or {}
+    address = _address(target)
+    return ahead[address] if address in ahead else _egress_problem(target)
+
+
+def _egress_problem(target: str) -> str | None:
+    """The egress guard's verdict on a webhook URL (it resolves the host: a wait on the tenant's DNS)."""
     try:
         check_url(target, allow=settings.TOOL_EGRESS_ALLOW)
     except EgressDenied as exc:
@@ -89,6 +101,40 @@ def _target_problem(kind: str, target: str) -> str | None:
     except (httpx.HTTPError, OSError):
         return None  # a name that does not resolve now: the guard checks it again at every delivery, at connect time
     return None
+
+
+#: Verdicts on webhook addresses resolved ahead of the transaction that saves a channel: (scheme, host, port) -> problem.
+_AHEAD: ContextVar[dict[tuple[str, str, int | None], str | None] | None] = ContextVar("channel_addresses", default=None)
+#: How long a host's resolution may take (the system resolver's own timeouts bound it; Python cannot interrupt it).
+RESOLVE_SECONDS = 30.0
+
+
+def _address(target: str) -> tuple[str, str, int | None] | None:
+    """What the guard's verdict depends on: scheme, host and port (the same for the masked form of a stored URL)."""
+    try:
+        parts = urlsplit(target)
+        return (parts.scheme, (parts.hostname or "").lower(), parts.port) if parts.hostname else None
+    except ValueError:  # a port out of range: refused by the shape checks, nothing to resolve
+        return None
+
+
+@contextmanager
+def addresses_checked(tenant_id: int | None, kind: Any, target: Any) -> Iterator[None]:
+    """Resolve a webhook target's host now, in one of the tenant's remote-call slots and holding no database connection
+    (config/remote_waits.py), for the checks made within the block, in the transaction that saves the channel.
+    Raises :class:`~config.remote_waits.RemoteCallsBusy` when the tenant has its share of such calls under way."""
+    known = _AHEAD.get() or {}
+    address = _address(target) if kind in WEBHOOKS and isinstance(target, str) else None
+    if address is None or address in known:
+        yield
+        return
+    with remote_wait(tenant_id, seconds=RESOLVE_SECONDS, what="the check of the webhook's address"):
+        problem = _egress_problem(target)
+    token = _AHEAD.set({**known, address: problem})
+    try:
+        yield
+    finally:
+        _AHEAD.reset(token)
 
 
 def _tools(tenant: Tenant, names: Iterable[Any], errors: dict[str, list[str]]) -> list[Tool]:
@@ -149,9 +195,14 @@ def _apply(
     return None if tools is KEEP else _tools(channel.tenant, tools or [], errors)
 
 
-@transaction.atomic
 def create_channel(*, actor: Actor, tenant: Tenant, values: dict[str, Any], secret: Any = KEEP, tools: Any = KEEP) -> NotificationChannel:
     _authorise(actor, tenant.pk)
+    with addresses_checked(tenant.pk, values.get("kind"), values.get("target")):  # before the transaction
+        return _create_channel(actor=actor, tenant=tenant, values=values, secret=secret, tools=tools)
+
+
+@transaction.atomic
+def _create_channel(*, actor: Actor, tenant: Tenant, values: dict[str, Any], secret: Any, tools: Any) -> NotificationChannel:
     channel = NotificationChannel(tenant=tenant, name="", kind="", events=[])
     errors: dict[str, list[str]] = {}
     chosen = _apply(channel, values, secret, tools, errors) or []
@@ -164,10 +215,17 @@ def create_channel(*, actor: Actor, tenant: Tenant, values: dict[str, Any], secr
     return channel
 
 
-@transaction.atomic
 def update_channel(*, actor: Actor, channel: NotificationChannel, values: dict[str, Any], secret: Any = KEEP,
                    tools: Any = KEEP) -> NotificationChannel:
     _authorise(actor, channel.tenant_id)
+    kind, target = values.get("kind", channel.kind), values.get("target", channel.target)
+    with addresses_checked(channel.tenant_id, kind, target):  # before the transaction and the row's lock
+        return _update_channel(actor=actor, channel=channel, values=values, secret=secret, tools=tools)
+
+
+@transaction.atomic
+def _update_channel(*, actor: Actor, channel: NotificationChannel, values: dict[str, Any], secret: Any,
+                    tools: Any) -> NotificationChannel:
     channel = NotificationChannel.objects.select_for_update().select_related("tenant").get(pk=channel.pk)
     errors: dict[str, list[str]] = {}
     chosen = _apply(channel, values, secret, tools, errors)

@@ -37,7 +37,7 @@ def error_object(code: str, message: str, field: str | None = None) -> dict[str,
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DomainError):
-        return Response(exc.body(), status=exc.status)
+        return Response(exc.body(), status=exc.status, headers=exc.headers())
     response = drf_exception_handler(exc, context)
     if response is not None:
         return _with_error_object(response, exc)

@@ -36,6 +36,10 @@ class DomainError(Exception):
         """DRF's value under ``field`` (a list of messages); a subclass with several problems returns them all."""
         return [self.message]
 
+    def headers(self) -> dict[str, str]:
+        """Response headers the refusal needs (e.g. ``Retry-After``); none by default."""
+        return {}
+
     def body(self) -> dict[str, Any]:
         if self.field:
             body: dict[str, Any] = {self.field: self.details()}

@@ -534,6 +534,9 @@ TOOL_DUPLICATE_WINDOW_SECONDS = env_int("TOOL_DUPLICATE_WINDOW_SECONDS", 600, mi
 TOOL_BULKHEAD_SIZE = env_int("TOOL_BULKHEAD_SIZE", 4, minimum=1)
 #: At most this many of one model turn's tool calls under way at once (runtime AgentConfig.tool_calls_at_once).
 TOOL_CALLS_AT_ONCE = env_int("TOOL_CALLS_AT_ONCE", 8, minimum=1)
+#: Requests of one tenant waiting on a server it chose (MCP imports, provider tests, webhook DNS) at once, across every server
+#: process; the next is a 429 with Retry-After. Such a request holds no database connection meanwhile (config/remote_waits.py).
+REMOTE_CALLS_PER_TENANT = env_int("REMOTE_CALLS_PER_TENANT", 2, minimum=1)
 
 # --- Logging ------------------------------------------------------------------------------
 LOGGING = {

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from config.remote_waits import RemoteCallsBusy
 from tenants.models import Tenant
 from tools.mcp_import import McpServerError, import_mcp_tools
 
@@ -54,7 +55,7 @@ class Command(BaseCommand):
             server["timeout"] = options["timeout"]
         try:
             report = import_mcp_tools(tenant, server, None, prefix=options["prefix"], only=options["only"])
-        except McpServerError as exc:
+        except (McpServerError, RemoteCallsBusy) as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(f"created: {', '.join(report.created) or '-'}")
         self.stdout.write(f"updated: {', '.join(report.updated) or '-'}")
