@@ -57,9 +57,10 @@ def _batch(world: World, evaluation_set: EvaluationSet, version: AgentVersion, p
                                       cost_spent=Decimal(0), finished_at=timezone.now() if status == "finished" else None)
 
 
-def _gate(world: World, evaluation_set: EvaluationSet, rate: float = 0.9, mode: str = "recorded") -> ReleaseGate:
+def _gate(world: World, evaluation_set: EvaluationSet, rate: float = 0.9, mode: str = "recorded",
+          checks: list[dict[str, Any]] | None = None) -> ReleaseGate:
     gate = services.set_release_gate(agent=world.agent, evaluation_set=evaluation_set, min_pass_rate=rate, model_mode=mode,
-                                     actor=actor_for_user(world.operator))
+                                     actor=actor_for_user(world.operator), **({"checks": checks} if checks else {}))
     assert gate is not None
     return gate
 
@@ -241,9 +242,9 @@ def test_the_checks_guard_rolls_back_a_version_failing_the_gates_checks_on_live_
     world = make_world()
     v2 = _v2(world)
     golden = _set(world)
-    _gate(world, golden)
-    _batch(world, golden, v2, 1.0, checks=[{"check": "same_tools"}, {"check": "answer_not_contains", "text": "sorry"},
-                                          {"check": "cost_at_most", "times": 2}])
+    checks = [{"check": "same_tools"}, {"check": "answer_not_contains", "text": "sorry"}, {"check": "cost_at_most", "times": 2}]
+    _gate(world, golden, checks=checks)
+    _batch(world, golden, v2, 1.0, checks=checks)
     actor = actor_for_user(world.operator)
     services.set_release_weights(agent=world.agent, weights={1: 80, 2: 20}, actor=actor)
     services.set_release_guard(agent=world.agent, metric="checks", threshold=0.2, window=20, min_runs=10, actor=actor)
@@ -296,3 +297,84 @@ def test_the_gate_follows_real_replays_a_faithful_copy_passes_and_a_tighter_vers
         services.set_release_weights(agent=world.agent, weights={1: 80, 2: 10, 3: 10}, actor=actor)
     assert _weights(world) == {1: 90, 2: 10}
     assert [r.details["version"] for r in ConfigChange.objects.filter(action="release.gate_refused")] == [3]
+
+
+# -- issue #49 hole 5: the gate owns its checks, and every way of making a version current goes through it ----------
+
+
+@pytest.mark.django_db
+def test_a_batch_counts_only_if_it_ran_at_least_the_gates_checks() -> None:
+    world = make_world()
+    v2 = _v2(world)
+    golden = _set(world)
+    _gate(world, golden, rate=0.9)  # the default checks: same_tools, same_terminal_reason
+    actor = actor_for_user(world.operator)
+
+    # a replay whose one check cannot fail passes 100 %: it does not count, and the refusal says why
+    cannot_fail = _batch(world, golden, v2, 1.0, checks=[{"check": "answer_not_contains", "text": "zz"}])
+    with pytest.raises(services.GateRefused) as refused:
+        services.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=actor)
+    assert f"replay batch {cannot_fail.pk}) did not run" in str(refused.value) and "same_tools" in str(refused.value)
+    assert ConfigChange.objects.get(action="release.gate_refused").details["checks"] == [
+        {"check": "same_tools"}, {"check": "same_terminal_reason"}]
+    assert _weights(world) == {}
+
+    # a stricter batch counts (no_diff covers both), even when a weaker one finished after it
+    strict = _batch(world, golden, v2, 0.95, checks=[{"check": "no_diff"}])
+    _batch(world, golden, v2, 1.0, checks=[{"check": "answer_not_contains", "text": "zz"}])
+    services.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=actor)
+    assert ConfigChange.objects.get(action="release.gate_allowed").details["batch"] == strict.pk
+
+    # parameters: a text the gate's contains (not_contains) and a lower 'times' are stricter; a higher one is not
+    gate = _gate(world, golden, checks=[{"check": "answer_not_contains", "text": "sorry"}, {"check": "cost_at_most", "times": 2}])
+    assert gate.checks == [{"check": "answer_not_contains", "text": "sorry"}, {"check": "cost_at_most", "times": 2}]
+    looser = _batch(world, golden, v2, 1.0, checks=[{"check": "answer_not_contains", "text": "sorr"},
+                                                    {"check": "cost_at_most", "times": 3}])
+    with pytest.raises(services.GateRefused, match=f"batch {looser.pk}\\) did not run .*cost_at_most"):
+        services.set_release_weights(agent=world.agent, weights={1: 80, 2: 20}, actor=actor)
+    _batch(world, golden, v2, 1.0, checks=[{"check": "answer_not_contains", "text": "sorr"}, {"check": "cost_at_most", "times": 1.5}])
+    services.set_release_weights(agent=world.agent, weights={1: 80, 2: 20}, actor=actor)
+    assert _weights(world) == {1: 80, 2: 20}
+
+
+@pytest.mark.django_db
+def test_a_replay_started_before_the_version_was_edited_does_not_count() -> None:
+    world = make_world()
+    v2 = _v2(world)
+    golden = _set(world)
+    _gate(world, golden)
+    actor = actor_for_user(world.operator)
+    _batch(world, golden, v2, 1.0)
+    agent_services.update_version(actor=actor, version=v2, system_prompt="something else entirely")
+    with pytest.raises(services.GateRefused, match="was started before v2 was last edited"):
+        services.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=actor)
+    _batch(world, golden, v2, 1.0)  # replayed again, as it is now
+    services.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=actor)
+
+
+@pytest.mark.django_db
+def test_the_gates_checks_are_a_typed_document_shown_and_set_on_the_release_endpoint() -> None:
+    world = make_world()
+    golden = _set(world)
+    url = f"/api/v1/releases/{world.agent.slug}"
+    api = _api(world)
+    bad = api.put(url, {"gate": {"evaluation_set": golden.pk, "min_pass_rate": 0.9,
+                                 "checks": [{"check": "answer_contains"}, {"check": "same_tools", "times": 2}, {"check": "x"}]}},
+                  format="json")
+    assert bad.status_code == 400, bad.content
+    problems = bad.json()["checks"]
+    assert any(p.startswith("checks[0].text: answer_contains needs 'text'") for p in problems)
+    assert any(p.startswith("checks[1].times: same_tools takes no 'times'") for p in problems)
+    assert any(p.startswith("checks[2].check: must be one of") for p in problems)
+    assert api.put(url, {"gate": {"evaluation_set": golden.pk, "min_pass_rate": 0.9, "checks": []}},
+                   format="json").status_code == 400
+    assert not ReleaseGate.objects.exists()
+
+    ok = api.put(url, {"gate": {"evaluation_set": golden.pk, "min_pass_rate": 0.9}}, format="json")
+    assert ok.status_code == 200 and ok.json()["gate"]["checks"] == [{"check": "same_tools"}, {"check": "same_terminal_reason"}]
+    mine = [{"check": "no_diff"}, {"check": "answer_contains", "text": "ships"}]
+    ok = api.put(url, {"gate": {"evaluation_set": golden.pk, "min_pass_rate": 0.9, "checks": mine}}, format="json")
+    assert ok.status_code == 200 and api.get(url).json()["gate"]["checks"] == mine
+    # set again without checks: kept
+    assert api.put(url, {"gate": {"evaluation_set": golden.pk, "min_pass_rate": 1}}, format="json").json()["gate"]["checks"] == mine
+    assert ConfigChange.objects.filter(action="release.gate_set").latest("id").details["gate"]["checks"] == mine
