@@ -302,6 +302,24 @@ def test_the_gate_follows_real_replays_a_faithful_copy_passes_and_a_tighter_vers
 # -- issue #49 hole 5: the gate owns its checks, and every way of making a version current goes through it ----------
 
 
+def _agent_form(client: Client, world: World) -> tuple[str, dict[str, Any]]:
+    """The agent's admin change form as the browser would post it back (its weights inline left empty)."""
+    url = f"/admin/agents/agent/{world.agent.pk}/change/"
+    page = client.get(url)
+    assert page.status_code == 200
+    data: dict[str, Any] = {"csrfmiddlewaretoken": page.context["csrf_token"]}
+    form = page.context["adminform"].form
+    for name in form.fields:
+        value = form[name].value()
+        if value is not None:
+            data[name] = value
+    [inline] = page.context["inline_admin_formsets"]
+    prefix = inline.formset.prefix
+    data.update({f"{prefix}-TOTAL_FORMS": "0", f"{prefix}-INITIAL_FORMS": "0", f"{prefix}-MIN_NUM_FORMS": "0",
+                 f"{prefix}-MAX_NUM_FORMS": "1000"})
+    return url, data
+
+
 @pytest.mark.django_db
 def test_a_batch_counts_only_if_it_ran_at_least_the_gates_checks() -> None:
     world = make_world()
@@ -378,3 +396,82 @@ def test_the_gates_checks_are_a_typed_document_shown_and_set_on_the_release_endp
     # set again without checks: kept
     assert api.put(url, {"gate": {"evaluation_set": golden.pk, "min_pass_rate": 1}}, format="json").json()["gate"]["checks"] == mine
     assert ConfigChange.objects.filter(action="release.gate_set").latest("id").details["gate"]["checks"] == mine
+
+
+@pytest.mark.django_db(transaction=True)
+def test_make_current_goes_through_the_gate_refused_until_replayed_and_a_rollback_is_allowed_and_audited() -> None:
+    world = make_world()
+    golden = _set(world)
+    api = _api(world)
+    versions = f"/api/v1/agents/{world.agent.slug}/versions"
+    body = {"model": "demo/planner", "tools": world.version.tools}
+
+    # without a gate, make_current is allowed and audited as the change it is
+    made = api.post(versions, {**body, "make_current": True}, format="json")
+    assert made.status_code == 201 and made.json()["current"] is True
+    row = ConfigChange.objects.get(action="agent.current_set")
+    assert (row.details["version"], row.details["previous"]) == (2, 1)
+    v2 = AgentVersion.objects.get(agent=world.agent, number=2)
+
+    _gate(world, golden)
+    # with it, a new version cannot be made current: a 409 saying what is needed, nothing created, the refusal on record
+    refused = api.post(versions, {**body, "make_current": True}, format="json")
+    assert refused.status_code == 409, refused.content
+    assert refused.json()["error"]["code"] == "release_gate" and refused.json()["error"]["field"] == "current_version"
+    assert "needs a finished replay of v3" in refused.json()["error"]["message"]
+    assert not AgentVersion.objects.filter(agent=world.agent, number=3).exists()
+    world.agent.refresh_from_db()
+    assert world.agent.current_version_id == v2.pk
+    gate_row = ConfigChange.objects.get(action="release.gate_refused")
+    assert gate_row.details["change"] == "current" and gate_row.details["version"] == 3
+
+    # an existing version no replay passed: refused the same way, on the version's own PATCH
+    assert api.post(versions, body, format="json").json()["number"] == 3
+    v3 = AgentVersion.objects.get(agent=world.agent, number=3)
+    refused = api.patch(f"{versions}/3", {"make_current": True}, format="json")
+    assert refused.status_code == 409 and "v3" in refused.json()["error"]["message"]
+    assert ConfigChange.objects.filter(action="release.gate_refused").count() == 2
+
+    # once a replay running the gate's checks passed, it may: audited with its batch
+    passed = _batch(world, golden, v3, 1.0)
+    assert api.patch(f"{versions}/3", {"make_current": True}, format="json").json()["current"] is True
+    allowed = ConfigChange.objects.get(action="release.gate_allowed")
+    assert allowed.details["batch"] == passed.pk and allowed.details["rollback"] is False
+
+    # back to v2, stable before and never replayed: allowed as an explicit rollback
+    back = api.patch(f"{versions}/2", {"make_current": True}, format="json")
+    assert back.status_code == 200 and back.json()["current"] is True
+    rollback = ConfigChange.objects.filter(action="release.gate_allowed").latest("id")
+    assert rollback.details["rollback"] is True and rollback.details["version"] == 2 and "rollback" in rollback.details["reason"]
+    assert ConfigChange.objects.filter(action="agent.current_set").latest("id").details["previous"] == 3
+
+
+@pytest.mark.django_db
+def test_the_admins_agent_form_makes_a_version_current_through_the_gate_too() -> None:
+    world = make_world()
+    v2 = _v2(world)
+    golden = _set(world)
+    _gate(world, golden)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(world.operator)
+
+    url, data = _agent_form(client, world)
+    response = client.post(url, {**data, "current_version": v2.pk})
+    assert response.status_code == 200, response.status_code
+    assert "release gate needs" in response.content.decode()
+    world.agent.refresh_from_db()
+    assert world.agent.current_version_id == world.version.pk
+    assert ConfigChange.objects.filter(action="release.gate_refused", actor=world.operator).count() == 1
+    # nor may the form leave the agent without a current version (its newest version would run, unreplayed)
+    response = client.post(url, {**data, "current_version": ""})
+    assert response.status_code == 200 and "keeps a current (stable) version" in response.content.decode()
+    world.agent.refresh_from_db()
+    assert world.agent.current_version_id == world.version.pk
+
+    passed = _batch(world, golden, v2, 1.0)
+    url, data = _agent_form(client, world)
+    assert client.post(url, {**data, "current_version": v2.pk}).status_code == 302
+    world.agent.refresh_from_db()
+    assert world.agent.current_version_id == v2.pk
+    assert ConfigChange.objects.get(action="release.gate_allowed", actor=world.operator).details["batch"] == passed.pk
+    assert ConfigChange.objects.get(action="agent.current_set").details["version"] == 2
