@@ -492,11 +492,20 @@ def _record_raw_input_choice(actor: Actor, version: AgentVersion, *, before: tup
                       details={"number": version.number, "raw": list(raw), "before": list(before)})
 
 
-@transaction.atomic
 def delete_version(*, actor: Actor, version: AgentVersion) -> None:
+    """Delete a version no run has used. Deleting the current one leaves the agent without one (its newest version
+    then runs), which is a change of the current version like any other: through the release gate."""
     actor.require("operate", version.tenant_id)
+    with hooks.refusals_recorded(), transaction.atomic():
+        _delete_version(actor, version)
+
+
+def _delete_version(actor: Actor, version: AgentVersion) -> None:
     current = AgentVersion.objects.select_for_update().select_related("agent").get(pk=version.pk)
     _refuse_if_locked(current)
+    agent = Agent.objects.select_for_update().select_related("current_version").get(pk=current.agent_id)
+    if agent.current_version_id == current.pk:
+        _make_current(actor, agent, None, reason=f"v{current.number}, the current version, deleted")
     record_change(tenant=current.agent.tenant, actor=actor, action="agent_version.deleted", target=current,
                   details={"number": current.number})
     current.delete()

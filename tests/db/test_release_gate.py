@@ -475,3 +475,17 @@ def test_the_admins_agent_form_makes_a_version_current_through_the_gate_too() ->
     assert world.agent.current_version_id == v2.pk
     assert ConfigChange.objects.get(action="release.gate_allowed", actor=world.operator).details["batch"] == passed.pk
     assert ConfigChange.objects.get(action="agent.current_set").details["version"] == 2
+
+
+@pytest.mark.django_db
+def test_deleting_the_current_version_is_a_change_of_the_current_version_through_the_gate() -> None:
+    world = make_world()
+    fresh = agent_services.create_version(actor=actor_for_user(world.operator), agent=world.agent, model="demo/planner")
+    world.agent.current_version = fresh  # set up as the factory does (the service is tested above)
+    world.agent.save(update_fields=["current_version"])
+    _gate(world, _set(world))
+    # without a current version the agent's newest version would run, replayed or not: refused, on record
+    response = _api(world).delete(f"/api/v1/agents/{world.agent.slug}/versions/{fresh.number}")
+    assert response.status_code == 409 and response.json()["error"]["code"] == "release_gate", response.content
+    assert AgentVersion.objects.filter(pk=fresh.pk).exists()
+    assert ConfigChange.objects.get(action="release.gate_refused").details["version"] is None
