@@ -13,6 +13,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from accounts import services as tenant_services
 from agents import services as agent_services
 from agents.models import AgentVersion, Run, RunStatus, Session
 from audit.models import ConfigChange
@@ -20,8 +21,9 @@ from marketplace import services
 from marketplace.models import ReleaseGate, ReleaseWeight
 from releases import services as releases
 from releases.models import EvaluationSet, EvaluationSetRun, ReplayBatch
+from tenants.models import Role
 from tenants.scoping import Actor, actor_for_user
-from tests.factories import World, make_world
+from tests.factories import World, make_user, make_world
 from tests.support.clients import bearer_client
 
 
@@ -489,3 +491,17 @@ def test_deleting_the_current_version_is_a_change_of_the_current_version_through
     assert response.status_code == 409 and response.json()["error"]["code"] == "release_gate", response.content
     assert AgentVersion.objects.filter(pk=fresh.pk).exists()
     assert ConfigChange.objects.get(action="release.gate_refused").details["version"] is None
+
+
+@pytest.mark.django_db
+def test_a_plugin_presets_first_version_is_made_current_through_the_same_service() -> None:
+    world = make_world()
+    owner = make_user(f"{world.tenant.slug}-owner", is_staff=True)
+    tenant_services.set_membership(tenant=world.tenant, user=owner, role=Role.OWNER, actor=None)
+    services.install_plugin(tenant=world.tenant, plugin_key="flight-desk", actor=actor_for_user(owner))
+    agent = services.create_agent_from_preset(tenant=world.tenant, plugin_key="flight-desk", preset_slug="flight-assistant",
+                                              actor=actor_for_user(world.operator))
+    assert agent.current_version is not None and agent.current_version.number == 1
+    row = ConfigChange.objects.get(action="agent.current_set", target_id=str(agent.pk))
+    assert row.details["version"] == 1 and row.details["reason"] == "preset flight-desk/flight-assistant"
+    assert row.actor == world.operator
