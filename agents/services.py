@@ -503,7 +503,7 @@ def delete_version(*, actor: Actor, version: AgentVersion) -> None:
 def _delete_version(actor: Actor, version: AgentVersion) -> None:
     current = AgentVersion.objects.select_for_update().select_related("agent").get(pk=version.pk)
     _refuse_if_locked(current)
-    agent = Agent.objects.select_for_update().select_related("current_version").get(pk=current.agent_id)
+    agent = Agent.objects.select_for_update().get(pk=current.agent_id)
     if agent.current_version_id == current.pk:
         _make_current(actor, agent, None, reason=f"v{current.number}, the current version, deleted")
     record_change(tenant=current.agent.tenant, actor=actor, action="agent_version.deleted", target=current,
