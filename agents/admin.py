@@ -49,6 +49,26 @@ class AgentAdmin(TenantScopedAdmin):
         base = [*super().get_readonly_fields(request, obj), "updated_at"]
         return [*base, "tenant", "slug"] if obj is not None else base
 
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        """The form asks the release gate about a new current version, so that a refusal is the field's error (its audit
+        row kept); saving asks again, through the same service as the API."""
+        base = super().get_form(request, obj, change, **kwargs)
+        actor = self._actor(request)
+
+        class GateCheckedForm(base):  # type: ignore[valid-type,misc]
+            def clean(self) -> Any:
+                cleaned = super().clean()
+                if self.instance.pk is None or "current_version" not in self.changed_data or self.has_error("current_version"):
+                    return cleaned
+                try:
+                    agent_services.check_current_version(actor=actor, agent=Agent.objects.get(pk=self.instance.pk),
+                                                         version=cleaned.get("current_version"))
+                except DomainError as exc:
+                    self.add_error("current_version", exc.message)
+                return cleaned
+
+        return GateCheckedForm
+
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         """Through the agent services: the same checks and the same audit row as the API."""
         actor = self._actor(request)  # the form already refused a taken slug (the model's unique constraint)

@@ -495,7 +495,10 @@ class AgentVersionViewSet(TenantScopedViewSet):
         body = AgentVersionWriteSerializer(data=request.data, partial=partial)
         body.is_valid(raise_exception=True)
         fields = {k: v for k, v in body.validated_data.items() if k != "make_current"}
-        version = services.update_version(actor=self.actor, version=version, **fields)
+        if fields or not body.validated_data.get("make_current"):
+            version = services.update_version(actor=self.actor, version=version, **fields)
+        if body.validated_data.get("make_current"):  # through the release gate, after any edit (an edit voids a replay)
+            services.set_current_version(actor=self.actor, agent=version.agent, version=version, reason="make_current (API)")
         return Response(AgentVersionSerializer(self.versions(version.agent).get(pk=version.pk)).data)
 
     @extend_schema(request=AgentVersionWriteSerializer, responses={200: AgentVersionSerializer, 409: None})

@@ -2,14 +2,15 @@
 
 ``agents`` imports nothing from ``marketplace`` (see .importlinter). Which tools a tenant may
 resolve, whether a tool is released to a session, the scopes the tenant's plugin installs were
-granted, and the gray release's version for a session are the marketplace's business:
-``MarketplaceConfig.ready()`` registers them here. Unregistered, the answers are those of a
+granted, the gray release's version for a session and the release gate's word on a new current version are the
+marketplace's business: ``MarketplaceConfig.ready()`` registers them here. Unregistered, the answers are those of a
 deployment without plugins or gray releases.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,9 @@ class MarketplaceHooks:
     granted_scopes: Callable[[int], Iterable[str]] | None = None
     #: (agent, session_id) -> the released version for the session, None for the current one; raises VersionRefused.
     version_for_session: Callable[[Any, Any], Any] | None = None
+    #: (agent, version or None, actor, audit=True) -> whether ``version`` may become the agent's current (stable) one:
+    #: returns when it may (its audit row written when ``audit``), raises a DomainError when not (see refusals_recorded).
+    admit_current: Callable[..., Any] | None = None
 
 
 marketplace = MarketplaceHooks()
@@ -81,3 +85,23 @@ def granted_scopes(tenant_id: int) -> set[str]:
 
 def version_for_session(agent: Any, session_id: Any) -> Any:
     return marketplace.version_for_session(agent, session_id) if marketplace.version_for_session is not None else None
+
+
+def admit_current(agent: Any, version: Any, actor: Any, *, audit: bool = True) -> None:
+    """The release gate's word on ``version`` becoming the agent's current version (called under the agent's lock)."""
+    if marketplace.admit_current is not None:
+        marketplace.admit_current(agent, version, actor, audit=audit)
+
+
+@contextmanager
+def refusals_recorded() -> Iterator[None]:
+    """Around a service's transaction: a hook's refusal may carry ``record_refusal``, which writes its audit rows. They
+    are written here, once the change's transaction is rolled back, so the refusal is on record though the change is
+    not (inside a caller's own transaction, they share its fate)."""
+    try:
+        yield
+    except Exception as exc:
+        record_refusal = getattr(exc, "record_refusal", None)
+        if callable(record_refusal):
+            record_refusal()
+        raise

@@ -336,7 +336,10 @@ class AgentVersionWriteSerializer(serializers.Serializer):
                   "input mappings over {input, nodes}; checked at save against the tenant's tools, agents and the flow's "
                   "scopes. Only for flows (/flows/<slug>/versions).")
     note = serializers.CharField(required=False, allow_blank=True, max_length=300)
-    make_current = serializers.BooleanField(required=False, default=False, help_text="New runs of the agent use this version.")
+    make_current = serializers.BooleanField(
+        required=False, default=False,
+        help_text="New runs of the agent use this version. With a release gate, only a version whose replay passed the gate "
+                  "(or one that was the stable version before: a rollback) may: else 409 release_gate, audited.")
 
 
 class VersionPreviewSerializer(serializers.Serializer):

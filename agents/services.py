@@ -350,19 +350,25 @@ def create_agent(*, actor: Actor, tenant: Any, slug: str, name: str, description
 AGENT_FIELDS = ("name", "description", "current_version")
 
 
-@transaction.atomic
 def update_agent(*, actor: Actor, agent: Agent, **fields: Any) -> Agent:
-    """Rename or re-describe an agent; audited as ``agent.changed`` with the fields that changed."""
+    """Rename or re-describe an agent, audited as ``agent.changed`` with the fields that changed; a new
+    ``current_version`` goes through :func:`set_current_version` (the release gate) in the same transaction."""
     actor.require("operate", agent.tenant_id)
     only_fields("An agent's", fields, AGENT_FIELDS, RunRefused)
+    with hooks.refusals_recorded(), transaction.atomic():
+        return _update_agent(actor, agent, fields)
+
+
+def _update_agent(actor: Actor, agent: Agent, fields: dict[str, Any]) -> Agent:
     changed = {name: value for name, value in fields.items() if getattr(agent, name) != value}
+    current = changed.pop("current_version", _UNCHANGED)
+    if current is not _UNCHANGED:
+        locked = Agent.objects.select_for_update().get(pk=agent.pk)
+        _make_current(actor, locked, current, reason="agent changed")
+        agent.current_version, agent.updated_at = locked.current_version, locked.updated_at
     if not changed:
         return agent
-    if "current_version" in changed and changed["current_version"] is not None and changed["current_version"].agent_id != agent.pk:
-        raise RunRefused(f"Version {changed['current_version']} is not a version of {agent.slug!r}; choose one of its own.",
-                         field="current_version")
-    before = {name: (value.pk if name == "current_version" and value is not None else value)
-              for name, value in ((name, getattr(agent, name)) for name in changed)}
+    before = {name: getattr(agent, name) for name in changed}
     for name, value in changed.items():
         setattr(agent, name, value)
     agent.full_clean()
@@ -370,6 +376,47 @@ def update_agent(*, actor: Actor, agent: Agent, **fields: Any) -> Agent:
     record_change(tenant=agent.tenant, actor=actor, action="agent.changed", target=agent,
                   details={"fields": sorted(changed), "before": before})
     return agent
+
+
+_UNCHANGED = object()
+
+
+def set_current_version(*, actor: Actor, agent: Agent, version: AgentVersion | None, reason: str = "") -> Agent:
+    """Make ``version`` the agent's current (stable) version: the one way there is (the API's ``make_current``, the
+    admin's agent form, plugin presets, seed_demo). The release gate admits it first (``hooks.admit_current``: a
+    refusal is a 409 whose audit row is kept); the change is audited as ``agent.current_set``."""
+    actor.require("operate", agent.tenant_id)
+    with hooks.refusals_recorded(), transaction.atomic():
+        locked = Agent.objects.select_for_update().get(pk=agent.pk)
+        _make_current(actor, locked, version, reason=reason)
+    return locked
+
+
+def check_current_version(*, actor: Actor, agent: Agent, version: AgentVersion | None) -> None:
+    """The release gate's word alone, before a change (the admin's agent form): raises its refusal with the refusal's
+    audit row written; when it allows, nothing is recorded (:func:`set_current_version` records that with the change)."""
+    actor.require("operate", agent.tenant_id)
+    if agent.current_version_id == (version.pk if version is not None else None):
+        return
+    with hooks.refusals_recorded():
+        hooks.admit_current(agent, version, actor, audit=False)
+
+
+def _make_current(actor: Actor, agent: Agent, version: AgentVersion | None, *, reason: str) -> None:
+    """Under the agent's lock (``agent`` read with ``select_for_update``), in the caller's transaction."""
+    if version is not None and version.agent_id != agent.pk:
+        raise RunRefused(f"Version {version} is not a version of {agent.slug!r}; choose one of its own.", field="current_version")
+    previous = agent.current_version
+    if (previous.pk if previous is not None else None) == (version.pk if version is not None else None):
+        return
+    hooks.admit_current(agent, version, actor)
+    agent.current_version = version
+    agent.save(update_fields=["current_version", "updated_at"])
+    record_change(tenant=agent.tenant, actor=actor, action="agent.current_set", target=agent,
+                  details={"version": version.number if version is not None else None,
+                           "version_id": version.pk if version is not None else None,
+                           "previous": previous.number if previous is not None else None,
+                           "previous_id": previous.pk if previous is not None else None, "reason": reason})
 
 
 @transaction.atomic
@@ -382,11 +429,16 @@ def delete_agent(*, actor: Actor, agent: Agent) -> None:
     agent.delete()
 
 
-@transaction.atomic
 def create_version(*, actor: Actor, agent: Agent, make_current: bool = False, number: int | None = None, **fields: Any) -> AgentVersion:
     """The agent's next version (or ``number``), validated by ``AgentVersion.clean()`` and held to the tools'
-    approval floors (raises ``ValidationError``)."""
+    approval floors (raises ``ValidationError``); ``make_current`` goes through the release gate, which refuses a
+    version no replay has passed (then nothing is created)."""
     actor.require("operate", agent.tenant_id)
+    with hooks.refusals_recorded(), transaction.atomic():
+        return _create_version(actor, agent, make_current, number, fields)
+
+
+def _create_version(actor: Actor, agent: Agent, make_current: bool, number: int | None, fields: dict[str, Any]) -> AgentVersion:
     locked_agent = Agent.objects.select_for_update().get(pk=agent.pk)  # numbers are allocated one at a time
     last = AgentVersion.objects.filter(agent=locked_agent).order_by("-number").values_list("number", flat=True).first()
     version = AgentVersion(tenant_id=locked_agent.tenant_id, agent=locked_agent, number=number or (last or 0) + 1, created_by=actor.user,
@@ -395,8 +447,8 @@ def create_version(*, actor: Actor, agent: Agent, make_current: bool = False, nu
     floor_overrides = _hold_approval_floor(actor=actor, version=version, before=None)
     version.save()
     _record_floor_overrides(actor=actor, version=version, overrides=floor_overrides)
-    if make_current:
-        Agent.objects.filter(pk=locked_agent.pk).update(current_version=version, updated_at=timezone.now())
+    if make_current:  # before the created row: that row (current: true) counts as "was stable" for the gate
+        _make_current(actor, locked_agent, version, reason="created with make_current")
     record_change(tenant=locked_agent.tenant, actor=actor, action="agent_version.created", target=version,
                   details={"number": version.number, "model": version.model, "tools": version.tools, "current": make_current})
     _record_raw_input_choice(actor, version, before=())
@@ -440,11 +492,20 @@ def _record_raw_input_choice(actor: Actor, version: AgentVersion, *, before: tup
                       details={"number": version.number, "raw": list(raw), "before": list(before)})
 
 
-@transaction.atomic
 def delete_version(*, actor: Actor, version: AgentVersion) -> None:
+    """Delete a version no run has used. Deleting the current one leaves the agent without one (its newest version
+    then runs), which is a change of the current version like any other: through the release gate."""
     actor.require("operate", version.tenant_id)
+    with hooks.refusals_recorded(), transaction.atomic():
+        _delete_version(actor, version)
+
+
+def _delete_version(actor: Actor, version: AgentVersion) -> None:
     current = AgentVersion.objects.select_for_update().select_related("agent").get(pk=version.pk)
     _refuse_if_locked(current)
+    agent = Agent.objects.select_for_update().get(pk=current.agent_id)
+    if agent.current_version_id == current.pk:
+        _make_current(actor, agent, None, reason=f"v{current.number}, the current version, deleted")
     record_change(tenant=current.agent.tenant, actor=actor, action="agent_version.deleted", target=current,
                   details={"number": current.number})
     current.delete()

@@ -5,6 +5,7 @@ No business logic: every change goes through ``marketplace.services`` (validated
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +14,11 @@ from django.contrib import admin, messages
 from django.http import HttpRequest
 
 from agents.admin import AgentAdmin
+from config.documents import DocumentWidget
 from marketplace import services
 from marketplace.admin_inlines import OBSERVED_WINDOW, ReleaseWeightInline
 from marketplace.catalog import catalog
+from marketplace.gate_checks import ReplayCheck, check_problems, default_checks
 from marketplace.models import Plugin, PluginInstall, PresetAgent, ReleaseGate, ReleaseGuard, ReleaseWeight, ToolRollout
 from marketplace.release import observed_split
 from tenants.admin_mixins import TenantScopedAdmin
@@ -253,6 +256,24 @@ class ReleaseGuardAdmin(TenantScopedAdmin):
 
 
 class GateForm(forms.ModelForm):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "checks" in self.fields:
+            self.fields["checks"].widget = DocumentWidget(ReplayCheck)
+            self.fields["checks"].required = False
+            self.fields["checks"].help_text = ("A list of checks, each an object with the fields below; empty: "
+                                               f"{json.dumps(default_checks())}. A replay counts for the gate only if it ran "
+                                               "at least these (or stricter ones).")
+
+    def clean_checks(self) -> Any:
+        value = self.cleaned_data.get("checks")
+        if value in (None, ""):
+            return default_checks() if self.instance.pk is None else self.instance.checks
+        stored, problems = check_problems(value)
+        if problems:
+            raise forms.ValidationError(problems)
+        return stored
+
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         rate, agent, evaluation_set = data.get("min_pass_rate"), data.get("agent") or getattr(self.instance, "agent", None), \
@@ -272,7 +293,7 @@ class ReleaseGateAdmin(TenantScopedAdmin):
     list_display = ["agent", "evaluation_set", "min_pass_rate", "model_mode", "enabled", "updated_by", "updated_at", "tenant"]
     list_filter = ["model_mode", "enabled", "tenant"]
     list_select_related = ["agent", "evaluation_set", "tenant", "updated_by"]
-    fields = ["agent", "evaluation_set", "min_pass_rate", "model_mode", "enabled", "updated_by", "updated_at"]
+    fields = ["agent", "evaluation_set", "min_pass_rate", "model_mode", "checks", "enabled", "updated_by", "updated_at"]
     readonly_fields = ["updated_by", "updated_at"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -280,7 +301,8 @@ class ReleaseGateAdmin(TenantScopedAdmin):
 
     def save_model(self, request: HttpRequest, obj: ReleaseGate, form: Any, change: bool) -> None:
         gate = services.set_release_gate(agent=obj.agent, evaluation_set=obj.evaluation_set, min_pass_rate=obj.min_pass_rate,
-                                         model_mode=obj.model_mode, enabled=obj.enabled, actor=self._actor(request))
+                                         model_mode=obj.model_mode, enabled=obj.enabled, checks=obj.checks,
+                                         actor=self._actor(request))
         obj.pk = gate.pk if gate is not None else None
 
     def delete_model(self, request: HttpRequest, obj: ReleaseGate) -> None:

@@ -140,7 +140,8 @@ class ReleaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSco
             raise serializers.ValidationError({"gate": {"evaluation_set": [
                 f"No evaluation set {gate['evaluation_set']} of {agent.slug!r}'s runs here."]}})
         services.set_release_gate(agent=agent, evaluation_set=evaluation_set, min_pass_rate=gate["min_pass_rate"],
-                                  model_mode=gate["model_mode"], enabled=gate["enabled"], actor=self.actor)
+                                  model_mode=gate["model_mode"], enabled=gate["enabled"], checks=gate.get("checks"),
+                                  actor=self.actor)
 
     @extend_schema(request=RollbackSerializer, responses={200: ReleaseSerializer})
     @action(detail=True, methods=["post"])

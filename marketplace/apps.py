@@ -21,11 +21,12 @@ class MarketplaceConfig(AppConfig):
         post_migrate.connect(sync_after_migrate, sender=self, dispatch_uid="marketplace.sync_after_migrate")
         # The agents layer asks the marketplace through hooks it cannot import (agents/hooks.py).
         from agents.hooks import register_marketplace
-        from marketplace import access, release
+        from marketplace import access, gate, release
 
         register_marketplace(
             resolvable_tools=access.resolvable_tools,
             tool_allowed_for=access.tool_allowed_for,
             granted_scopes=access.granted_scopes,
             version_for_session=lambda agent, session_id: release.version_for_session(agent=agent, session_id=session_id),
+            admit_current=gate.admit_current,
         )

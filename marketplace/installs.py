@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from agents import services as agent_services
 from agents.models import Agent, AgentVersion
 from audit.services import record_change
 from marketplace.catalog import PluginCatalog, catalog
@@ -355,8 +356,8 @@ def create_agent_from_preset(*, tenant: Tenant, plugin_key: str, preset_slug: st
         raise MarketplaceError(f"The preset {preset_slug!r} of {plugin_key} {install.plugin.version} does not make a valid "
                                f"agent version here: {'; '.join(exc.messages)}", field="preset") from None
     version.save()
-    agent.current_version = version
-    agent.save(update_fields=["current_version"])
+    agent = agent_services.set_current_version(actor=who, agent=agent, version=version,  # the one way, through the gate
+                                               reason=f"preset {plugin_key}/{preset_slug}")
     PresetAgent.objects.create(tenant=tenant, agent=agent, plugin_key=plugin_key, preset_slug=preset_slug)
     record_change(tenant=tenant, actor=who, action="agent.created_from_preset", target=agent,
                   details={"plugin": plugin_key, "version": install.plugin.version, "preset": preset_slug})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator
 from django.db import models
@@ -157,6 +159,13 @@ class ReleaseGuard(TenantOwned):
         return f"{self.agent} {self.metric} > {self.threshold:g}"
 
 
+def default_gate_checks() -> list[dict[str, Any]]:
+    """A gate's checks unless it names others (and those migration 0003 gave the gates set before gates had checks)."""
+    from marketplace.gate_checks import default_checks  # not at import: the models load before the replay's modules
+
+    return default_checks()
+
+
 class ReleaseGate(TenantOwned):
     """A release weight above 0 for a version other than the stable one needs a passed replay batch of that version
     on ``evaluation_set`` (in ``model_mode``, pass rate at least ``min_pass_rate``); see ``marketplace/gate.py``."""
@@ -167,6 +176,9 @@ class ReleaseGate(TenantOwned):
                                                 "(a fraction from 0 to 1: 0.95 = 95 %).")
     model_mode = models.CharField(max_length=16, choices=ModelMode.choices, default=ModelMode.RECORDED,
                                   help_text="The model mode the replay must have used.")
+    checks = models.JSONField(default=default_gate_checks,
+                              help_text="The checks a replay must have run (these or stricter) to count for the gate "
+                                        "(marketplace/gate_checks.py).")
     enabled = models.BooleanField(default=True)
     updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     updated_at = models.DateTimeField(auto_now=True)

@@ -5,7 +5,9 @@ from typing import Any
 from rest_framework import serializers
 
 from agents.models import Agent
+from config.documents import document_field
 from marketplace.gate import describe as describe_gate
+from marketplace.gate_checks import ReplayCheck
 from marketplace.models import Plugin, PluginInstall, ReleaseGuard, ReleaseWeight
 from marketplace.release import observed_split
 from releases.models import ModelMode
@@ -90,6 +92,10 @@ class ReleaseGateWriteSerializer(serializers.Serializer):
                                            help_text="The pass rate (0 to 1) the version's latest finished replay must reach.")
     model_mode = serializers.ChoiceField(choices=ModelMode.choices, default=ModelMode.RECORDED,
                                          help_text="The model mode that replay must have used.")
+    checks = serializers.ListField(
+        child=document_field(ReplayCheck), required=False, allow_empty=True,
+        help_text="The checks a replay must have run (these or stricter) to count for the gate; omit to keep the gate's "
+                  '(a new gate: [{"check": "same_tools"}, {"check": "same_terminal_reason"}]). Checked by the service.')
     enabled = serializers.BooleanField(default=True)
 
 

@@ -13,6 +13,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from accounts import services as tenant_services
 from agents import services as agent_services
 from agents.models import AgentVersion, Run, RunStatus, Session
 from audit.models import ConfigChange
@@ -20,8 +21,9 @@ from marketplace import services
 from marketplace.models import ReleaseGate, ReleaseWeight
 from releases import services as releases
 from releases.models import EvaluationSet, EvaluationSetRun, ReplayBatch
+from tenants.models import Role
 from tenants.scoping import Actor, actor_for_user
-from tests.factories import World, make_world
+from tests.factories import World, make_user, make_world
 from tests.support.clients import bearer_client
 
 
@@ -57,9 +59,10 @@ def _batch(world: World, evaluation_set: EvaluationSet, version: AgentVersion, p
                                       cost_spent=Decimal(0), finished_at=timezone.now() if status == "finished" else None)
 
 
-def _gate(world: World, evaluation_set: EvaluationSet, rate: float = 0.9, mode: str = "recorded") -> ReleaseGate:
+def _gate(world: World, evaluation_set: EvaluationSet, rate: float = 0.9, mode: str = "recorded",
+          checks: list[dict[str, Any]] | None = None) -> ReleaseGate:
     gate = services.set_release_gate(agent=world.agent, evaluation_set=evaluation_set, min_pass_rate=rate, model_mode=mode,
-                                     actor=actor_for_user(world.operator))
+                                     actor=actor_for_user(world.operator), **({"checks": checks} if checks else {}))
     assert gate is not None
     return gate
 
@@ -241,9 +244,9 @@ def test_the_checks_guard_rolls_back_a_version_failing_the_gates_checks_on_live_
     world = make_world()
     v2 = _v2(world)
     golden = _set(world)
-    _gate(world, golden)
-    _batch(world, golden, v2, 1.0, checks=[{"check": "same_tools"}, {"check": "answer_not_contains", "text": "sorry"},
-                                          {"check": "cost_at_most", "times": 2}])
+    checks = [{"check": "same_tools"}, {"check": "answer_not_contains", "text": "sorry"}, {"check": "cost_at_most", "times": 2}]
+    _gate(world, golden, checks=checks)
+    _batch(world, golden, v2, 1.0, checks=checks)
     actor = actor_for_user(world.operator)
     services.set_release_weights(agent=world.agent, weights={1: 80, 2: 20}, actor=actor)
     services.set_release_guard(agent=world.agent, metric="checks", threshold=0.2, window=20, min_runs=10, actor=actor)
@@ -296,3 +299,209 @@ def test_the_gate_follows_real_replays_a_faithful_copy_passes_and_a_tighter_vers
         services.set_release_weights(agent=world.agent, weights={1: 80, 2: 10, 3: 10}, actor=actor)
     assert _weights(world) == {1: 90, 2: 10}
     assert [r.details["version"] for r in ConfigChange.objects.filter(action="release.gate_refused")] == [3]
+
+
+# -- issue #49 hole 5: the gate owns its checks, and every way of making a version current goes through it ----------
+
+
+def _agent_form(client: Client, world: World) -> tuple[str, dict[str, Any]]:
+    """The agent's admin change form as the browser would post it back (its weights inline left empty)."""
+    url = f"/admin/agents/agent/{world.agent.pk}/change/"
+    page = client.get(url)
+    assert page.status_code == 200
+    data: dict[str, Any] = {"csrfmiddlewaretoken": page.context["csrf_token"]}
+    form = page.context["adminform"].form
+    for name in form.fields:
+        value = form[name].value()
+        if value is not None:
+            data[name] = value
+    [inline] = page.context["inline_admin_formsets"]
+    prefix = inline.formset.prefix
+    data.update({f"{prefix}-TOTAL_FORMS": "0", f"{prefix}-INITIAL_FORMS": "0", f"{prefix}-MIN_NUM_FORMS": "0",
+                 f"{prefix}-MAX_NUM_FORMS": "1000"})
+    return url, data
+
+
+@pytest.mark.django_db
+def test_a_batch_counts_only_if_it_ran_at_least_the_gates_checks() -> None:
+    world = make_world()
+    v2 = _v2(world)
+    golden = _set(world)
+    _gate(world, golden, rate=0.9)  # the default checks: same_tools, same_terminal_reason
+    actor = actor_for_user(world.operator)
+
+    # a replay whose one check cannot fail passes 100 %: it does not count, and the refusal says why
+    cannot_fail = _batch(world, golden, v2, 1.0, checks=[{"check": "answer_not_contains", "text": "zz"}])
+    with pytest.raises(services.GateRefused) as refused:
+        services.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=actor)
+    assert f"replay batch {cannot_fail.pk}) did not run" in str(refused.value) and "same_tools" in str(refused.value)
+    assert ConfigChange.objects.get(action="release.gate_refused").details["checks"] == [
+        {"check": "same_tools"}, {"check": "same_terminal_reason"}]
+    assert _weights(world) == {}
+
+    # a stricter batch counts (no_diff covers both), even when a weaker one finished after it
+    strict = _batch(world, golden, v2, 0.95, checks=[{"check": "no_diff"}])
+    _batch(world, golden, v2, 1.0, checks=[{"check": "answer_not_contains", "text": "zz"}])
+    services.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=actor)
+    assert ConfigChange.objects.get(action="release.gate_allowed").details["batch"] == strict.pk
+
+    # parameters: a text the gate's contains (not_contains) and a lower 'times' are stricter; a higher one is not
+    gate = _gate(world, golden, checks=[{"check": "answer_not_contains", "text": "sorry"}, {"check": "cost_at_most", "times": 2}])
+    assert gate.checks == [{"check": "answer_not_contains", "text": "sorry"}, {"check": "cost_at_most", "times": 2}]
+    looser = _batch(world, golden, v2, 1.0, checks=[{"check": "answer_not_contains", "text": "sorr"},
+                                                    {"check": "cost_at_most", "times": 3}])
+    with pytest.raises(services.GateRefused, match=f"batch {looser.pk}\\) did not run .*cost_at_most"):
+        services.set_release_weights(agent=world.agent, weights={1: 80, 2: 20}, actor=actor)
+    _batch(world, golden, v2, 1.0, checks=[{"check": "answer_not_contains", "text": "sorr"}, {"check": "cost_at_most", "times": 1.5}])
+    services.set_release_weights(agent=world.agent, weights={1: 80, 2: 20}, actor=actor)
+    assert _weights(world) == {1: 80, 2: 20}
+
+
+@pytest.mark.django_db
+def test_a_replay_started_before_the_version_was_edited_does_not_count() -> None:
+    world = make_world()
+    v2 = _v2(world)
+    golden = _set(world)
+    _gate(world, golden)
+    actor = actor_for_user(world.operator)
+    _batch(world, golden, v2, 1.0)
+    agent_services.update_version(actor=actor, version=v2, system_prompt="something else entirely")
+    with pytest.raises(services.GateRefused, match="was started before v2 was last edited"):
+        services.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=actor)
+    _batch(world, golden, v2, 1.0)  # replayed again, as it is now
+    services.set_release_weights(agent=world.agent, weights={1: 90, 2: 10}, actor=actor)
+
+
+@pytest.mark.django_db
+def test_the_gates_checks_are_a_typed_document_shown_and_set_on_the_release_endpoint() -> None:
+    world = make_world()
+    golden = _set(world)
+    url = f"/api/v1/releases/{world.agent.slug}"
+    api = _api(world)
+    bad = api.put(url, {"gate": {"evaluation_set": golden.pk, "min_pass_rate": 0.9,
+                                 "checks": [{"check": "answer_contains"}, {"check": "same_tools", "times": 2}, {"check": "x"}]}},
+                  format="json")
+    assert bad.status_code == 400, bad.content
+    problems = bad.json()["checks"]
+    assert any(p.startswith("checks[0].text: answer_contains needs 'text'") for p in problems)
+    assert any(p.startswith("checks[1].times: same_tools takes no 'times'") for p in problems)
+    assert any(p.startswith("checks[2].check: must be one of") for p in problems)
+    assert api.put(url, {"gate": {"evaluation_set": golden.pk, "min_pass_rate": 0.9, "checks": []}},
+                   format="json").status_code == 400
+    assert not ReleaseGate.objects.exists()
+
+    ok = api.put(url, {"gate": {"evaluation_set": golden.pk, "min_pass_rate": 0.9}}, format="json")
+    assert ok.status_code == 200 and ok.json()["gate"]["checks"] == [{"check": "same_tools"}, {"check": "same_terminal_reason"}]
+    mine = [{"check": "no_diff"}, {"check": "answer_contains", "text": "ships"}]
+    ok = api.put(url, {"gate": {"evaluation_set": golden.pk, "min_pass_rate": 0.9, "checks": mine}}, format="json")
+    assert ok.status_code == 200 and api.get(url).json()["gate"]["checks"] == mine
+    # set again without checks: kept
+    assert api.put(url, {"gate": {"evaluation_set": golden.pk, "min_pass_rate": 1}}, format="json").json()["gate"]["checks"] == mine
+    assert ConfigChange.objects.filter(action="release.gate_set").latest("id").details["gate"]["checks"] == mine
+
+
+@pytest.mark.django_db(transaction=True)
+def test_make_current_goes_through_the_gate_refused_until_replayed_and_a_rollback_is_allowed_and_audited() -> None:
+    world = make_world()
+    golden = _set(world)
+    api = _api(world)
+    versions = f"/api/v1/agents/{world.agent.slug}/versions"
+    body = {"model": "demo/planner", "tools": world.version.tools}
+
+    # without a gate, make_current is allowed and audited as the change it is
+    made = api.post(versions, {**body, "make_current": True}, format="json")
+    assert made.status_code == 201 and made.json()["current"] is True
+    row = ConfigChange.objects.get(action="agent.current_set")
+    assert (row.details["version"], row.details["previous"]) == (2, 1)
+    v2 = AgentVersion.objects.get(agent=world.agent, number=2)
+
+    _gate(world, golden)
+    # with it, a new version cannot be made current: a 409 saying what is needed, nothing created, the refusal on record
+    refused = api.post(versions, {**body, "make_current": True}, format="json")
+    assert refused.status_code == 409, refused.content
+    assert refused.json()["error"]["code"] == "release_gate" and refused.json()["error"]["field"] == "current_version"
+    assert "needs a finished replay of v3" in refused.json()["error"]["message"]
+    assert not AgentVersion.objects.filter(agent=world.agent, number=3).exists()
+    world.agent.refresh_from_db()
+    assert world.agent.current_version_id == v2.pk
+    gate_row = ConfigChange.objects.get(action="release.gate_refused")
+    assert gate_row.details["change"] == "current" and gate_row.details["version"] == 3
+
+    # an existing version no replay passed: refused the same way, on the version's own PATCH
+    assert api.post(versions, body, format="json").json()["number"] == 3
+    v3 = AgentVersion.objects.get(agent=world.agent, number=3)
+    refused = api.patch(f"{versions}/3", {"make_current": True}, format="json")
+    assert refused.status_code == 409 and "v3" in refused.json()["error"]["message"]
+    assert ConfigChange.objects.filter(action="release.gate_refused").count() == 2
+
+    # once a replay running the gate's checks passed, it may: audited with its batch
+    passed = _batch(world, golden, v3, 1.0)
+    assert api.patch(f"{versions}/3", {"make_current": True}, format="json").json()["current"] is True
+    allowed = ConfigChange.objects.get(action="release.gate_allowed")
+    assert allowed.details["batch"] == passed.pk and allowed.details["rollback"] is False
+
+    # back to v2, stable before and never replayed: allowed as an explicit rollback
+    back = api.patch(f"{versions}/2", {"make_current": True}, format="json")
+    assert back.status_code == 200 and back.json()["current"] is True
+    rollback = ConfigChange.objects.filter(action="release.gate_allowed").latest("id")
+    assert rollback.details["rollback"] is True and rollback.details["version"] == 2 and "rollback" in rollback.details["reason"]
+    assert ConfigChange.objects.filter(action="agent.current_set").latest("id").details["previous"] == 3
+
+
+@pytest.mark.django_db
+def test_the_admins_agent_form_makes_a_version_current_through_the_gate_too() -> None:
+    world = make_world()
+    v2 = _v2(world)
+    golden = _set(world)
+    _gate(world, golden)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(world.operator)
+
+    url, data = _agent_form(client, world)
+    response = client.post(url, {**data, "current_version": v2.pk})
+    assert response.status_code == 200, response.status_code
+    assert "release gate needs" in response.content.decode()
+    world.agent.refresh_from_db()
+    assert world.agent.current_version_id == world.version.pk
+    assert ConfigChange.objects.filter(action="release.gate_refused", actor=world.operator).count() == 1
+    # nor may the form leave the agent without a current version (its newest version would run, unreplayed)
+    response = client.post(url, {**data, "current_version": ""})
+    assert response.status_code == 200 and "keeps a current (stable) version" in response.content.decode()
+    world.agent.refresh_from_db()
+    assert world.agent.current_version_id == world.version.pk
+
+    passed = _batch(world, golden, v2, 1.0)
+    url, data = _agent_form(client, world)
+    assert client.post(url, {**data, "current_version": v2.pk}).status_code == 302
+    world.agent.refresh_from_db()
+    assert world.agent.current_version_id == v2.pk
+    assert ConfigChange.objects.get(action="release.gate_allowed", actor=world.operator).details["batch"] == passed.pk
+    assert ConfigChange.objects.get(action="agent.current_set").details["version"] == 2
+
+
+@pytest.mark.django_db
+def test_deleting_the_current_version_is_a_change_of_the_current_version_through_the_gate() -> None:
+    world = make_world()
+    fresh = agent_services.create_version(actor=actor_for_user(world.operator), agent=world.agent, model="demo/planner")
+    world.agent.current_version = fresh  # set up as the factory does (the service is tested above)
+    world.agent.save(update_fields=["current_version"])
+    _gate(world, _set(world))
+    # without a current version the agent's newest version would run, replayed or not: refused, on record
+    response = _api(world).delete(f"/api/v1/agents/{world.agent.slug}/versions/{fresh.number}")
+    assert response.status_code == 409 and response.json()["error"]["code"] == "release_gate", response.content
+    assert AgentVersion.objects.filter(pk=fresh.pk).exists()
+    assert ConfigChange.objects.get(action="release.gate_refused").details["version"] is None
+
+
+@pytest.mark.django_db
+def test_a_plugin_presets_first_version_is_made_current_through_the_same_service() -> None:
+    world = make_world()
+    owner = make_user(f"{world.tenant.slug}-owner", is_staff=True)
+    tenant_services.set_membership(tenant=world.tenant, user=owner, role=Role.OWNER, actor=None)
+    services.install_plugin(tenant=world.tenant, plugin_key="flight-desk", actor=actor_for_user(owner))
+    agent = services.create_agent_from_preset(tenant=world.tenant, plugin_key="flight-desk", preset_slug="flight-assistant",
+                                              actor=actor_for_user(world.operator))
+    assert agent.current_version is not None and agent.current_version.number == 1
+    row = ConfigChange.objects.get(action="agent.current_set", target_id=str(agent.pk))
+    assert row.details["version"] == 1 and row.details["reason"] == "preset flight-desk/flight-assistant"
+    assert row.actor == world.operator

@@ -171,8 +171,7 @@ class Command(BaseCommand):
                 tenant=tenant, agent=agent, number=1, model="demo/planner", system_prompt=SYSTEM_PROMPT,
                 tools=[t.name for t in tools], policy={"limits": {"max_recursion": 6}}, created_by=admin, note="seeded",
             )
-            agent.current_version = version
-            agent.save(update_fields=["current_version"])
+            agent_services.set_current_version(actor=by_admin, agent=agent, version=version, reason="seeded")
         # The same agent on the default provider: the implicit "openai" one built from OPENAI_BASE_URL
         # (and OPENAI_API_KEY, OPENAI_MODEL) when the worker has it; see agents/providers.py.
         llm, _ = Agent.objects.get_or_create(
@@ -184,8 +183,7 @@ class Command(BaseCommand):
                 tenant=tenant, agent=llm, number=1, model=f"{ENV_PROVIDER}/{env_model()}", system_prompt=SYSTEM_PROMPT,
                 tools=[t.name for t in tools], policy={"limits": {"max_recursion": 6}}, created_by=admin, note="seeded",
             )
-            llm.current_version = version
-            llm.save(update_fields=["current_version"])
+            agent_services.set_current_version(actor=by_admin, agent=llm, version=version, reason="seeded")
 
         self._refund_desk(tenant, admin)
 
