@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -279,7 +280,7 @@ def test_a_failed_webhook_is_retried_with_exponential_backoff_then_given_up(worl
     assert len(sink.requests) == 3
     delivery = Delivery.objects.get(pk=delivery_id)
     assert (delivery.status, delivery.attempts, delivery.response_code) == (DeliveryStatus.FAILED, 3, 500)
-    assert "HTTP 500" in delivery.last_error and "sink down" in delivery.last_error
+    assert "HTTP 500" in delivery.last_error and "sink down" not in delivery.last_error  # the body is never kept
     assert SIGNING_SECRET not in caplog.text
 
 
@@ -367,3 +368,58 @@ def test_a_delivery_whose_task_was_lost_is_sent_again_by_the_sweep(world: World,
     Delivery.objects.filter(pk=delivery_id).update(status=DeliveryStatus.RETRYING,
                                                    next_attempt_at=timezone.now() + timedelta(minutes=30))
     assert notify.stranded_deliveries() == []  # waiting for its backoff is not lost
+
+
+# -- issue #49: what a receiver says, what Slack renders, who reads a channel's URL ------------------------------
+
+
+def test_a_failed_delivery_keeps_the_status_and_a_generic_reason_never_the_receivers_body(world: World) -> None:
+    request = _request(world, _refund_tool(world))
+    echoed = "invalid_token: hooks.slack.com/services/T0/B0/XXXXsecretpart <script>alert(1)</script>"
+    with RecordingSink(status=403, body=echoed) as sink:
+        _channel(world, sink)
+        [delivery_id] = notify.fan_out(request.pk, "arrived")
+        assert notify.attempt(delivery_id) == 10.0
+    error = Delivery.objects.get(pk=delivery_id).last_error
+    assert error == "127.0.0.1 answered HTTP 403 (Forbidden); its answer is not kept", error
+    for part in ("invalid_token", "secretpart", "<script>"):
+        assert part not in error
+    owner = make_user(is_staff=True)
+    tenant_services.set_membership(tenant=world.tenant, user=owner, role=Role.OWNER, actor=None)
+    client = Client()
+    client.force_login(owner)
+    for page in ("/admin/approvals/delivery/", f"/admin/approvals/delivery/{delivery_id}/change/"):
+        shown = client.get(page)
+        assert shown.status_code == 200 and b"HTTP 403 (Forbidden)" in shown.content and b"secretpart" not in shown.content
+
+
+def test_a_status_no_reason_phrase_exists_for_is_still_named() -> None:
+    assert notify.failure_reason("hooks.example.com", 599) == "hooks.example.com answered HTTP 599; its answer is not kept"
+
+
+def test_argument_text_cannot_leave_slacks_code_block_nor_mention_or_link(world: World) -> None:
+    hostile = "x```\n<!channel> <https://evil.example/login|Re-enter your password> & <@U123>\n```*done*"
+    request = _request(world, _refund_tool(world), note=hostile)
+    body = notify.slack_body(notify.facts(request, "arrived"))
+    code = body["blocks"][1]["text"]["text"]
+    assert code.startswith("```") and code.endswith("```")
+    inner = code[3:-3]
+    assert "`" not in inner and "<" not in inner and ">" not in inner
+    assert "&lt;!channel&gt;" in inner and "&lt;https://evil.example/login|" in inner and " &amp; " in inner
+    everything = json.dumps(body)
+    assert "<!channel>" not in everything and "<https://evil" not in everything and "<@U123>" not in everything
+
+
+def test_slacks_code_block_stays_within_its_limit_and_never_ends_inside_an_escape(world: World) -> None:
+    request = _request(world, _refund_tool(world), note="<&>" * 2000)
+    code = notify.slack_body(notify.facts(request, "arrived"))["blocks"][1]["text"]["text"]
+    assert len(code) <= 3000  # Slack refuses a section's text past 3,000 characters
+    assert code.startswith("```") and code.endswith("```") and len(code) > 2500
+    assert re.fullmatch(r"(?:[^&<>`]|&(?:lt|gt|amp);)*", code[3:-3]), code[-20:]  # cut between escapes, never in one
+
+
+def test_slack_text_escapes_the_headline_too() -> None:
+    data = {"event": "approval.arrived", "tool": "refund<!here>", "agent": "a&b", "tenant": "t", "run": "r",
+            "arguments": {}, "expires_in_seconds": 600, "url": "https://console.example.test/approvals/1/"}
+    body = notify.slack_body(data)
+    assert "<!here>" not in json.dumps(body) and "refund&lt;!here&gt; for a&amp;b" in body["text"]
