@@ -423,3 +423,68 @@ def test_slack_text_escapes_the_headline_too() -> None:
             "arguments": {}, "expires_in_seconds": 600, "url": "https://console.example.test/approvals/1/"}
     body = notify.slack_body(data)
     assert "<!here>" not in json.dumps(body) and "refund&lt;!here&gt; for a&amp;b" in body["text"]
+
+
+SLACK_URL = "https://hooks.slack.com/services/T0000/B0000/abcdefghijklmnopWXYZ"
+
+
+def _key_client(world: World, role: str) -> APIClient:
+    person = make_user(email=f"{role}@example.test")
+    tenant_services.set_membership(tenant=world.tenant, user=person, role=role, actor=None)
+    _key, raw = tenant_services.create_api_key(tenant=world.tenant, name=role, owner=person, role=role, actor=None)
+    return bearer_client(raw)
+
+
+def test_a_channels_url_is_read_back_masked_by_every_role(world: World) -> None:
+    created = _webhook(_api(world), kind="webhook_slack", name="slack", target=SLACK_URL, secret="")
+    assert created.status_code == 201, created.content
+    assert created.json()["target"] == "https://hooks.slack.com/…WXYZ"
+    for role in (Role.OWNER, Role.OPERATOR, Role.APPROVER, Role.VIEWER):
+        client = _key_client(world, role)
+        listed = client.get("/api/v1/notification-channels")
+        one = client.get(f"/api/v1/notification-channels/{created.json()['id']}")
+        assert listed.status_code == one.status_code == 200, (role, listed.content)
+        for response in (listed, one):
+            assert b"abcdefghijklmnop" not in response.content and b"/services/" not in response.content, role
+        assert one.json()["target"] == "https://hooks.slack.com/…WXYZ"
+
+
+def test_writing_back_the_masked_url_keeps_it_and_a_new_url_replaces_it(world: World) -> None:
+    client = _api(world)
+    created = _webhook(client, kind="webhook_slack", name="slack", target=SLACK_URL, secret="").json()
+    url = f"/api/v1/notification-channels/{created['id']}"
+    echoed = client.put(url, {**created, "events": ["arrived", "expiring"]}, format="json")  # a read-modify-write
+    assert echoed.status_code == 200, echoed.content
+    assert NotificationChannel.objects.get(pk=created["id"]).target == SLACK_URL
+    other = "https://hooks.slack.com/services/T1111/B1111/zyxwvutsrqponmlkABCD"
+    assert client.patch(url, {"target": other}, format="json").json()["target"] == "https://hooks.slack.com/…ABCD"
+    assert NotificationChannel.objects.get(pk=created["id"]).target == other
+    said = json.dumps([r.details for r in ConfigChange.objects.filter(action__startswith="notification_channel")])
+    assert "abcdefghijklmnop" not in said and "zyxwvutsrqponmlk" not in said
+
+
+def test_a_short_path_shows_no_tail_and_an_email_channel_no_url() -> None:
+    from approvals.channels import shown_target
+
+    assert shown_target("https://hooks.example.com/approvals") == "https://hooks.example.com/…"
+    assert shown_target("http://127.0.0.1:8080/hooks/approval-notices") == "http://127.0.0.1:8080/…ices"
+    assert shown_target("") == ""
+
+
+def test_the_admin_shows_a_channels_url_masked_to_a_viewer_and_to_whoever_may_change_it(world: World) -> None:
+    channel = _channel(world, kind="webhook_slack", name="slack", target=SLACK_URL)
+    page = f"/admin/approvals/notificationchannel/{channel.pk}/change/"
+    for person in (world.viewer, world.operator):
+        client = Client()
+        client.force_login(person)
+        shown = client.get(page)
+        assert shown.status_code == 200, person
+        assert b"abcdefghijklmnop" not in shown.content and "…WXYZ".encode() in shown.content, person
+    client = Client()
+    client.force_login(world.operator)
+    form = {"name": "slack", "kind": "webhook_slack", "target": "https://hooks.slack.com/…WXYZ", "events": ["arrived"],
+            "enabled": "on"}
+    saved = client.post(page, form)
+    assert saved.status_code == 302, saved.content[:3000]
+    channel.refresh_from_db()
+    assert channel.target == SLACK_URL and channel.events == ["arrived"]  # the masked URL sent back kept the real one
