@@ -413,8 +413,9 @@ def _shape_mask(value: Any) -> str:
     ):
         if pattern.fullmatch(text):
             return pattern.sub(replace, text)
-    if _CARD.fullmatch(text):
-        masked = _mask_card(_CARD.fullmatch(text))  # type: ignore[arg-type]
+    card = _CARD.fullmatch(text)
+    if card is not None and 13 <= sum(ch.isdigit() for ch in text) <= 19:  # one card, not a card among other digits
+        masked = _mask_card(card)
         if masked != text:
             return masked
     return MASK

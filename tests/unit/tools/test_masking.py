@@ -183,3 +183,8 @@ def test_detect_injection(text: str, label: str) -> None:
 )
 def test_detect_injection_no_false_positive(text: str) -> None:
     assert detect_injection(text) == []
+
+
+def test_a_declared_sensitive_value_keeps_a_cards_shape_only_when_it_is_one_card() -> None:
+    masked = mask_value({"card_number": "4111.1111.1111.1111", "pan": "12345 4111 1111 1111 1111"})
+    assert masked == {"card_number": "****.****.****.1111", "pan": MASK}  # a card among other digits: all of it masked
