@@ -130,6 +130,13 @@ class ChannelForm(forms.ModelForm):
     class Meta:
         model = NotificationChannel
         fields = ["tenant", "name", "kind", "target", "events", "tools", "enabled"]
+        help_texts = {"target": "The webhook URL, shown masked (it is a credential): leave it as shown to keep it, or "
+                                "type a new one. Empty for email."}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk and "target" in self.fields:  # the service keeps the stored URL when this comes back
+            self.initial["target"] = channels.shown_target(self.instance.target)
 
 
 @admin.register(NotificationChannel)
@@ -151,8 +158,24 @@ class NotificationChannelAdmin(TenantScopedAdmin):
     def secret_state(self, obj: NotificationChannel) -> str:
         return channels.secret_status(obj)
 
+    @admin.display(description="target")
+    def shown_target(self, obj: NotificationChannel) -> str:
+        return channels.shown_target(obj.target) or "(the approvers' email)"
+
+    def _view_only(self, request: HttpRequest, obj: Any) -> bool:
+        return obj is not None and not self.has_change_permission(request, obj)
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return ["tenant"] if obj is not None else []
+        if obj is None:
+            return []
+        return ["tenant", "shown_target"] if self._view_only(request, obj) else ["tenant"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """A reader who may not change the channel sees its URL masked (Django would show the stored value)."""
+        fields = list(super().get_fields(request, obj))
+        if self._view_only(request, obj):
+            fields = [f for f in fields if f not in ("target", "secret", "clear_secret")]
+        return fields
 
     def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
                         extra_context: Any = None) -> Any:

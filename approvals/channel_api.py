@@ -23,10 +23,19 @@ class ToolNames(serializers.ListField):
         return sorted(t.name for t in data.all())
 
 
+class MaskedTarget(serializers.CharField):
+    """Written as the full URL; read masked (a webhook URL is a credential), the same for every role."""
+
+    def to_representation(self, value: Any) -> str:
+        return channels.shown_target(str(value or ""))
+
+
 class ChannelSerializer(serializers.ModelSerializer):
     kind = serializers.ChoiceField(choices=ChannelKind.choices, help_text="email, webhook_slack or webhook_json")
     events = serializers.ListField(child=serializers.CharField(max_length=16), help_text="arrived, expiring")
-    target = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    target = MaskedTarget(max_length=500, required=False, allow_blank=True, default="",
+                          help_text="The webhook URL. Read back masked (scheme, host, last 4 characters); writing the "
+                                    "masked value back keeps the stored URL.")
     tools = ToolNames(child=serializers.CharField(max_length=64), required=False,
                                   help_text="Names of the tenant's tools; empty: every tool.")
     secret = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=80,

@@ -5,6 +5,9 @@ secret is a reference (``secret:NAME``, read from ``NOTIFY_SECRET_<NAME>``) to a
 granted the tenant; the reference is write-only: the API, the admin and the audit row say "set", never it.
 A webhook's host is resolved (the egress guard's check) before the channel's transaction begins and holding no
 database connection (:func:`addresses_checked`): the tenant chose that name, and its DNS may answer slowly.
+A webhook's URL is a credential too (whoever has a Slack webhook URL may post to the channel), so it is
+write-only in effect: every reader, whatever their role, sees it masked (:func:`shown_target`), and writing
+the masked form back keeps the stored URL (a read-modify-write through the API or the admin's form).
 """
 
 from __future__ import annotations
@@ -61,6 +64,25 @@ def secret_for(channel: NotificationChannel) -> str | None:
     if match is None or match.group(1) not in granted_secrets(channel.tenant):
         return None
     return settings.NOTIFY_SECRETS.get(match.group(1)) or None
+
+
+#: A URL's path and query show their last characters only when there are at least this many (a Slack token's 24).
+_TAIL_FROM = 16
+
+
+def shown_target(target: str) -> str:
+    """A webhook URL as anyone may read it: scheme, host and port, and the last 4 characters of a long path
+    (``https://hooks.slack.com/…WXYZ``); empty for an email channel."""
+    if not target:
+        return ""
+    parts = urlsplit(target)
+    try:
+        host = f"{parts.hostname or ''}:{parts.port}" if parts.port else (parts.hostname or "")
+    except ValueError:  # a port out of range (saved before it was checked)
+        host = parts.hostname or ""
+    rest = target.split(parts.netloc, 1)[-1] if parts.netloc else target
+    tail = rest[-4:] if len(rest) >= _TAIL_FROM else ""
+    return f"{parts.scheme}://{host}/…{tail}"
 
 
 def secret_status(channel: NotificationChannel) -> str:
@@ -184,6 +206,8 @@ def _apply(
     for name in ("name", "kind", "target", "events", "enabled"):
         if name in values:
             value = values[name]
+            if name == "target" and channel.target and str(value).strip() == shown_target(channel.target):
+                continue  # the masked URL read back: keep the stored one
             setattr(channel, name, value.strip() if isinstance(value, str) else value)
     if secret is not KEEP:
         raw = (secret or "").strip()

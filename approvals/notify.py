@@ -16,6 +16,7 @@ import hmac
 import json
 import logging
 import time
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -100,15 +101,47 @@ def json_body(data: dict[str, Any]) -> dict[str, Any]:
     return {"event": data["event"], "approval": {k: v for k, v in data.items() if k != "event"}, "url": data["url"]}
 
 
+#: What Slack reads as markup in a message's text: ``&``, ``<`` and ``>`` (mentions such as ``<!channel>``, links such
+#: as ``<https://x|label>``) are escaped as its formatting rules say; a backtick, which Slack cannot escape, becomes a
+#: look-alike (U+02CB) so argument text can neither close the code block nor open one.
+_SLACK_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "`": "\u02cb"}
+_SLACK_TABLE = str.maketrans(_SLACK_ESCAPES)
+#: Slack refuses a section whose text is longer than 3,000 characters; the arguments' block keeps to this many.
+SLACK_CODE_CHARS = 2990
+
+
+def slack_text(text: str) -> str:
+    """``text`` as Slack shows it literally: no mention, link or code fence of its own."""
+    return text.translate(_SLACK_TABLE)
+
+
+def _slack_code(text: str, limit: int = SLACK_CODE_CHARS) -> str:
+    """``text`` escaped, cut to ``limit`` characters between two escapes (never inside ``&amp;``), in a code block."""
+    escaped = slack_text(text)
+    if len(escaped) + 6 > limit:
+        out, size = [], 6
+        for ch in text:
+            piece = _SLACK_ESCAPES.get(ch, ch)
+            if size + len(piece) > limit:
+                break
+            out.append(piece)
+            size += len(piece)
+        escaped = "".join(out)
+    return f"```{escaped}```"
+
+
 def slack_body(data: dict[str, Any]) -> dict[str, Any]:
-    """Slack's incoming-webhook body (``text`` for clients without blocks; a section, the arguments and a button)."""
-    arguments = json.dumps(data["arguments"], ensure_ascii=False, indent=1)[:2500]
-    title = headline(data)
+    """Slack's incoming-webhook body (``text`` for clients without blocks; a section, the arguments and a button).
+
+    Everything a tenant or a model wrote (the arguments, the tool's and agent's names) is escaped (:func:`slack_text`)."""
+    arguments = json.dumps(data["arguments"], ensure_ascii=False, indent=1)[:SLACK_CODE_CHARS]
+    title = slack_text(headline(data))
+    where = slack_text(f"Tenant {data['tenant']}, run {data['run']}")
     return {
         "text": f"{title}: {data['url']}",
         "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": f"*{title}*\nTenant {data['tenant']}, run {data['run']}"}},
-            {"type": "section", "text": {"type": "mrkdwn", "text": f"```{arguments}```"}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": f"*{title}*\n{where}"}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": _slack_code(arguments)}},
             {"type": "actions", "elements": [
                 {"type": "button", "text": {"type": "plain_text", "text": "Review the request"}, "url": data["url"]},
             ]},
@@ -212,8 +245,18 @@ def _post(channel: NotificationChannel, delivery: Delivery, data: dict[str, Any]
     except httpx.HTTPError as exc:  # the message may hold the URL (a Slack URL is a credential): name the host only
         raise DeliveryFailed(f"{exc.__class__.__name__} talking to {host}") from None
     if not 200 <= response.status_code < 300:
-        raise DeliveryFailed(f"{host} answered HTTP {response.status_code}: {response.text[:200]}", code=response.status_code)
+        raise DeliveryFailed(failure_reason(host, response.status_code), code=response.status_code)
     return response.status_code
+
+
+def failure_reason(host: str, code: int) -> str:
+    """What a refused delivery's row says: the host, the status and its standard phrase. Never the answer's body: a
+    tenant's receiver writes it (it may echo the URL's token or a secret, or be written for whoever reads the admin)."""
+    try:
+        phrase = f" ({HTTPStatus(code).phrase})"
+    except ValueError:
+        phrase = ""
+    return f"{host} answered HTTP {code}{phrase}; its answer is not kept"
 
 
 def _mail(request: ApprovalRequest, data: dict[str, Any]) -> None:

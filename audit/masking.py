@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
 from typing import Any
 
 __all__ = [
@@ -239,7 +240,12 @@ _CN_ID = re.compile(
     r"(?<![0-9A-Za-z])([1-9]\d{5})((?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]))(\d{3})([0-9Xx])(?![0-9A-Za-z])"
 )
 _E164 = re.compile(r"(?<![\w+])\+[1-9](?:[ \-]?\d){7,14}(?![\d])")
-_CARD = re.compile(r"(?<![\d*])\d(?:[ \-]?\d){12,18}(?![\d*])")
+#: What may stand between a card's digits: up to three spaces, tabs, dots or hyphens, and at most one line break (with
+#: an indent of up to two). One class, then the line break, then the next digit, none overlapping: a run of digits and
+#: separators is matched in one pass, whatever its length, never by trying ways to split it.
+_CARD_SEP = r"[ \t.\-]{0,3}(?:\r?\n[ \t]{0,2})?"
+#: A run of digit groups (the whole run: :func:`_mask_card` finds the card inside it).
+_CARD = re.compile(rf"(?<![\d*])\d(?:{_CARD_SEP}\d)*")
 _CN_MOBILE = re.compile(r"(?<![\d*])(?:(?:\+|00)?86[ \-]?)?(1[3-9]\d)[ \-]?(\d{4})[ \-]?(\d{4})(?![\d*])")
 
 
@@ -260,12 +266,71 @@ def _mask_e164(m: re.Match[str]) -> str:
     return f"+{head}{'*' * stars}{digits[-4:]}"
 
 
+_GROUP = re.compile(r"\d+")
+_GROUPS = re.compile(r"(\d+)")  # split keeping the groups
+
+
 def _mask_card(m: re.Match[str]) -> str:
+    """A run of digit groups with the card numbers in it masked: the whole run, or any groups in a row (of three digits
+    or more) that make 13 to 19 digits and pass Luhn (a card after another number: ``qty 2\n4111 1111 1111 1111``),
+    all but each one's last 4 digits. Digits of a mask already (``1111****``) are left as they are."""
     text = m.group(0)
-    digits = re.sub(r"\D", "", text)
-    if not 13 <= len(digits) <= 19 or not luhn_valid(digits):
+    if len(text) < 13 or (m.end() < len(m.string) and m.string[m.end()] == "*"):
         return text
-    return _keep_last(text, 4)
+    groups = _GROUP.findall(text)
+    digits = groups[0] if len(groups) == 1 else "".join(groups)
+    if len(digits) < 13:
+        return text
+    if len(digits) <= 19 and luhn_valid(digits):
+        return _keep_last(text, 4)
+    if len(groups) == 1:
+        return text  # one long number (an id): no card inside it
+    hidden = _cards_inside(digits, [len(g) for g in groups])
+    if not hidden:
+        return text
+    out, seen = [], 0
+    for piece in _GROUPS.split(text):  # separators and groups in turn, a separator first
+        if piece and piece[0].isdigit():
+            out.append("".join("*" if seen + k in hidden else ch for k, ch in enumerate(piece)))
+            seen += len(piece)
+        else:
+            out.append(piece)
+    return "".join(out)
+
+
+#: Luhn's doubling of a digit (summing the two digits of the product).
+_DOUBLE = (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)
+#: The shortest group of digits a card is written in (4-4-4-4, 4-6-5, 4-6-4): a table of short numbers holds no card.
+_CARD_GROUP = 3
+
+
+def _cards_inside(digits: str, sizes: list[int]) -> set[int]:
+    """The indexes of ``digits`` to hide: every window of whole groups (``sizes``, each of at least three digits) that
+    holds 13 to 19 digits and passes Luhn, but its last 4. Linear in the digits: Luhn sums from prefix sums by parity
+    (built at C speed), at most seven windows from each group."""
+    values = list(map(int, digits))
+    doubles = [_DOUBLE[v] for v in values]
+    plain = (_by_parity(values, 0), _by_parity(values, 1))
+    doubled = (_by_parity(doubles, 0), _by_parity(doubles, 1))
+    bounds = list(accumulate(sizes, initial=0))
+    hidden: set[int] = set()
+    for first in range(len(sizes)):
+        a = bounds[first]
+        for last in range(first + 1, len(bounds)):
+            b = bounds[last]
+            if sizes[last - 1] < _CARD_GROUP or b - a > 19:
+                break
+            q = (b - 1) % 2  # digits of the last one's parity count as they are, the others doubled
+            if b - a >= 13 and (plain[q][b] - plain[q][a] + doubled[1 - q][b] - doubled[1 - q][a]) % 10 == 0:
+                hidden.update(range(a, b - 4))
+    return hidden
+
+
+def _by_parity(values: list[int], parity: int) -> list[int]:
+    """Prefix sums of ``values`` at the indexes of ``parity`` (the others count 0): ``out[k]`` sums those below k."""
+    kept = values[:]
+    kept[1 - parity :: 2] = [0] * len(kept[1 - parity :: 2])
+    return list(accumulate(kept, initial=0))
 
 
 def _keep_set(keep: Iterable[str]) -> frozenset[str]:
@@ -279,11 +344,11 @@ def _keep_set(keep: Iterable[str]) -> frozenset[str]:
 # What the patterns need somewhere in the text before one can match. Every pattern of _TOKEN_PATTERNS needs one of
 # _TOKEN_HINTS (its scheme, prefix or label, or a secret word), compared with the text lower-cased so case-sensitive
 # patterns are covered too; the e-mail pattern needs an "@"; every phone, ID and card pattern contains eight digits in
-# a row with at most single spaces or hyphens between them. Most strings (words, ids, prose, amounts) have none of
-# these and skip the substitutions that could not change them: the key=value pattern alone costs about 20 us on an
-# 85-character sentence. A substitution only ever replaces what it matched with stars (keeping a prefix or the last
-# digits), so it never creates a trigger for a later pattern. tests/unit/test_masking_prefilter.py checks that the
-# result is the same with and without the gates.
+# a row with at most a card's separators between them (_CARD_SEP; the others allow single spaces or hyphens). Most
+# strings (words, ids, prose, amounts) have none of these and skip the substitutions that could not change them: the
+# key=value pattern alone costs about 20 us on an 85-character sentence. A substitution only ever replaces what it
+# matched with stars (keeping a prefix or the last digits), so it never creates a trigger for a later pattern.
+# tests/unit/test_masking_prefilter.py checks that the result is the same with and without the gates.
 _TOKEN_HINTS = re.compile("|".join(re.escape(word) for word in (
     "authorization", "bearer", "basic", "token", "digest", "eyj", "sk-", "sk_", "aok_", "rk_live_", "pk_live_",
     "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "akia", "asia", "aiza",
@@ -292,7 +357,7 @@ _TOKEN_HINTS = re.compile("|".join(re.escape(word) for word in (
 )))
 # Letters that IGNORECASE matches to an ASCII letter but lower() does not turn into it.
 _FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
-_DIGIT_RUN = re.compile(r"\d(?:[ \-]?\d){7}")
+_DIGIT_RUN = re.compile(rf"\d(?:{_CARD_SEP}\d){{7}}")
 
 
 def mask_text(text: str, *, keep: Iterable[str] = ()) -> str:
@@ -348,8 +413,9 @@ def _shape_mask(value: Any) -> str:
     ):
         if pattern.fullmatch(text):
             return pattern.sub(replace, text)
-    if _CARD.fullmatch(text):
-        masked = _mask_card(_CARD.fullmatch(text))  # type: ignore[arg-type]
+    card = _CARD.fullmatch(text)
+    if card is not None and 13 <= sum(ch.isdigit() for ch in text) <= 19:  # one card, not a card among other digits
+        masked = _mask_card(card)
         if masked != text:
             return masked
     return MASK

@@ -30,10 +30,11 @@ BATCH = 16  # raw characters gathered before masking again, unless a piece bring
 
 
 #: The secrets of :mod:`audit.masking` that span whitespace are numbers written in groups (cards, phones, id
-#: numbers: digits, ``+``, spaces, dashes); all the others are one word after a label the mask keeps (``password
-#: is ****``, ``Bearer ****``, ``密码：****``). So only a trailing run that may still grow into such a number must
-#: wait in full, and, to stay on the safe side, a tail naming a secret word or an authorization scheme.
-_NUMBER_RUN = re.compile(r"[+\d][\d \-+]*$")
+#: numbers: digits, ``+``, spaces, dashes, and for cards dots, tabs and a line break); all the others are one word
+#: after a label the mask keeps (``password is ****``, ``Bearer ****``, ``密码：****``). So only a trailing run that
+#: may still grow into such a number must wait in full, and, to stay on the safe side, a tail naming a secret word or
+#: an authorization scheme.
+_NUMBER_RUN = re.compile(r"[+\d][\d \-+.\t\r\n]*$")
 _SECRET_WORD = re.compile(rf"(?i){_SECRET_KEY_WORDS}|bearer|basic|digest|authorization|密码|口令|密钥|秘钥|令牌|验证码|安全码|私钥")
 
 

@@ -28,18 +28,21 @@ gateway, the tool service and the runtime's version checks all import it downwar
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
 from pydantic import model_validator
 
-from runtime.documents import Document, Flag, Leaf, choice, integer, problem, problems, text
+from runtime.documents import HERE, Document, Flag, Leaf, choice, integer, problem, problems, problems_of, text
 
 DEFAULT_EXPIRY_SECONDS = 3600
 MAX_EXPIRY_SECONDS = 30 * 86400
 DEFAULT_APPROVER_ROLES = ("owner", "approver")
 APPROVER_ROLES = ("owner", "operator", "approver")
+#: The rest of the tenants' roles (``tenants.models.Role``): they may read a request, never decide it.
+READ_ONLY_ROLES = ("viewer",)
 OPERATORS = (">", ">=", "<", "<=", "==", "!=", "in", "not in")
 MODES = ("never", "condition", "always")  # loosest first
 #: The flag in an agent version's per-tool entry with which the tenant's owner loosens the tool's floor.
@@ -53,9 +56,26 @@ def _mode(value: Any) -> str:
 
 
 def _roles(value: Any) -> list[str]:
-    if not isinstance(value, list) or not value or any(r not in APPROVER_ROLES for r in value):
-        raise problem(f"must be a non-empty list of {', '.join(APPROVER_ROLES)}", value)
+    """Who may decide: a non-empty list of roles that can (a viewer only reads; a name that is no role, or no role at
+    all, makes a request no one but a platform administrator could decide)."""
+    may = f"({', '.join(APPROVER_ROLES)})"
+    if not isinstance(value, list):
+        raise problem(f"must be a list of roles that may decide {may}", value[:64] if isinstance(value, str) else value)
+    if not value:
+        raise problems_of([f"{HERE}: must name at least one role that may decide {may}: with none, no one could decide "
+                           "the request, got []"])
+    name = f"name {', '.join(APPROVER_ROLES[:-1])} or {APPROVER_ROLES[-1]}"
+    found = [f"{HERE}[{i}]: a {r} only reads and cannot decide; {name}, got {r!r}" if r in READ_ONLY_ROLES
+             else f"{HERE}[{i}]: no such role; {name}, got {str(r)[:64]!r}" if isinstance(r, str)
+             else f"{HERE}[{i}]: no such role; {name}, got {json.dumps(r, default=str)[:64]}"
+             for i, r in enumerate(value) if r not in APPROVER_ROLES]
+    if found:
+        raise problems_of(found)
     return list(value)
+
+
+#: An approval node's or a policy's ``approver_roles``, checked at save by :func:`_roles`.
+ApproverRoles = Annotated[list[str], Leaf(_roles, {"type": "array", "minItems": 1, "items": {"enum": list(APPROVER_ROLES)}})]
 
 
 class Condition(Document):
@@ -73,8 +93,7 @@ class ApprovalPolicy(Document):
     condition: Condition | None = None
     conditions: list[Condition] | None = None
     expires_in_seconds: Annotated[int, integer(10, maximum=MAX_EXPIRY_SECONDS)] = DEFAULT_EXPIRY_SECONDS
-    approver_roles: Annotated[list[str], Leaf(_roles, {"type": "array", "minItems": 1, "items": {"enum": list(APPROVER_ROLES)}})] = list(
-        DEFAULT_APPROVER_ROLES)
+    approver_roles: ApproverRoles = list(DEFAULT_APPROVER_ROLES)
     four_eyes: Flag = False
     allow_edits: Flag = True
 

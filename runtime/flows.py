@@ -43,6 +43,7 @@ from jmespath.exceptions import JMESPathError
 from pydantic import ValidationInfo, model_validator
 
 from runtime import expressions, schemas
+from runtime.approval_policy import ApproverRoles
 from runtime.documents import (
     Document,
     Leaf,
@@ -188,7 +189,7 @@ class BodyNode(Document):
     # approval
     preview: Annotated[str | None, text()] = None
     expires_in_seconds: Annotated[int, integer(10, maximum=30 * 86400)] = 3600
-    approver_roles: Names = ["owner", "approver"]
+    approver_roles: ApproverRoles = ["owner", "approver"]  # who may decide: roles that can, at least one
     # switch
     cases: list[Case] = []
     default: list[NodeId] = []

@@ -89,8 +89,10 @@ def warm_up(timeout: float = 60.0) -> None:
     run_in_process("", {}, deadline=time.monotonic() + timeout, label="warm-up", module="")
 
 
-def run_in_process(key: str, arguments: dict[str, Any], *, deadline: float, label: str, module: str | None = None) -> Any:
-    """Call the registered Python tool ``key`` in a child process; kill it at ``deadline`` (``time.monotonic()``).
+def run_in_process(key: str, arguments: dict[str, Any], *, deadline: float, label: str, module: str | None = None,
+                   tenant_id: int | None = None) -> Any:
+    """Call the registered Python tool ``key`` in a child process (as a call of ``tenant_id``); kill it at ``deadline``
+    (``time.monotonic()``).
 
     Raises :class:`~tools.executors.ToolFailure` (``timeout``: killed at the deadline; or the
     function's own ToolFailure) or :class:`IsolatedToolError` (it raised, or its process died).
@@ -103,7 +105,7 @@ def run_in_process(key: str, arguments: dict[str, Any], *, deadline: float, labe
         module = registry.get(key).func.__module__
     context = mp_context()
     reader, writer = context.Pipe(duplex=False)
-    process = context.Process(target=child_main, args=(writer, module, key, arguments), name=f"tool:{label}", daemon=True)
+    process = context.Process(target=child_main, args=(writer, module, key, arguments, tenant_id), name=f"tool:{label}", daemon=True)
     try:
         process.start()
     finally:
@@ -189,7 +191,7 @@ def _import_tool_module(module: str) -> None:
                                 f"({type(exc).__name__}: {exc}{setup})") from None
 
 
-def child_main(conn: Connection, module: str, key: str, arguments: dict[str, Any]) -> None:
+def child_main(conn: Connection, module: str, key: str, arguments: dict[str, Any], tenant_id: int | None = None) -> None:
     """Runs in the child: resolve ``key``, call it, send ``("ok", result)`` or what went wrong."""
     reply: tuple[Any, ...]
     try:
@@ -197,11 +199,12 @@ def child_main(conn: Connection, module: str, key: str, arguments: dict[str, Any
         if not key:  # warm_up
             reply = ("ok", None)
         else:
-            from tools.pyfunc import registry
+            from tools.pyfunc import registry, tenant_scope
 
             if key not in registry and module:
                 _import_tool_module(module)
-            reply = ("ok", registry.call(key, arguments))
+            with tenant_scope(tenant_id):
+                reply = ("ok", registry.call(key, arguments))
     except BaseException as exc:  # a ToolFailure keeps its audit status; anything else is an error
         status = getattr(exc, "status", None) if type(exc).__name__ == "ToolFailure" else None
         reply = ("failure", status, str(exc)) if isinstance(status, str) else ("error", f"{type(exc).__name__}: {exc}")

@@ -33,6 +33,11 @@ set at the timeout (:mod:`tools.cancel`)::
 A function that cannot check (a blocking C call, a library that may never return) runs in a
 child process instead, killed at the timeout: the tool's config ``{"isolation": "process"}``
 (:mod:`tools.isolation`; JSON arguments in, a picklable result out, no database).
+
+Tenants. One function serves every tenant that installed its tool. :func:`current_tenant` is the
+id of the tenant whose call is running (in the worker thread or the child process alike; None
+outside a call): a function that keeps anything between calls keeps it per tenant, so one tenant
+never reads or changes what another's calls left.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ import types
 import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -65,9 +72,11 @@ __all__ = [
     "PythonToolRegistry",
     "RegistryFrozenError",
     "ToolArgumentError",
+    "current_tenant",
     "parse_docstring",
     "registry",
     "schema_for_function",
+    "tenant_scope",
     "tool",
 ]
 
@@ -477,6 +486,23 @@ class PythonToolRegistry:
 
 #: The process-wide default registry.
 registry = PythonToolRegistry()
+
+_tenant: ContextVar[int | None] = ContextVar("agentops_tool_tenant", default=None)
+
+
+def current_tenant() -> int | None:
+    """The id of the tenant whose tool call is running; None outside a call (a function's state is kept per tenant)."""
+    return _tenant.get()
+
+
+@contextmanager
+def tenant_scope(tenant_id: int | None) -> Iterator[None]:
+    """Run the block as a call of ``tenant_id`` (the Python kind's executor and the isolated child do this)."""
+    token = _tenant.set(tenant_id)
+    try:
+        yield
+    finally:
+        _tenant.reset(token)
 
 
 def tool(

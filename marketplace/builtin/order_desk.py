@@ -10,7 +10,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
 from marketplace.catalog import AgentPreset, PluginSpec, PluginTool
-from tools.pyfunc import Param, tool
+from tools.pyfunc import Param, current_tenant, tool
 
 ORDER_ID = Param(description="The order number, e.g. O202411280001.", pattern=r"^O\d{12}$", examples=["O202411280001"])
 
@@ -93,14 +93,22 @@ def sum_order_totals(
     return {"order_ids": order_ids, "total": f"{total:.2f}", "currency": "CNY", "count": len(order_ids)}
 
 
-#: Refunds issued in this process, per order (the demo's "payment system").
-REFUNDS: dict[str, list[dict[str, Any]]] = {}
+#: Refunds issued in this process (the demo's "payment system"): tenant id -> order -> refunds. Every tenant that
+#: installed the plugin has its own book: one tenant's refunds neither show in another's answers nor use up its orders.
+#: ``REFUNDS.clear()`` forgets every tenant's.
+REFUNDS: dict[int, dict[str, list[dict[str, Any]]]] = {}
 _refunds_lock = threading.Lock()
 _REFUNDABLE = {"shipped", "delivered"}
 
 
 class RefundRefused(ValueError):
     pass
+
+
+def refunds_of(tenant_id: int) -> dict[str, list[dict[str, Any]]]:
+    """A copy of one tenant's refunds, per order."""
+    with _refunds_lock:
+        return {order: [dict(r) for r in issued] for order, issued in REFUNDS.get(tenant_id, {}).items()}
 
 
 @tool(key="order_desk.refund_order", category="write", idempotent=False)
@@ -115,6 +123,9 @@ def refund_order(
     Use it only when the user explicitly asks for a refund of a shipped or delivered order and says how much.
     Do not use it to look up an order (use query_order) or to cancel an order that has not shipped.
     """
+    tenant = current_tenant()
+    if tenant is None:  # whose book would it go in? Never one shared by every tenant
+        raise RefundRefused("refund_order runs only as a tenant's tool call; no refund was made.")
     order = _order(order_id)
     try:
         value = Decimal(amount)
@@ -126,7 +137,7 @@ def refund_order(
         raise RefundRefused(f"Order {order_id} is {order['status']}; only shipped or delivered orders can be refunded. "
                             "Offer to cancel it instead.")
     with _refunds_lock:
-        issued = REFUNDS.setdefault(order_id, [])
+        issued = REFUNDS.setdefault(tenant, {}).setdefault(order_id, [])
         refunded = sum((Decimal(r["amount"]) for r in issued), Decimal("0"))
         remaining = Decimal(order["total"]) - refunded
         if value > remaining:

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -279,7 +280,7 @@ def test_a_failed_webhook_is_retried_with_exponential_backoff_then_given_up(worl
     assert len(sink.requests) == 3
     delivery = Delivery.objects.get(pk=delivery_id)
     assert (delivery.status, delivery.attempts, delivery.response_code) == (DeliveryStatus.FAILED, 3, 500)
-    assert "HTTP 500" in delivery.last_error and "sink down" in delivery.last_error
+    assert "HTTP 500" in delivery.last_error and "sink down" not in delivery.last_error  # the body is never kept
     assert SIGNING_SECRET not in caplog.text
 
 
@@ -377,3 +378,123 @@ def test_how_long_a_delivery_waits_before_it_is_taken_as_lost_is_a_setting(world
     assert settings.NOTIFY_RESEND_AFTER_SECONDS == 120 and notify.stranded_deliveries() == []
     settings.NOTIFY_RESEND_AFTER_SECONDS = 30
     assert notify.stranded_deliveries() == [delivery_id]
+
+
+# -- issue #49: what a receiver says, what Slack renders, who reads a channel's URL ------------------------------
+
+
+def test_a_failed_delivery_keeps_the_status_and_a_generic_reason_never_the_receivers_body(world: World) -> None:
+    request = _request(world, _refund_tool(world))
+    echoed = "invalid_token: hooks.slack.com/services/T0/B0/XXXXsecretpart <script>alert(1)</script>"
+    with RecordingSink(status=403, body=echoed) as sink:
+        _channel(world, sink)
+        [delivery_id] = notify.fan_out(request.pk, "arrived")
+        assert notify.attempt(delivery_id) == 10.0
+    error = Delivery.objects.get(pk=delivery_id).last_error
+    assert error == "127.0.0.1 answered HTTP 403 (Forbidden); its answer is not kept", error
+    for part in ("invalid_token", "secretpart", "<script>"):
+        assert part not in error
+    owner = make_user(is_staff=True)
+    tenant_services.set_membership(tenant=world.tenant, user=owner, role=Role.OWNER, actor=None)
+    client = Client()
+    client.force_login(owner)
+    for page in ("/admin/approvals/delivery/", f"/admin/approvals/delivery/{delivery_id}/change/"):
+        shown = client.get(page)
+        assert shown.status_code == 200 and b"HTTP 403 (Forbidden)" in shown.content and b"secretpart" not in shown.content
+
+
+def test_a_status_no_reason_phrase_exists_for_is_still_named() -> None:
+    assert notify.failure_reason("hooks.example.com", 599) == "hooks.example.com answered HTTP 599; its answer is not kept"
+
+
+def test_argument_text_cannot_leave_slacks_code_block_nor_mention_or_link(world: World) -> None:
+    hostile = "x```\n<!channel> <https://evil.example/login|Re-enter your password> & <@U123>\n```*done*"
+    request = _request(world, _refund_tool(world), note=hostile)
+    body = notify.slack_body(notify.facts(request, "arrived"))
+    code = body["blocks"][1]["text"]["text"]
+    assert code.startswith("```") and code.endswith("```")
+    inner = code[3:-3]
+    assert "`" not in inner and "<" not in inner and ">" not in inner
+    assert "&lt;!channel&gt;" in inner and "&lt;https://evil.example/login|" in inner and " &amp; " in inner
+    everything = json.dumps(body)
+    assert "<!channel>" not in everything and "<https://evil" not in everything and "<@U123>" not in everything
+
+
+def test_slacks_code_block_stays_within_its_limit_and_never_ends_inside_an_escape(world: World) -> None:
+    request = _request(world, _refund_tool(world), note="<&>" * 2000)
+    code = notify.slack_body(notify.facts(request, "arrived"))["blocks"][1]["text"]["text"]
+    assert len(code) <= 3000  # Slack refuses a section's text past 3,000 characters
+    assert code.startswith("```") and code.endswith("```") and len(code) > 2500
+    assert re.fullmatch(r"(?:[^&<>`]|&(?:lt|gt|amp);)*", code[3:-3]), code[-20:]  # cut between escapes, never in one
+
+
+def test_slack_text_escapes_the_headline_too() -> None:
+    data = {"event": "approval.arrived", "tool": "refund<!here>", "agent": "a&b", "tenant": "t", "run": "r",
+            "arguments": {}, "expires_in_seconds": 600, "url": "https://console.example.test/approvals/1/"}
+    body = notify.slack_body(data)
+    assert "<!here>" not in json.dumps(body) and "refund&lt;!here&gt; for a&amp;b" in body["text"]
+
+
+SLACK_URL = "https://hooks.slack.com/services/T0000/B0000/abcdefghijklmnopWXYZ"
+
+
+def _key_client(world: World, role: str) -> APIClient:
+    person = make_user(email=f"{role}@example.test")
+    tenant_services.set_membership(tenant=world.tenant, user=person, role=role, actor=None)
+    _key, raw = tenant_services.create_api_key(tenant=world.tenant, name=role, owner=person, role=role, actor=None)
+    return bearer_client(raw)
+
+
+def test_a_channels_url_is_read_back_masked_by_every_role(world: World) -> None:
+    created = _webhook(_api(world), kind="webhook_slack", name="slack", target=SLACK_URL, secret="")
+    assert created.status_code == 201, created.content
+    assert created.json()["target"] == "https://hooks.slack.com/…WXYZ"
+    for role in (Role.OWNER, Role.OPERATOR, Role.APPROVER, Role.VIEWER):
+        client = _key_client(world, role)
+        listed = client.get("/api/v1/notification-channels")
+        one = client.get(f"/api/v1/notification-channels/{created.json()['id']}")
+        assert listed.status_code == one.status_code == 200, (role, listed.content)
+        for response in (listed, one):
+            assert b"abcdefghijklmnop" not in response.content and b"/services/" not in response.content, role
+        assert one.json()["target"] == "https://hooks.slack.com/…WXYZ"
+
+
+def test_writing_back_the_masked_url_keeps_it_and_a_new_url_replaces_it(world: World) -> None:
+    client = _api(world)
+    created = _webhook(client, kind="webhook_slack", name="slack", target=SLACK_URL, secret="").json()
+    url = f"/api/v1/notification-channels/{created['id']}"
+    echoed = client.put(url, {**created, "events": ["arrived", "expiring"]}, format="json")  # a read-modify-write
+    assert echoed.status_code == 200, echoed.content
+    assert NotificationChannel.objects.get(pk=created["id"]).target == SLACK_URL
+    other = "https://hooks.slack.com/services/T1111/B1111/zyxwvutsrqponmlkABCD"
+    assert client.patch(url, {"target": other}, format="json").json()["target"] == "https://hooks.slack.com/…ABCD"
+    assert NotificationChannel.objects.get(pk=created["id"]).target == other
+    said = json.dumps([r.details for r in ConfigChange.objects.filter(action__startswith="notification_channel")])
+    assert "abcdefghijklmnop" not in said and "zyxwvutsrqponmlk" not in said
+
+
+def test_a_short_path_shows_no_tail_and_an_email_channel_no_url() -> None:
+    from approvals.channels import shown_target
+
+    assert shown_target("https://hooks.example.com/approvals") == "https://hooks.example.com/…"
+    assert shown_target("http://127.0.0.1:8080/hooks/approval-notices") == "http://127.0.0.1:8080/…ices"
+    assert shown_target("") == ""
+
+
+def test_the_admin_shows_a_channels_url_masked_to_a_viewer_and_to_whoever_may_change_it(world: World) -> None:
+    channel = _channel(world, kind="webhook_slack", name="slack", target=SLACK_URL)
+    page = f"/admin/approvals/notificationchannel/{channel.pk}/change/"
+    for person in (world.viewer, world.operator):
+        client = Client()
+        client.force_login(person)
+        shown = client.get(page)
+        assert shown.status_code == 200, person
+        assert b"abcdefghijklmnop" not in shown.content and "…WXYZ".encode() in shown.content, person
+    client = Client()
+    client.force_login(world.operator)
+    form = {"name": "slack", "kind": "webhook_slack", "target": "https://hooks.slack.com/…WXYZ", "events": ["arrived"],
+            "enabled": "on"}
+    saved = client.post(page, form)
+    assert saved.status_code == 302, saved.content[:3000]
+    channel.refresh_from_db()
+    assert channel.target == SLACK_URL and channel.events == ["arrived"]  # the masked URL sent back kept the real one

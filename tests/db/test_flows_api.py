@@ -124,3 +124,23 @@ def test_an_agent_tool_cannot_point_at_a_flow(world: World) -> None:
                                           "config": {"agent": "desk"}}, format="json")
     assert response.status_code == 400
     assert "there is no agent 'desk' in this tenant. Known agents: order-assistant." in str(response.json()["config"])
+
+
+def test_an_approval_node_no_one_could_decide_is_refused_at_save_naming_the_role(world: World) -> None:
+    api = client_for(world)
+    api.post("/api/v1/flows", {"slug": "desk", "name": "Order desk"}, format="json")
+    for roles, words in ((["viewer"], "a viewer only reads"), (["approvers"], "no such role"), ([], "at least one role")):
+        nodes = [*DESK["nodes"][:3], {**DESK["nodes"][3], "approver_roles": roles}, DESK["nodes"][4]]
+        response = api.post("/api/v1/flows/desk/versions", {"model": "demo/planner", "definition": {**DESK, "nodes": nodes}},
+                            format="json")
+        assert response.status_code == 400, (roles, response.content)
+        [error] = response.json()["definition"]
+        assert error.startswith("nodes[3].approver_roles") and words in error and "got" in error, error
+    assert not AgentVersion.objects.filter(agent__slug="desk").exists()
+
+
+def test_the_roles_that_may_decide_and_the_read_only_ones_are_the_tenants_roles() -> None:
+    from runtime.approval_policy import APPROVER_ROLES, READ_ONLY_ROLES
+    from tenants.models import Role
+
+    assert set(APPROVER_ROLES) | set(READ_ONLY_ROLES) == set(Role.values) and not set(APPROVER_ROLES) & set(READ_ONLY_ROLES)

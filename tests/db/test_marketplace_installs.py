@@ -241,15 +241,15 @@ def test_another_tenants_operator_cannot_install_or_change_an_install() -> None:
 
 def test_refund_order_is_backed_by_the_demo_data() -> None:
     from marketplace.builtin import order_desk
+    from tools.pyfunc import tenant_scope
 
-    order_desk.REFUNDS.pop("O202411280002", None)
-    result = order_desk.refund_order("O202411280002", "30.00", "damaged notebook")
-    assert result["status"] == "refunded" and result["remaining_refundable"] == "58.50"
-    with pytest.raises(order_desk.RefundRefused, match=r"at most 58\.50"):
-        order_desk.refund_order("O202411280002", "60.00", "too much")
-    with pytest.raises(order_desk.RefundRefused, match="processing"):
-        order_desk.refund_order("O202411280003", "1.00", "not shipped")
-    order_desk.REFUNDS.pop("O202411280002", None)
+    with tenant_scope(1):  # as a tenant's tool call (its refunds are that tenant's)
+        result = order_desk.refund_order("O202411280002", "30.00", "damaged notebook")
+        assert result["status"] == "refunded" and result["remaining_refundable"] == "58.50"
+        with pytest.raises(order_desk.RefundRefused, match=r"at most 58\.50"):
+            order_desk.refund_order("O202411280002", "60.00", "too much")
+        with pytest.raises(order_desk.RefundRefused, match="processing"):
+            order_desk.refund_order("O202411280003", "1.00", "not shipped")
 
 
 def test_flight_desk_demo_data() -> None:

@@ -66,4 +66,4 @@ def test_the_refund_desk_runs_to_its_summary_through_its_approvals(demo: APIClie
     assert asked == gates
     assert run.terminal_reason == "final_answer", run.error
     assert f"was refunded {amount} CNY" in run.output and "Li Wei" in run.output
-    assert [r["amount"] for r in order_desk.REFUNDS["O202411280001"]] == [amount]  # refunded once
+    assert [r["amount"] for r in order_desk.REFUNDS[run.tenant_id]["O202411280001"]] == [amount]  # refunded once, its tenant's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from email.utils import formatdate
 
@@ -58,3 +59,56 @@ def test_a_stream_that_keeps_dropping_gives_up_after_the_bounded_reconnects_nami
         next(stream)
     # each reconnect asked for what follows seq 1; three reconnects (the bound, plus the one after progress), two tries each
     assert stopped.value.last_seq == 1 and tries[0] is None and set(tries[1:]) == {"1"} and len(tries) == 1 + 3 * 2
+
+
+def test_ids_are_quoted_into_the_paths_so_an_id_cannot_reach_another_path_or_add_a_query() -> None:
+    import httpx
+    from agentops_client import Client
+
+    seen: list[tuple[str, bytes]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.raw_path))
+        if request.url.raw_path.endswith(b"/stream"):
+            body = b'id: 1\ndata: {"seq": 1, "type": "run.finished", "payload": {"output": "ok"}}\n\n'
+            return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+        if b"/approvals/" in request.url.raw_path:
+            return httpx.Response(200, json={"id": "x", "status": "pending", "tool_name": "t", "arguments": {}})
+        return httpx.Response(200, json={"id": "x", "status": "succeeded"})
+
+    hostile = "../approvals/1/approve?x=1#frag"
+    quoted = b"..%2Fapprovals%2F1%2Fapprove%3Fx%3D1%23frag"
+    client = Client("http://api.test", "k", transport=httpx.MockTransport(handler), sleep=lambda _: None)
+    for call in (lambda: client.get_run(hostile), lambda: client.get_approval(hostile), lambda: client.approve(hostile),
+                 lambda: client.reject(hostile), lambda: client.stream_run(hostile).text()):
+        with contextlib.suppress(Exception):  # the stand-in answers what it may (unquoted, a stream never ends)
+            call()
+    assert seen == [
+        ("GET", b"/api/v1/runs/" + quoted),
+        ("GET", b"/api/v1/approvals/" + quoted),
+        ("POST", b"/api/v1/approvals/" + quoted + b"/approve"),
+        ("POST", b"/api/v1/approvals/" + quoted + b"/reject"),
+        ("GET", b"/api/v1/runs/" + quoted + b"/stream"),
+    ]
+
+
+def test_an_id_of_dots_stays_one_segment_and_an_empty_id_is_refused() -> None:
+    import httpx
+    import pytest
+    from agentops_client import Client
+
+    seen: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.raw_path)
+        return httpx.Response(404, json={"detail": "Not found."})
+
+    client = Client("http://api.test", "k", transport=httpx.MockTransport(handler), sleep=lambda _: None)
+    for dots in ("..", "."):
+        with pytest.raises(NotFound):
+            client.get_run(dots)
+    assert seen == [b"/api/v1/runs/%2E%2E", b"/api/v1/runs/%2E"]  # not /api/v1/ nor /api/v1/runs/ (dot segments)
+    for empty in ("", None):
+        with pytest.raises(ValueError, match="empty"):
+            client.get_approval(empty)  # type: ignore[arg-type]
+    assert len(seen) == 2

@@ -12,7 +12,7 @@ from tools.executors import ExecContext
 from tools.isolation import ISOLATION_MODES, isolation_problems, run_in_process
 from tools.kinds.base import Kind, ToolConfig, read_config, saving
 from tools.models import Tool
-from tools.pyfunc import registry
+from tools.pyfunc import registry, tenant_scope
 
 
 def _isolation(value: Any) -> str:
@@ -41,8 +41,9 @@ def execute(tool: Tool, arguments: dict[str, Any], ctx: ExecContext) -> Any:
     config = read_config(PythonConfig, tool)
     if config.isolation == "process":  # in a child process, killed at the deadline (tools.isolation)
         deadline = ctx.deadline if ctx.deadline is not None else time.monotonic() + float(tool.timeout_seconds)
-        return run_in_process(config.function, arguments, deadline=deadline, label=tool.name)
-    return registry.call(config.function, arguments)
+        return run_in_process(config.function, arguments, deadline=deadline, label=tool.name, tenant_id=ctx.tenant_id)
+    with tenant_scope(ctx.tenant_id):  # the function keeps what it keeps per tenant (tools.pyfunc.current_tenant)
+        return registry.call(config.function, arguments)
 
 
 KIND = Kind(name="python", execute=execute, config_model=PythonConfig)

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Generator, Iterator
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -87,10 +88,11 @@ class Client:
         return Run.from_json(response.json())
 
     def get_run(self, run_id: str) -> Run:
-        return Run.from_json(self._send("GET", f"{API}/runs/{run_id}", safe=True).json())
+        return Run.from_json(self._send("GET", f"{API}/runs/{_segment(run_id)}", safe=True).json())
 
     def stream_run(self, run_id: str, *, after: int = 0) -> RunStream:
         """The run's frames as they happen, from after seq ``after``, until ``run.finished``; resumes on a dropped connection."""
+        _segment(run_id)  # refused here if empty, not at the first read
         return RunStream(self, str(run_id), after, None)
 
     def create_and_stream(self, agent: str, input: str, *, session: str | None = None, facts: dict[str, Any] | None = None,
@@ -114,7 +116,7 @@ class Client:
         return page_of(self._send("GET", f"{API}/approvals", params=params, safe=True).json(), Approval.from_json)
 
     def get_approval(self, approval_id: str) -> Approval:
-        return Approval.from_json(self._send("GET", f"{API}/approvals/{approval_id}", safe=True).json())
+        return Approval.from_json(self._send("GET", f"{API}/approvals/{_segment(approval_id)}", safe=True).json())
 
     def approve(self, approval_id: str, *, note: str = "", arguments: dict[str, Any] | None = None,
                 arguments_hash: str = "") -> Approval:
@@ -132,7 +134,7 @@ class Client:
 
     def _decide(self, approval_id: str, verb: str, body: dict[str, Any]) -> Approval:
         # Not retried on a connection error: the decision may have been taken (a repeat is a 409 Conflict).
-        response = self._send("POST", f"{API}/approvals/{approval_id}/{verb}", json=body, safe=False)
+        response = self._send("POST", f"{API}/approvals/{_segment(approval_id)}/{verb}", json=body, safe=False)
         return Approval.from_json(response.json())
 
     # transport
@@ -213,7 +215,7 @@ class RunStream:
         headers = {"Accept": "text/event-stream"}
         if self.last_seq:
             headers["Last-Event-ID"] = str(self.last_seq)
-        return self.client._send("GET", f"{API}/runs/{self.run_id}/stream", headers=headers, safe=True, stream=True)
+        return self.client._send("GET", f"{API}/runs/{_segment(self.run_id)}/stream", headers=headers, safe=True, stream=True)
 
     def _follow(self) -> Generator[StreamEvent, None, None]:
         failures = 0
@@ -248,7 +250,7 @@ class RunStream:
             if failures > self.client.reconnects:
                 raise StreamInterrupted(self.run_id, self.last_seq, cause)
             self.reconnected += 1
-            url = f"{self.client._http.base_url}{API}/runs/{self.run_id}/stream"
+            url = f"{self.client._http.base_url}{API}/runs/{_segment(self.run_id)}/stream"
             self.client._wait(RetryNotice("reconnect", failures + 1, _backoff(failures + 1) / 2, "GET", url, last_seq=self.last_seq))
 
 
@@ -265,6 +267,16 @@ def _run_body(agent: str, input: str, session: str | None, facts: dict[str, Any]
     if facts is not None:
         body["facts"] = facts
     return body
+
+
+def _segment(value: Any) -> str:
+    """An id as one path segment: every reserved character quoted (``/``, ``?``, ``#``, ``%``), and ``.``/``..``
+    spelled out, so an id can name neither another path nor a query. An empty id is refused (it would name the list)."""
+    text = "" if value is None else str(value)
+    if not text:
+        raise ValueError("the id is empty; pass the id of a run or an approval request")
+    quoted = quote(text, safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
 
 def _params(**values: Any) -> dict[str, str]:

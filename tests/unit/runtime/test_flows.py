@@ -286,3 +286,20 @@ def test_a_map_body_gets_every_check_of_the_flow_by_the_same_function() -> None:
     assert _errors(_map([{"id": "a", "kind": "tool", "tool": "t", "after": ["other"]}])) == [
         "nodes[2].body.nodes[0].after[0]: no body node 'other'; the body's nodes are ['a'] (a body node runs after "
         "body nodes only; the map itself runs after flow nodes)"]
+
+
+@pytest.mark.parametrize(("roles", "problems_"), [
+    (["viewer"], ["nodes[3].approver_roles[0]: a viewer only reads and cannot decide; name owner, operator or approver, "
+                  "got 'viewer'"]),
+    (["approver", "boss", 7], ["nodes[3].approver_roles[1]: no such role; name owner, operator or approver, got 'boss'",
+                               "nodes[3].approver_roles[2]: no such role; name owner, operator or approver, got 7"]),
+    ([], ["nodes[3].approver_roles: must name at least one role that may decide (owner, operator, approver): with none, "
+          "no one could decide the request, got []"]),
+    ("owner", ["nodes[3].approver_roles: must be a list of roles that may decide (owner, operator, approver), got 'owner'"]),
+])
+def test_an_approval_nodes_approver_roles_are_roles_that_may_decide(roles: Any, problems_: list[str]) -> None:
+    doc = copy.deepcopy(REFUND_DESK)
+    doc["nodes"][3]["approver_roles"] = roles
+    assert _errors(doc) == problems_
+    doc["nodes"][3]["approver_roles"] = ["operator", "owner"]
+    assert parse(FlowDefinition, doc).node("approve").approver_roles == ["operator", "owner"]

@@ -100,7 +100,7 @@ def test_every_problem_of_a_policy_is_named_by_its_path() -> None:
         "approval_policy.conditions[1].field: is required",
         "approval_policy.conditions[1].value: is required",
         "approval_policy.expires_in_seconds: must be an integer from 10 to 2592000, got 5",
-        "approval_policy.approver_roles: must be a non-empty list of owner, operator, approver, got list",
+        "approval_policy.approver_roles[0]: no such role; name owner, operator or approver, got 'root'",
         "approval_policy.four_eyes: must be true or false, got 'yes'",
     ]
     assert policy_errors({"mode": "condition"}) == [

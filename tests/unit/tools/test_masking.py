@@ -40,6 +40,60 @@ def test_mask_text_leaves_harmless_numbers() -> None:
     assert mask_text(text) == text  # the last one fails Luhn
 
 
+@pytest.mark.parametrize(("text", "expected"), [
+    ("card 4111.1111.1111.1111 exp", "card ****.****.****.1111 exp"),
+    ("card 4111\n1111\n1111\n1111\nexp", "card ****\n****\n****\n1111\nexp"),
+    ("card 4111 1111\r\n1111 1111", "card **** ****\r\n**** 1111"),
+    ("card 4111  1111\t1111 - 1111", "card ****  ****\t**** - 1111"),
+    ('{"note": "5555.5555.5555.4444"}', '{"note": "****.****.****.4444"}'),
+    ("amex 3782.822463.10005", "amex ****.******.*0005"),
+    ("qty 2\n4111 1111 1111 1111", "qty 2\n**** **** **** 1111"),  # a card after another number on the line before
+    ("order 12345 4111 1111 1111 1111 ok", "order 12345 **** **** **** 1111 ok"),
+])
+def test_a_card_written_with_dots_or_across_lines_and_spaces_is_masked(text: str, expected: str) -> None:
+    assert mask_text(text) == expected
+    assert mask_text(expected) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "card 4111.1111.1111.1112",  # fails Luhn
+    "version 1.2.3.4, build 2024.11.28",
+    "total 1299.00\nqty 3\nts 2024-11-28",
+    "4111\n\n\n\n1111 1111 1111",  # a paragraph apart: two numbers, not one card
+])
+def test_dotted_and_multi_line_numbers_that_are_no_card_are_left_alone(text: str) -> None:
+    assert mask_text(text) == text
+
+
+def test_masking_a_long_run_of_digits_and_separators_stays_linear() -> None:
+    import time
+
+    text = "1. 2. 3.\n" * 20_000 + "4111.1111.1111.1111"
+    started = time.process_time()
+    masked = mask_text(text)
+    assert masked.endswith("****.****.****.1111")
+    assert time.process_time() - started < 1.0
+
+
+def test_the_cards_inside_a_run_are_the_luhn_windows_of_whole_groups() -> None:
+    import random
+
+    from audit.masking import _cards_inside
+
+    rng = random.Random(49)
+    for _ in range(3000):
+        sizes = [rng.randint(1, 6) for _ in range(rng.randint(2, 9))]
+        digits = "".join(rng.choice("0123456789") for _ in range(sum(sizes)))
+        bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        expected: set[int] = set()
+        for i in range(len(sizes)):
+            for j in range(i + 1, len(bounds)):
+                a, b = bounds[i], bounds[j]
+                if 13 <= b - a <= 19 and min(sizes[i:j]) >= 3 and luhn_valid(digits[a:b]):
+                    expected.update(range(a, b - 4))
+        assert _cards_inside(digits, sizes) == expected, (digits, sizes)
+
+
 def test_luhn() -> None:
     assert luhn_valid("4111111111111111") and luhn_valid("5555555555554444")
     assert not luhn_valid("4111111111111112") and not luhn_valid("abc")
@@ -129,3 +183,8 @@ def test_detect_injection(text: str, label: str) -> None:
 )
 def test_detect_injection_no_false_positive(text: str) -> None:
     assert detect_injection(text) == []
+
+
+def test_a_declared_sensitive_value_keeps_a_cards_shape_only_when_it_is_one_card() -> None:
+    masked = mask_value({"card_number": "4111.1111.1111.1111", "pan": "12345 4111 1111 1111 1111"})
+    assert masked == {"card_number": "****.****.****.1111", "pan": MASK}  # a card among other digits: all of it masked
