@@ -702,30 +702,38 @@ def _all_finished_except_handlers(flow: FlowDefinition, state: Mapping[str, Node
     return all(state[n.id] in FINISHED for n in flow.nodes if n.id not in handlers)
 
 
-def evaluate(expression: str, scope: Mapping[str, Any]) -> Any:
+def evaluate(expression: str, scope: Mapping[str, Any], work: expressions.Work | None = None) -> Any:
     """An expression's value over ``{"input": ..., "nodes": ...}``; ``expressions.ValueTooLarge`` (a ``ValueError``)
-    when it would make a value past the bound (``runtime/expressions.py``)."""
-    return expressions.search(expression, dict(scope))
+    when it would make a value past the bound, or do more work than it (``runtime/expressions.py``). ``work``: the
+    steps it shares with the other expressions of its node."""
+    return expressions.search(expression, dict(scope), work)
 
 
 def node_arguments(node: BodyNode, scope: Mapping[str, Any]) -> dict[str, Any]:
-    """A node's arguments: its constants, then its inputs evaluated over the flow's input and earlier outputs."""
-    return {**node.values, **{name: evaluate(expr, scope) for name, expr in node.inputs.items()}}
+    """A node's arguments: its constants, then its inputs evaluated over the flow's input and earlier outputs (all of
+    them within one work bound)."""
+    work = expressions.Work()
+    return {**node.values, **{name: evaluate(expr, scope, work) for name, expr in node.inputs.items()}}
 
 
 def render(template: str, scope: Mapping[str, Any]) -> str:
-    """A prompt or preview with each ``{expression}`` replaced by its value (text as is, anything else as JSON)."""
+    """A prompt or preview with each ``{expression}`` replaced by its value (text as is, anything else as JSON); all
+    its fields within one work bound."""
+    work = expressions.Work()
+
     def value(match: re.Match[str]) -> str:
-        result = evaluate(match.group(1).strip(), scope)
+        result = evaluate(match.group(1).strip(), scope, work)
         return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
 
     return _TEMPLATE_FIELD.sub(value, template)
 
 
 def choose(node: BodyNode, scope: Mapping[str, Any]) -> list[str]:
-    """The nodes a switch chooses: the first case whose ``when`` holds, else its default."""
+    """The nodes a switch chooses: the first case whose ``when`` holds, else its default (its cases within one work
+    bound)."""
+    work = expressions.Work()
     for case in node.cases:
-        if evaluate(case.when, scope):
+        if evaluate(case.when, scope, work):
             return list(case.goto)
     return list(node.default)
 

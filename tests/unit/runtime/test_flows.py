@@ -8,13 +8,16 @@ from typing import Any
 import pytest
 
 from runtime.documents import DocumentError, parse, problems
+from runtime.expressions import ValueTooLarge
 from runtime.flows import (
+    BodyNode,
     FlowCatalog,
     FlowDefinition,
     MapStep,
     NodeState,
     Plan,
     choose,
+    evaluate,
     node_arguments,
     plan,
     plan_map,
@@ -286,3 +289,19 @@ def test_a_map_body_gets_every_check_of_the_flow_by_the_same_function() -> None:
     assert _errors(_map([{"id": "a", "kind": "tool", "tool": "t", "after": ["other"]}])) == [
         "nodes[2].body.nodes[0].after[0]: no body node 'other'; the body's nodes are ['a'] (a body node runs after "
         "body nodes only; the map itself runs after flow nodes)"]
+
+
+def test_a_node_s_expressions_share_one_work_bound() -> None:
+    """Each filter reads 10,000 items (some 40,000 steps, within the bound alone); ten of them in one node are past it
+    together: a node may hold any number of expressions, and each bounded alone would not bound the node."""
+    scope = {"input": {"l": list(range(10_000))}}
+    one = "input.l[?@ < `0`]"
+    assert evaluate(one, scope) == []
+    node = parse(BodyNode, {"id": "a", "kind": "tool", "tool": "t", "inputs": {f"x{i}": one for i in range(10)}})
+    with pytest.raises(ValueTooLarge, match="steps of work its node's expressions share"):
+        node_arguments(node, scope)
+    with pytest.raises(ValueTooLarge, match="steps of work its node's expressions share"):
+        render(" ".join("{" + one + "}" for _ in range(10)), scope)
+    switch = parse(BodyNode, {"id": "s", "kind": "switch", "cases": [{"when": one, "goto": ["b"]}] * 10})
+    with pytest.raises(ValueTooLarge, match="steps of work its node's expressions share"):
+        choose(switch, scope)
