@@ -15,7 +15,8 @@ comparing two of them (``==``, ``!=``, ``contains``) walks 2 ** k pairs: Python'
 GIL, for seconds at k = 29 and for centuries at k = 58. Here every node of the expression evaluated (once per item of
 a projection, filter or ``map``) is a step, a function reads its arguments' items as steps, and a comparison first
 counts the pairs it may walk (``equality_steps``, itself stopping at the steps left) before Python compares them.
-Past the bound, ``ValueTooLarge`` naming the expression and the bound.
+Past the bound, ``ValueTooLarge`` naming the expression and the bound. An expression whose work grows past the bound
+whatever its data is refused before it is saved (``runtime/expression_cost.py`` works that out from its tree).
 
 An expression nested past ``MAX_DEPTH`` (``((((…))))``, ``!!!!…``, ``a | b | c | …`` a thousand times; a field
 chain ``a.b.c`` is one level) is refused when it is parsed (``parse``): the parser, the checks that walk the tree and
@@ -74,7 +75,7 @@ class ValueTooLarge(ValueError):
     """An expression whose value (or a value made on the way) is larger than the bound."""
 
 
-#: Why an expression is refused for its work.
+#: Why an expression is refused for its work (here when it runs, in ``runtime/expression_cost`` when it is saved).
 WORK_ADVICE = ("an expression that repeats its data after a | ([@, @], [[@[0], @[0]], [@[1], @[1]]]) doubles the work "
                "of what follows at every step, and one over a large list does its work once per item")
 _GROWS = ("an expression that repeats its data ([@, @][], {a: @, b: @}, join('', [@, @]) after a |) grows it at "

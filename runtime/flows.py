@@ -42,7 +42,7 @@ from typing import Annotated, Any
 from jmespath.exceptions import JMESPathError
 from pydantic import ValidationInfo, model_validator
 
-from runtime import expressions, schemas
+from runtime import expression_cost, expressions, schemas
 from runtime.documents import (
     Document,
     Leaf,
@@ -79,6 +79,8 @@ ON_ERROR = ("fail", "continue", "route")
 _ID = r"^[a-z][a-z0-9_]{0,62}$"
 NodeId = Annotated[str, pattern(_ID, "must be a node id: lower-case letters, digits and _ (e.g. lookup_order)")]
 _TEMPLATE_FIELD = re.compile(r"\{([^{}]+)\}")
+#: The fields whose text holds ``{expression}`` fields (``BodyNode.expressions`` names them so).
+_TEMPLATES = (".prompt", ".preview")
 
 
 def _expression(value: Any) -> str:
@@ -87,9 +89,11 @@ def _expression(value: Any) -> str:
     if len(value) > MAX_EXPRESSION_CHARS:
         raise problem(f"must be at most {MAX_EXPRESSION_CHARS} characters; got {len(value)}")
     try:
-        expressions.parse(value)
+        too_much = expression_cost.work_problem(value)
     except JMESPathError as exc:
         raise problem(f"is not a JMESPath expression ({str(exc).splitlines()[0]})", value) from None
+    if too_much:
+        raise problem(too_much, value if len(value) <= 120 else f"{value[:120]}…")
     return value
 
 
@@ -554,9 +558,13 @@ def _level_problems(graph: FlowDefinition, output: str | None, level: _Level) ->
         for path, expression in node.expressions():
             try:
                 read = referenced_nodes(expression)
+                too_much = expression_cost.work_problem(expression) if path in _TEMPLATES else None
             except JMESPathError as exc:
                 found.append(f"{where[node.id]}{path}: {expression!r} is not a JMESPath expression ({str(exc).splitlines()[0]})")
                 continue
+            if too_much:  # the other fields' expressions are refused by themselves (``_expression``)
+                shown = expression if len(expression) <= 120 else f"{expression[:120]}…"
+                found.append(f"{where[node.id]}{path}: {shown!r} {too_much}")
             found += _read_problems(f"{where[node.id]}{path}", read, where, ancestors[node.id], node.id, level)
     for node in graph.nodes:
         if node.kind == "map" and node.body is not None:

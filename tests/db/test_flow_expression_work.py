@@ -1,7 +1,8 @@
 """Issue #49: a flow's expressions are bounded in the work they do, not only in what they make. The issue's
 ``when`` builds two trees that share their branches and compares them: 2 ** k pairs that Python's ``==`` walked in C
-with the GIL held (k = 29: 15 s of a worker and of the embedded server's /healthz; k = 58: centuries). Bounded
-(runtime/expressions.py, MAX_WORK), the node fails naming the expression, and the run ends."""
+with the GIL held (k = 29: 15 s of a worker and of the embedded server's /healthz; k = 58: centuries). An expression
+whose shape alone takes it past the bound is refused at save naming its path; one that gets there through its data
+fails its node naming it (runtime/expressions.py, MAX_WORK), and the run ends."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from agents import services
 from agents.models import Run
 from flows.models import FlowNodeRun
-from tests.db.test_flow_runs import drain, make_flow, start
+from tests.db.test_flow_runs import client_for, drain, make_flow, start
 from tests.factories import World, make_world
 
 pytestmark = pytest.mark.django_db
@@ -36,8 +37,19 @@ def world() -> World:
     return make_world()
 
 
+def test_a_condition_whose_work_doubles_at_every_step_is_refused_at_save_naming_its_path(world: World) -> None:
+    api = client_for(world.raw_key)
+    assert api.post("/api/v1/flows", {"slug": "bomb", "name": "bomb"}, format="json").status_code == 201
+    saved = api.post("/api/v1/flows/bomb/versions", {"model": "demo/planner", "definition": switch_on(doubling(58))},
+                     format="json")
+    assert saved.status_code == 400, saved.content[:300]
+    said = saved.content.decode()
+    assert "nodes[0].cases[0].when: takes up to 2^" in said and "more than the 250000 an evaluation may take" in said
+    assert "[[@[0],@[0]],[@[1],@[1]]]" in said
+
+
 def test_a_condition_whose_data_takes_it_past_the_work_bound_fails_its_node_naming_it(world: World) -> None:
-    """Twelve doublings (4,096 times the data's size); over two lists of 600 numbers they compare 2.5 million
+    """Twelve doublings save (4,096 times the data's size); over two lists of 600 numbers they compare 2.5 million
     pairs: the switch fails naming its expression, neither branch runs, the run ends with the node's reason."""
     when = doubling(12)
     make_flow(world, switch_on(when), slug="desk")
