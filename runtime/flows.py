@@ -42,7 +42,7 @@ from typing import Annotated, Any
 from jmespath.exceptions import JMESPathError
 from pydantic import ValidationInfo, model_validator
 
-from runtime import expressions, schemas
+from runtime import expression_cost, expressions, schemas
 from runtime.approval_policy import ApproverRoles
 from runtime.documents import (
     Document,
@@ -80,6 +80,8 @@ ON_ERROR = ("fail", "continue", "route")
 _ID = r"^[a-z][a-z0-9_]{0,62}$"
 NodeId = Annotated[str, pattern(_ID, "must be a node id: lower-case letters, digits and _ (e.g. lookup_order)")]
 _TEMPLATE_FIELD = re.compile(r"\{([^{}]+)\}")
+#: The fields whose text holds ``{expression}`` fields (``BodyNode.expressions`` names them so).
+_TEMPLATES = (".prompt", ".preview")
 
 
 def _expression(value: Any) -> str:
@@ -88,9 +90,11 @@ def _expression(value: Any) -> str:
     if len(value) > MAX_EXPRESSION_CHARS:
         raise problem(f"must be at most {MAX_EXPRESSION_CHARS} characters; got {len(value)}")
     try:
-        expressions.parse(value)
+        too_much = expression_cost.work_problem(value)
     except JMESPathError as exc:
         raise problem(f"is not a JMESPath expression ({str(exc).splitlines()[0]})", value) from None
+    if too_much:
+        raise problem(too_much, value if len(value) <= 120 else f"{value[:120]}…")
     return value
 
 
@@ -555,9 +559,13 @@ def _level_problems(graph: FlowDefinition, output: str | None, level: _Level) ->
         for path, expression in node.expressions():
             try:
                 read = referenced_nodes(expression)
+                too_much = expression_cost.work_problem(expression) if path in _TEMPLATES else None
             except JMESPathError as exc:
                 found.append(f"{where[node.id]}{path}: {expression!r} is not a JMESPath expression ({str(exc).splitlines()[0]})")
                 continue
+            if too_much:  # the other fields' expressions are refused by themselves (``_expression``)
+                shown = expression if len(expression) <= 120 else f"{expression[:120]}…"
+                found.append(f"{where[node.id]}{path}: {shown!r} {too_much}")
             found += _read_problems(f"{where[node.id]}{path}", read, where, ancestors[node.id], node.id, level)
     for node in graph.nodes:
         if node.kind == "map" and node.body is not None:
@@ -703,30 +711,38 @@ def _all_finished_except_handlers(flow: FlowDefinition, state: Mapping[str, Node
     return all(state[n.id] in FINISHED for n in flow.nodes if n.id not in handlers)
 
 
-def evaluate(expression: str, scope: Mapping[str, Any]) -> Any:
+def evaluate(expression: str, scope: Mapping[str, Any], work: expressions.Work | None = None) -> Any:
     """An expression's value over ``{"input": ..., "nodes": ...}``; ``expressions.ValueTooLarge`` (a ``ValueError``)
-    when it would make a value past the bound (``runtime/expressions.py``)."""
-    return expressions.search(expression, dict(scope))
+    when it would make a value past the bound, or do more work than it (``runtime/expressions.py``). ``work``: the
+    steps it shares with the other expressions of its node."""
+    return expressions.search(expression, dict(scope), work)
 
 
 def node_arguments(node: BodyNode, scope: Mapping[str, Any]) -> dict[str, Any]:
-    """A node's arguments: its constants, then its inputs evaluated over the flow's input and earlier outputs."""
-    return {**node.values, **{name: evaluate(expr, scope) for name, expr in node.inputs.items()}}
+    """A node's arguments: its constants, then its inputs evaluated over the flow's input and earlier outputs (all of
+    them within one work bound)."""
+    work = expressions.Work()
+    return {**node.values, **{name: evaluate(expr, scope, work) for name, expr in node.inputs.items()}}
 
 
 def render(template: str, scope: Mapping[str, Any]) -> str:
-    """A prompt or preview with each ``{expression}`` replaced by its value (text as is, anything else as JSON)."""
+    """A prompt or preview with each ``{expression}`` replaced by its value (text as is, anything else as JSON); all
+    its fields within one work bound."""
+    work = expressions.Work()
+
     def value(match: re.Match[str]) -> str:
-        result = evaluate(match.group(1).strip(), scope)
+        result = evaluate(match.group(1).strip(), scope, work)
         return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
 
     return _TEMPLATE_FIELD.sub(value, template)
 
 
 def choose(node: BodyNode, scope: Mapping[str, Any]) -> list[str]:
-    """The nodes a switch chooses: the first case whose ``when`` holds, else its default."""
+    """The nodes a switch chooses: the first case whose ``when`` holds, else its default (its cases within one work
+    bound)."""
+    work = expressions.Work()
     for case in node.cases:
-        if evaluate(case.when, scope):
+        if evaluate(case.when, scope, work):
             return list(case.goto)
     return list(node.default)
 

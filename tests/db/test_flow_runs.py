@@ -299,17 +299,18 @@ def test_a_failing_node_fails_the_run_with_its_reason_unless_it_continues(world:
 
 def test_a_mapping_that_repeats_its_data_fails_its_node_instead_of_the_worker(world: World) -> None:
     """A tenant's mapping that doubles a list at every step (``[@, @][]``): unbounded, 40 steps are 3 * 2 ** 40 items
-    and the worker dies of it; bounded (runtime/expressions.py), the node fails naming the expression and the run
-    ends."""
-    grows = "|".join(["input.items"] + ["[@, @][]"] * 40)
+    and the worker dies of it (such a mapping is refused at save now: tests/db/test_flow_expression_work.py); twelve
+    steps over 100 items are 400,000 items: bounded (runtime/expressions.py), the node fails naming the expression and
+    the run ends."""
+    grows = "|".join(["input.items"] + ["[@, @][]"] * 12)
     node = {"id": "sum", "kind": "tool", "tool": "sum_order_totals", "inputs": {"order_ids": grows}}
     make_flow(world, {"nodes": [node]})
-    run_id = start(world, {"flow": "desk", "input": {"items": [ORDER, ORDER, ORDER]}}).json()["id"]
+    run_id = start(world, {"flow": "desk", "input": {"items": [ORDER] * 100}}).json()["id"]
     services.execute_run(run_id)
     run = Run.objects.get(pk=run_id)
     drain(run)
     assert run.terminal_reason == "error" and run.error.startswith("node sum failed:"), run.error
-    assert "makes more than 1000000 list items" in run.error and "[@, @][]" in run.error, run.error
+    assert "steps of work" in run.error and "[@, @][]" in run.error, run.error
     assert not ToolCallAudit.objects.filter(run_id=run_id).exists()  # the tool was never called
 
 

@@ -8,13 +8,16 @@ from typing import Any
 import pytest
 
 from runtime.documents import DocumentError, parse, problems
+from runtime.expressions import ValueTooLarge
 from runtime.flows import (
+    BodyNode,
     FlowCatalog,
     FlowDefinition,
     MapStep,
     NodeState,
     Plan,
     choose,
+    evaluate,
     node_arguments,
     plan,
     plan_map,
@@ -303,3 +306,59 @@ def test_an_approval_nodes_approver_roles_are_roles_that_may_decide(roles: Any, 
     assert _errors(doc) == problems_
     doc["nodes"][3]["approver_roles"] = ["operator", "owner"]
     assert parse(FlowDefinition, doc).node("approve").approver_roles == ["operator", "owner"]
+
+
+# -- expressions whose work grows past the bound: refused at save (issue #49) ---------------------------------
+
+
+def _doubling(k: int) -> str:
+    """Two trees of 2 ** k leaves sharing their branches, compared: 2 ** k steps of work whatever the data."""
+    return "[input.a, input.b]" + " | [[@[0],@[0]],[@[1],@[1]]]" * k + " | @[0] == @[1]"
+
+
+def _with(where: str, expression: str) -> tuple[dict[str, Any], str]:
+    """A flow that evaluates ``expression`` at ``where``, and the path its problem names."""
+    tool = {"id": "a", "kind": "tool", "tool": "t"}
+    body = {"nodes": [{"id": "b", "kind": "tool", "tool": "t"}]}
+    return {
+        "when": ({"nodes": [tool, {"id": "r", "kind": "switch", "after": ["a"], "cases": [{"when": expression,
+                  "goto": ["z"]}]}, {"id": "z", "kind": "llm", "prompt": "done"}]}, "nodes[1].cases[0].when"),
+        "inputs": ({"nodes": [{**tool, "inputs": {"x": expression}}]}, "nodes[0].inputs.x"),
+        "over": ({"nodes": [{"id": "m", "kind": "map", "over": expression, "body": body}]}, "nodes[0].over"),
+        "output": ({"nodes": [tool], "output": expression}, "output"),
+        "prompt": ({"nodes": [{"id": "s", "kind": "llm", "prompt": "Say {" + expression + "}"}]}, "nodes[0].prompt"),
+        "body output": ({"nodes": [{"id": "m", "kind": "map", "over": "input.l", "body": {**body, "output": expression}}]},
+                        "nodes[0].body.output"),
+    }[where]
+
+
+@pytest.mark.parametrize("k", [29, 58])
+@pytest.mark.parametrize("where", ["when", "inputs", "over", "output", "prompt", "body output"])
+def test_an_expression_whose_work_doubles_at_every_step_is_refused_at_save_naming_its_path(where: str, k: int) -> None:
+    definition, path = _with(where, _doubling(k))
+    errors = _errors(definition)
+    assert len(errors) == 1 and errors[0].startswith(f"{path}: "), errors
+    assert "steps of work" in errors[0] and "[[@[0],@[0]],[@[1],@[1]]]" in errors[0], errors
+
+
+@pytest.mark.parametrize("where", ["when", "inputs", "over", "output", "prompt", "body output"])
+def test_an_expression_whose_work_depends_on_its_data_still_saves(where: str) -> None:
+    """Eight doublings are 256 times the data's size: bounded when it runs (runtime/expressions.py), not at save."""
+    definition, _ = _with(where, _doubling(8))
+    assert _errors(definition) == []
+
+
+def test_a_node_s_expressions_share_one_work_bound() -> None:
+    """Each filter reads 10,000 items (some 40,000 steps, within the bound alone); ten of them in one node are past it
+    together: a node may hold any number of expressions, and each bounded alone would not bound the node."""
+    scope = {"input": {"l": list(range(10_000))}}
+    one = "input.l[?@ < `0`]"
+    assert evaluate(one, scope) == []
+    node = parse(BodyNode, {"id": "a", "kind": "tool", "tool": "t", "inputs": {f"x{i}": one for i in range(10)}})
+    with pytest.raises(ValueTooLarge, match="steps of work its node's expressions share"):
+        node_arguments(node, scope)
+    with pytest.raises(ValueTooLarge, match="steps of work its node's expressions share"):
+        render(" ".join("{" + one + "}" for _ in range(10)), scope)
+    switch = parse(BodyNode, {"id": "s", "kind": "switch", "cases": [{"when": one, "goto": ["b"]}] * 10})
+    with pytest.raises(ValueTooLarge, match="steps of work its node's expressions share"):
+        choose(switch, scope)
