@@ -136,6 +136,8 @@ def write_sealed(writes: list[Any], tenant_id: int, batch: WriteBatch | None = N
                     "latency_ms",
                     "result_size",
                     "arguments_summary",
+                    "arguments_hash",  # what was sealed is what is stored, whatever the resumed attempt saw
+                    "step",
                     "chain_seq",
                     "prev_hash",
                     "row_hash",

@@ -36,6 +36,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from jmespath.exceptions import JMESPathError
 
+from agents import attention
 from agents.engine import session_grants
 from agents.hooks import callable_tools, resolvable_tools, tool_allowed_as_read, tool_allowed_for
 from agents.lease import LeaseHeartbeat
@@ -895,6 +896,7 @@ def _record(run: Run, done: list[Done], writes: Writes, head: AuditChainHead | N
     if not events:
         writes.guard = None  # nothing to write
         return
+    events += _attention_marks(run, writes, audit, now)
     audit.commit(run.tenant_id, writes.batch, head)
     if wave is not None and head is not None:
         wave.head = (head.seq, head.hash)  # the chain's head once this commits (sealing moved it)
@@ -906,6 +908,22 @@ def _record(run: Run, done: list[Done], writes: Writes, head: AuditChainHead | N
         writes.update_run(usage=usage.to_dict())
     # the next step in the same transaction: the completions and the next nodes' start commit together or not at all
     advance(run.pk, savepoint=False, pending=events, writes=writes)
+
+
+def _attention_marks(run: Run, writes: Writes, audit: StepAudit, now: Any) -> list[Event]:
+    """A write whose outcome is unknown (a non-idempotent write found ``started`` by a retried node and not repeated,
+    a write past its timeout) marks the run for an operator in the completion's transaction, as an agent step does
+    (``agents/attention.py``): its reasons on the run's row, a ``run.needs_attention`` event each. Rare, so the locked
+    way only: a guarded commit gives way (nothing written yet), and the run's reasons are read under its lock."""
+    reasons = attention.reasons_for_writes(audit.pending, at=now)
+    if not reasons:
+        return []
+    if writes.guard is not None:
+        raise _Unguarded("a completion that marks the run for an operator")
+    existing = Run.objects.filter(pk=run.pk).values_list("attention_reasons", flat=True).first()
+    writes.update_run(needs_attention=True, attention_reasons=attention.with_reasons(existing, reasons))
+    spans = {w.started_pk: w.row.span_id for w in audit.pending if w.started_pk is not None and w.row.span_id}
+    return attention.events_for(reasons, spans=spans)
 
 
 def _attempts(run: Run, flow: FlowDefinition, node: BodyNode, row: FlowNodeRun, scope: dict[str, Any], audit: StepAudit,
@@ -1110,7 +1128,8 @@ def _start_tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str
         gateway.whitelist = flow.tool_names()  # the flow's tool nodes are its tool list
         call = ToolCall(id=call_id(run.pk, row_id), name=node.tool or "", arguments=json.dumps(inputs, default=str))
         began = time.monotonic()
-        return Started(call, gateway.start(call, ToolContext(run_id=str(run.pk), step=run.step, span_id=span)), began)
+        return Started(call, gateway.start(call, ToolContext(run_id=str(run.pk), step=run.step, span_id=span,
+                                                                   call_key=call.id)), began)
     except Exception as exc:
         return Started(ToolCall(id=call_id(run.pk, row_id), name=node.tool or "", arguments="{}"), _Raises(exc),
                        time.monotonic())
