@@ -229,16 +229,20 @@ class ToolGateway:
         if tool.category != ToolCategory.WRITE:
             return None
         window = float(_duplicate_window(tool))
+        # A write another call started (under way, or its completion lost: its outcome unknown) counts as done too;
+        # this call's own earlier attempts do not (the ledger decides about those, in _begin_write).
         earlier = (
             ToolCallAudit.objects.filter(
                 tenant_id=self.run.tenant_id,
                 session_id=self.run.session_id,
                 tool_name=tool.name,
                 arguments_hash=s.args_hash,
-                status__in=[ToolCallStatus.OK, ToolCallStatus.OUTCOME_UNKNOWN],
+                status__in=[ToolCallStatus.OK, ToolCallStatus.OUTCOME_UNKNOWN, ToolCallStatus.STARTED],
                 created_at__gte=timezone.now() - timezone.timedelta(seconds=window),
             )
             .exclude(run_id=self.run.pk, step=s.ctx.step)
+            .exclude(run_id=self.run.pk, call_id=s.ctx.call_key[:100] if s.ctx.call_key else s.call.id[:100],
+                     status=ToolCallStatus.STARTED)
             .order_by("-created_at")
             .first()
         )
@@ -246,12 +250,13 @@ class ToolGateway:
             s.stage("duplicate_guard", True)
             return None
         s.stage("duplicate_guard", False, earlier_run=str(earlier.run_id), earlier_status=earlier.status)
-        return self._fail(
-            s,
-            ToolStatus.DUPLICATE_BLOCKED,
-            f"You already did this: {tool.name} with the same arguments ran at "
-            f"{earlier.created_at:%H:%M:%S} UTC (status {earlier.status}). Do not repeat it; tell the user it was already done.",
-        )
+        when = f"{earlier.created_at:%H:%M:%S} UTC"
+        if earlier.status == ToolCallStatus.STARTED:
+            done = (f"was started at {when} and may still be running, or its outcome is unknown. Do not repeat it; "
+                    "tell the user it is under way and an operator will check it if it does not complete.")
+        else:
+            done = f"ran at {when} (status {earlier.status}). Do not repeat it; tell the user it was already done."
+        return self._fail(s, ToolStatus.DUPLICATE_BLOCKED, f"You already did this: {tool.name} with the same arguments {done}")
 
     def _rate_limit(self, s: _Call) -> ToolOutcome | None:
         """Calls per minute per tenant per tool (``Tool.rate_limit_per_minute``), see :mod:`tools.rate_limits`.

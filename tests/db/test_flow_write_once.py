@@ -80,7 +80,7 @@ def _retry_after_the_lease_expired(run_id: str, node_id: str) -> None:
     """The sweeper's re-enqueue: the node's lease has expired, advance starts it again (a new token), its task runs."""
     FlowNodeRun.objects.filter(run_id=run_id, node_id=node_id).update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
     services.execute_run(run_id)
-    [(started, token)] = in_flight(Run.objects.get(pk=run_id))
+    [(started, token)] = [(n, t) for n, t in in_flight(Run.objects.get(pk=run_id)) if "[" in n or "[" not in node_id]
     assert started == node_id
     execute_node(run_id, node_id, token)
 
@@ -128,3 +128,48 @@ def test_an_idempotent_flow_write_retried_after_a_lost_completion_keeps_its_ledg
     assert row.status == "ok" and row.idempotency_key == key  # the target sees the same Idempotency-Key again
     assert run.terminal_reason == "final_answer" and not run.needs_attention
     assert verify_tenant(world.tenant.pk)[1] is None
+
+
+def test_a_map_item_s_write_is_keyed_by_its_index_and_not_repeated_when_the_item_is_retried(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each item's call is its own (``each[<index>].refund``): item 0's lost completion leaves its row ``started``, item 1
+    writes its own; item 0, started again, finds its own row, not item 1's, and does not write again."""
+    other = "O202411280002"
+    body = {"nodes": [{"id": "refund", "kind": "tool", "tool": "flowonce_refund", "inputs": {"order_id": "item"}}],
+            "output": "nodes.refund"}
+    make_flow(world, {"nodes": [{"id": "each", "kind": "map", "over": "input.orders", "body": body}],
+                      "output": "nodes.each"}, slug="refunds")
+    run_id = start(world, {"flow": "refunds", "input": {"orders": [ORDER, other]}}).json()["id"]
+    services.execute_run(run_id)
+    running = {n: t for n, t in in_flight(Run.objects.get(pk=run_id)) if "[" in n}  # the map's items' nodes
+    assert set(running) == {"each[0].refund", "each[1].refund"}
+    _lose_the_first_completion(monkeypatch)
+    with pytest.raises(WorkerDied):
+        execute_node(run_id, "each[0].refund", running["each[0].refund"])
+    execute_node(run_id, "each[1].refund", running["each[1].refund"])
+    _retry_after_the_lease_expired(run_id, "each[0].refund")
+    assert (CALLS[ORDER], CALLS[other]) == (1, 1), CALLS
+    rows = {r.call_id: r.status for r in ToolCallAudit.objects.filter(run_id=run_id)}
+    assert rows == {call_id(run_id, "each[0].refund"): "outcome_unknown", call_id(run_id, "each[1].refund"): "ok"}
+    run = Run.objects.get(pk=run_id)
+    assert run.needs_attention and [r["call_id"] for r in run.attention_reasons] == [call_id(run_id, "each[0].refund")]
+
+
+def test_a_write_another_run_of_the_session_started_and_never_completed_blocks_the_same_write(world: World) -> None:
+    """The duplicate guard counts a ``started`` row of another call (under way, or its outcome unknown) as done."""
+    make_flow(world, {"nodes": [{"id": "refund", "kind": "tool", "tool": "flowonce_refund",
+                                 "inputs": {"order_id": "input.order_id"}}]}, slug="refund")
+    first = start(world, {"flow": "refund", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(first)
+    [(node_id, token)] = in_flight(Run.objects.get(pk=first))
+    execute_node(first, node_id, token)
+    row = ToolCallAudit.objects.get(run_id=first)
+    ToolCallAudit.objects.filter(pk=row.pk).update(status="started")  # as a completion that was lost leaves it
+    second = Run.objects.get(pk=start(world, {"flow": "refund", "input": {"order_id": ORDER}}).json()["id"])
+    Run.objects.filter(pk=second.pk).update(session=Run.objects.get(pk=first).session)  # the same conversation
+    services.execute_run(str(second.pk))
+    [(node_id, token)] = in_flight(Run.objects.get(pk=second.pk))
+    execute_node(str(second.pk), node_id, token)
+    assert CALLS[ORDER] == 1, "the same write was sent again while the first one's outcome is unknown"
+    blocked = ToolCallAudit.objects.get(run_id=second.pk)
+    assert blocked.status == "duplicate_blocked" and "outcome is unknown" in blocked.error
