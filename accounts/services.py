@@ -139,7 +139,9 @@ def _keep_an_owner(tenant: Tenant, leaving: Membership) -> None:
     """Refuse to let the tenant's last owner go. The tenant's row is locked first, so two owners demoting or removing
     each other at the same moment are taken one after the other: each counts the owners after the other committed
     (locking only the leaving membership let both see the other still an owner, and both leave)."""
-    Tenant.objects.select_for_update().filter(pk=tenant.pk).values_list("pk", flat=True).first()
+    # NO KEY UPDATE (audit/chain.py's lock order): as exclusive between two of these, and no wait for the runs'
+    # commits, whose new rows' foreign keys to the tenant are checked with a KEY SHARE lock
+    Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk", flat=True).first()
     others = Membership.objects.filter(tenant=tenant, role=Role.OWNER).exclude(pk=leaving.pk)
     if not others.exists():
         raise Conflict(f"{leaving.user.get_username()} is the last owner of {tenant.slug}; make someone else an owner "

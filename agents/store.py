@@ -11,6 +11,11 @@ left it (lease, step, event and message counters, chain head), so the events' nu
 here from what the store remembers are right, or nothing is written and the step takes the locked way (BEGIN, lock
 and read, write, COMMIT), which sees what another writer changed. The first step of a worker's hold, the last step
 of a run and a step that marks the run for an operator take the locked way.
+
+Locks follow ``audit/chain.py``'s one order (the run's row, the tenant's, the chain head): a step locks its run's row
+and the chain head, never the tenant's row; its rows' foreign keys to the tenant are checked at commit with a KEY
+SHARE lock, which a flow's ``FOR NO KEY UPDATE`` of the tenant does not block. A step whose commit loses a deadlock
+or a serialization failure anyway is committed again (``config/conflicts.py``), not turned into a failed run.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from audit.unit_of_work import StepAudit
 from config import live
 from config.batch import WriteBatch
 from config.compiled import CompiledRead, json_column, new_instance
+from config.conflicts import retried
 from runtime.protocols import Checkpoint, StepAck, StepRecord
 from runtime.types import Event, Phase, Usage
 
@@ -202,7 +208,20 @@ class DjangoRunStore:
     def commit_step(self, run_id: str, record: StepRecord) -> StepAck:
         """The step's writes in one transaction: in ONE statement when this store committed the run's previous step
         and the step neither ends the run nor marks it for attention (:meth:`_commit_guarded`); else the run's row
-        (and chain head) locked and read first, then the writes (:meth:`_commit_locked`)."""
+        (and chain head) locked and read first, then the writes (:meth:`_commit_locked`). A commit that lost a
+        deadlock or serialization failure wrote nothing: it is made again, the locked way (``config/conflicts.py``)."""
+        writes, tries = self.audit.pending, []
+
+        def commit() -> StepAck:
+            if tries:  # the last try was rolled back: its audit rows are sealed again, after the head as it is now
+                self.audit.restore(writes)
+                self._known, self._lease_written = None, None
+            tries.append(1)
+            return self._commit(record)
+
+        return retried(commit, what=f"run {run_id}'s step {record.step}")
+
+    def _commit(self, record: StepRecord) -> StepAck:
         now = timezone.now()
         if self._may_guard(record):
             ack = self._commit_guarded(record, now)

@@ -92,7 +92,8 @@ def choose_route(run: Run, policy: SupervisorPolicy, text: str) -> tuple[Route, 
 def _append(run: Run, events: list[Event], **changes: Any) -> None:
     """Commit ``events`` to the run's trace (and ``changes`` to its row) in one transaction, then publish them."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().select_related("tenant").get(pk=run.pk)
+        # the run's row only (audit/chain.py's lock order): its tenant is read, not locked
+        locked = Run.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=run.pk)
         rows = event_rows(locked, locked.last_seq + 1, locked.step, events)
         RunEvent.objects.bulk_create(rows)
         changes["last_seq"] = locked.last_seq + len(rows)

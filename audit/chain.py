@@ -8,6 +8,14 @@ neither edit a row and recompute its hash nor forge a new chain. Deleting the ne
 head is caught against an exported record of the heads (``export_heads`` / ``check_against``), kept where
 the database's writers cannot reach.
 
+Lock order, everywhere (issue #50): a run's row, then its tenant's row, then the tenant's audit chain head (a
+session's row after those). The tenant's row is locked ``FOR NO KEY UPDATE``, never ``FOR UPDATE``: that lock still
+excludes another of its kind (a flow's tenant-wide node bound is decided under it), but it does not conflict with the
+``FOR KEY SHARE`` that PostgreSQL's foreign-key check of a new row referencing the tenant takes, at commit (Django's
+constraints are deferred). A step holding the chain head checks its audit rows' keys to the tenant when it commits; a
+``FOR UPDATE`` on the tenant taken before the head made the two wait for each other. A deadlock or serialization
+failure left anyway is retried by the step or completion that lost it (``config/conflicts.py``).
+
 A tool-call row's digest covers ``HASHED_FIELDS`` and its time, and, when the row has any,
 ``attempt_call_ids`` (every id the model gave the call; a crash-resumed write has two or more). Rows
 written before that field existed hold an empty list and are hashed exactly as they were (the key is
@@ -136,6 +144,8 @@ def write_sealed(writes: list[Any], tenant_id: int, batch: WriteBatch | None = N
                     "latency_ms",
                     "result_size",
                     "arguments_summary",
+                    "arguments_hash",  # what was sealed is what is stored, whatever the resumed attempt saw
+                    "step",
                     "chain_seq",
                     "prev_hash",
                     "row_hash",

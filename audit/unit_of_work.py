@@ -40,6 +40,12 @@ class StepAudit:
         self._writes = []
         return count
 
+    def restore(self, writes: tuple[Any, ...]) -> None:
+        """The writes of a commit that was rolled back (it lost a deadlock), to be sealed and written again: new rows
+        forget the primary key their rolled-back insert may have given them."""
+        self._writes = list(writes)
+        forget_keys(self._writes)
+
     def discard(self) -> None:
         """The step was not committed: its rows are dropped with it."""
         self._writes = []
@@ -52,3 +58,10 @@ class StepAudit:
 
     def __getitem__(self, index: int) -> Any:
         return self._writes[index]
+
+
+def forget_keys(writes: Any) -> None:
+    """New rows among ``writes`` (not a ``started`` row's completion) as before their rolled-back insert."""
+    for write in writes:
+        if write.started_pk is None:
+            write.row.pk = None

@@ -16,6 +16,9 @@ The body is the API's error shape plus a machine-readable part::
 A database that is up but whose connection pool is exhausted (every pooled connection lent out for longer than
 ``DB_POOL_TIMEOUT``, or ``DB_POOL_MAX_WAITING`` requests already queued: the server is past its capacity) is the same
 503 for ``database``, with a message saying so and a shorter ``Retry-After``.
+A request that lost a deadlock or a serialization failure to a concurrent one (the database is up; nothing of the
+request was written) is a 503 too, with code ``conflict_retry``, no ``dependency`` and a message that says so, never
+that the database is down (``config/conflicts.py``).
 Pages that are not the API get a short HTML page with the same status and header.
 
 Exceptions are matched by their classes' module and name (through ``raise ... from`` causes), so neither redis nor
@@ -30,6 +33,8 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 from django.utils.html import escape
+
+from config.conflicts import is_conflict
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,9 @@ DATABASE_SLOW = "database_slow"
 #: Not a dependency either: this server process already has MAX_CONCURRENT_REQUESTS requests in progress
 #: (config/admission.py refuses the next one before Django sees it).
 SERVER_BUSY = "server_busy"
+#: Not an outage: the database rolled this request's transaction back in favour of a concurrent one (a deadlock, a
+#: serialization failure); the same request again normally succeeds.
+DATABASE_CONFLICT = "database_conflict"
 
 _KNOWN: dict[tuple[str, str], str] = {
     ("django.db.utils", "OperationalError"): DATABASE,
@@ -75,13 +83,18 @@ _MESSAGES = {
     SERVER_BUSY: "The server is at capacity: too many requests in progress. Retry shortly.",
     DATABASE_SLOW: "The database is busy: this request waited too long for a statement or a lock (other work holds "
                    "what it needs). Retry shortly.",
+    DATABASE_CONFLICT: "The request was rolled back in a conflict with concurrent work (a deadlock or serialization "
+                       "failure); nothing of it was saved. Retry it, with the same Idempotency-Key.",
 }
 
 
 def dependency_down(exc: BaseException | None) -> str | None:
     """``"database"`` or ``"redis"`` when ``exc`` (or an exception it was raised from) says that one is unreachable;
     ``"database_busy"`` when the database's connection pool had no connection free in time (Django wraps the pool's
-    error in its own OperationalError, so the whole chain of causes is read and the pool's verdict wins)."""
+    error in its own OperationalError, so the whole chain of causes is read and the pool's verdict wins);
+    ``"database_conflict"`` when it lost a deadlock or serialization failure (the database is up)."""
+    if is_conflict(exc):
+        return DATABASE_CONFLICT
     first = None
     for _ in range(8):  # a short chain of explicit causes; never loop on a cycle
         if exc is None:
@@ -97,17 +110,20 @@ def dependency_down(exc: BaseException | None) -> str | None:
     return first
 
 
-_NAMED = {DATABASE_BUSY: DATABASE, DATABASE_SLOW: DATABASE, SERVER_BUSY: "server"}
+_NAMED: dict[str, str | None] = {DATABASE_BUSY: DATABASE, DATABASE_SLOW: DATABASE, SERVER_BUSY: "server",
+                                  DATABASE_CONFLICT: None}
 
 
 def body(dependency: str) -> dict[str, Any]:
     message = _MESSAGES[dependency]
-    return {"detail": message, "error": {"code": "dependency_unavailable", "message": message, "field": None,
+    code = "conflict_retry" if dependency == DATABASE_CONFLICT else "dependency_unavailable"
+    return {"detail": message, "error": {"code": code, "message": message, "field": None,
                                          "dependency": _NAMED.get(dependency, dependency)}}
 
 
 def headers(dependency: str | None = None) -> dict[str, str]:
-    wait = BUSY_RETRY_AFTER_SECONDS if dependency in (DATABASE_BUSY, DATABASE_SLOW, SERVER_BUSY) else RETRY_AFTER_SECONDS
+    quick = (DATABASE_BUSY, DATABASE_SLOW, SERVER_BUSY, DATABASE_CONFLICT)
+    wait = BUSY_RETRY_AFTER_SECONDS if dependency in quick else RETRY_AFTER_SECONDS
     return {"Retry-After": str(wait), "Cache-Control": "no-store"}
 
 

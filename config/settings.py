@@ -397,6 +397,9 @@ RUN_LEASE_SECONDS = env_int("RUN_LEASE_SECONDS", 120, minimum=5)
 #: a running node's lease outlives its timeout_seconds by FLOW_NODE_LEASE_GRACE_SECONDS before it counts as dead.
 FLOW_TENANT_MAX_NODES = env_int("FLOW_TENANT_MAX_NODES", 8, minimum=1)
 FLOW_NODE_LEASE_GRACE_SECONDS = env_int("FLOW_NODE_LEASE_GRACE_SECONDS", 30, minimum=1)
+#: A step commit, flow completion or flow decision that lost a deadlock or serialization failure is run again at most
+#: this many times (config/conflicts.py) before the error counts.
+DB_CONFLICT_RETRIES = env_int("DB_CONFLICT_RETRIES", 5, minimum=0)
 #: Runs longer than this in input are refused at the API.
 RUN_INPUT_MAX_CHARS = env_int("RUN_INPUT_MAX_CHARS", 20_000, minimum=100)
 

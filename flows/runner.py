@@ -16,7 +16,13 @@ Durability: a node task heartbeats its node's lease and the run's lease expiry. 
 ``running`` row whose lease expires: the next :func:`advance` (another node's completion, or the sweeper re-enqueuing
 the run) starts it again with a new token (``attempt`` + 1); a late duplicate of the old task finds its token gone
 and does nothing. A ``done`` node is never started again. A tool node's call id is ``flow:<run>:<node>`` on every
-attempt, so the gateway's exactly-once guard for write tools sees a restarted write as the same call.
+attempt (``ToolContext.call_key``), so the gateway's exactly-once guard for write tools finds a restarted write's
+``started`` row whatever the run's step is by then: a non-idempotent write is not sent again, its outcome is
+unknown and the completion marks the run for an operator (``agents/attention.py``).
+
+Locks: the run's row, its tenant's (``FOR NO KEY UPDATE``), the tenant's audit chain head, in that order (the one
+order of ``audit/chain.py``). A completion or decision that loses a deadlock or serialization failure anyway is
+made again (``config/conflicts.py``): the nodes' work is kept, never turned into a failed run.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from jmespath.exceptions import JMESPathError
 
+from agents import attention
 from agents.engine import session_grants
 from agents.hooks import callable_tools, resolvable_tools, tool_allowed_as_read, tool_allowed_for
 from agents.lease import LeaseHeartbeat
@@ -45,9 +52,10 @@ from agents.store import event_rows, guard_sql, publish_after_commit, run_summar
 from approvals.gate import ApprovalGate
 from audit.masking import mask_text, mask_value
 from audit.models import AuditChainHead
-from audit.unit_of_work import StepAudit
+from audit.unit_of_work import StepAudit, forget_keys
 from config.batch import WriteBatch, one_statement
 from config.compiled import CompiledRead
+from config.conflicts import is_conflict, retried
 from flows.models import FlowNodeRun, NodeStatus
 from runtime.flows import (
     MAP_MAX_ITEMS,
@@ -254,8 +262,9 @@ _node_rows = CompiledRead(lambda run_id: FlowNodeRun.objects.filter(run_id=run_i
 _node_with_run = CompiledRead(lambda run_id, node_id: FlowNodeRun.objects.select_related(
     "run__tenant", "run__agent", "run__version", "run__session").filter(run_id=run_id, node_id=node_id))
 _flow_run = CompiledRead(lambda run_id: Run.objects.select_related("tenant", "agent", "version", "session").filter(pk=run_id))
-_locked_flow_run = CompiledRead(
-    lambda run_id: Run.objects.select_for_update().select_related("tenant", "agent", "version", "session").filter(pk=run_id))
+_locked_flow_run = CompiledRead(  # the run's row and its tenant's, as _lock_sql takes them (not the agent's, ...)
+    lambda run_id: Run.objects.select_for_update(of=("self", "tenant"), no_key=True).select_related(
+        "tenant", "agent", "version", "session").filter(pk=run_id))
 _named_tools = CompiledRead(lambda tenant_id, names: callable_tools(tenant_id).filter(name__in=names))
 
 
@@ -355,7 +364,11 @@ def _lock_sql(with_head: bool) -> str:
     sql += (f' FROM "{run.db_table}" r JOIN "{tenant.db_table}" t ON t."{tenant.pk.column}" = r."{tenant_col}"')
     if with_head:
         sql += f' JOIN "{head.db_table}" h ON h."{head.pk.column}" = r."{tenant_col}"'
-    return sql + f' WHERE r."{run.pk.column}" = %s FOR UPDATE OF r, t' + (", h" if with_head else "")
+    # The lock order of audit/chain.py: run, tenant, chain head (locked in that order, the order of the join).
+    # NO KEY UPDATE: exclusive against another flow's lock of the same rows, yet no wait for (nor of) the KEY SHARE
+    # lock a foreign-key check of a row that references them takes; an agent step holding the chain head checks its
+    # audit rows' keys to the tenant at commit: FOR UPDATE here made the two wait for each other (deadlock detected).
+    return sql + f' WHERE r."{run.pk.column}" = %s FOR NO KEY UPDATE OF r, t' + (", h" if with_head else "")
 
 
 _LOCK_SQL = {True: _lock_sql(True), False: _lock_sql(False)}
@@ -441,7 +454,7 @@ def run_flow(run: Run, token: str) -> bool:
     outer = getattr(_ended, "runs", None)  # a flow run in this thread's flow run (eager tasks): each watches its own
     _ended.runs = set()
     try:
-        advance(run.pk)
+        retried(lambda: advance(run.pk), what=f"flow run {run.pk}'s next step")
         return str(run.pk) in _ended.runs
     finally:
         _ended.runs = outer
@@ -811,14 +824,31 @@ def _complete(run: Run, done: list[Done], last: Writes | None = None, wave: Wave
                 wave.contended, wave.head = True, None
             else:  # nothing was sent: the head is as it was
                 wave.head = head
-    with transaction.atomic():
-        now = timezone.now()
-        found, head = _lock(run, with_head=any(len(d.audit) for d in done))
-        if not found:
-            return
-        reuse = last is not None and run.last_seq == last.left_seq and not _tasks_running(run, last.rows)
-        writes = Writes(run, last.rows if reuse and last is not None else _rows(run.pk))
-        _record(run, done, writes, head, now, wave)
+        except Exception as exc:  # it lost a deadlock (nothing written): the locked way, as for another writer
+            if not is_conflict(exc):
+                raise
+            last, wave.contended, wave.head = None, True, None
+    tries: list[int] = []
+
+    def commit() -> None:
+        nonlocal last
+        if tries:  # the last try was rolled back: the rows and the head it had in memory are not the database's
+            last = None
+            for d in done:
+                forget_keys(d.audit)
+            if wave is not None:
+                wave.contended, wave.head = True, None
+        tries.append(1)
+        with transaction.atomic():
+            now = timezone.now()
+            found, head = _lock(run, with_head=any(len(d.audit) for d in done))
+            if not found:
+                return
+            reuse = last is not None and run.last_seq == last.left_seq and not _tasks_running(run, last.rows)
+            writes = Writes(run, last.rows if reuse and last is not None else _rows(run.pk))
+            _record(run, done, writes, head, now, wave)
+
+    retried(commit, what=f"flow run {run.pk}'s completion of {', '.join(d.node_id for d in done)}")
 
 
 def _tasks_running(run: Run, rows: dict[str, FlowNodeRun]) -> bool:
@@ -895,6 +925,7 @@ def _record(run: Run, done: list[Done], writes: Writes, head: AuditChainHead | N
     if not events:
         writes.guard = None  # nothing to write
         return
+    events += _attention_marks(run, writes, audit, now)
     audit.commit(run.tenant_id, writes.batch, head)
     if wave is not None and head is not None:
         wave.head = (head.seq, head.hash)  # the chain's head once this commits (sealing moved it)
@@ -906,6 +937,22 @@ def _record(run: Run, done: list[Done], writes: Writes, head: AuditChainHead | N
         writes.update_run(usage=usage.to_dict())
     # the next step in the same transaction: the completions and the next nodes' start commit together or not at all
     advance(run.pk, savepoint=False, pending=events, writes=writes)
+
+
+def _attention_marks(run: Run, writes: Writes, audit: StepAudit, now: Any) -> list[Event]:
+    """A write whose outcome is unknown (a non-idempotent write found ``started`` by a retried node and not repeated,
+    a write past its timeout) marks the run for an operator in the completion's transaction, as an agent step does
+    (``agents/attention.py``): its reasons on the run's row, a ``run.needs_attention`` event each. Rare, so the locked
+    way only: a guarded commit gives way (nothing written yet), and the run's reasons are read under its lock."""
+    reasons = attention.reasons_for_writes(audit.pending, at=now)
+    if not reasons:
+        return []
+    if writes.guard is not None:
+        raise _Unguarded("a completion that marks the run for an operator")
+    existing = Run.objects.filter(pk=run.pk).values_list("attention_reasons", flat=True).first()
+    writes.update_run(needs_attention=True, attention_reasons=attention.with_reasons(existing, reasons))
+    spans = {w.started_pk: w.row.span_id for w in audit.pending if w.started_pk is not None and w.row.span_id}
+    return attention.events_for(reasons, spans=spans)
 
 
 def _attempts(run: Run, flow: FlowDefinition, node: BodyNode, row: FlowNodeRun, scope: dict[str, Any], audit: StepAudit,
@@ -1110,7 +1157,8 @@ def _start_tool(run: Run, flow: FlowDefinition, node: BodyNode, inputs: dict[str
         gateway.whitelist = flow.tool_names()  # the flow's tool nodes are its tool list
         call = ToolCall(id=call_id(run.pk, row_id), name=node.tool or "", arguments=json.dumps(inputs, default=str))
         began = time.monotonic()
-        return Started(call, gateway.start(call, ToolContext(run_id=str(run.pk), step=run.step, span_id=span)), began)
+        return Started(call, gateway.start(call, ToolContext(run_id=str(run.pk), step=run.step, span_id=span,
+                                                                   call_key=call.id)), began)
     except Exception as exc:
         return Started(ToolCall(id=call_id(run.pk, row_id), name=node.tool or "", arguments="{}"), _Raises(exc),
                        time.monotonic())

@@ -175,6 +175,11 @@ class ToolContext:
     run_id: str
     step: int
     span_id: str
+    #: The call's identity on every attempt when the caller has one that the run's step counter is not: a flow node's
+    #: call id (``fl:<run>:<node>``, a map item's index in its node id), whose run moves on between the node's
+    #: attempts. The write ledger finds an earlier attempt by it and the idempotency key derives from it. Empty: the
+    #: step is the identity (an agent step is run again under its number until it commits).
+    call_key: str = ""
 
 
 @dataclass

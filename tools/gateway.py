@@ -6,10 +6,13 @@ Each stage leaves an entry in the trace and each call exactly one audit row. Wha
 wrong becomes a ToolOutcome the model can read, never an exception into the loop.
 
 Side-effecting (``write``) calls are exactly-once: before one runs, its audit row is committed
-as ``started`` with an idempotency key (run, step, call). If the worker dies before the step
-commits, the resumed step finds that row: an idempotent tool runs again with the same key (an
-HTTP target dedupes on ``Idempotency-Key``); a non-idempotent one is not re-run and is reported
-as ``outcome_unknown`` to the model and the operator.
+as ``started`` with an idempotency key derived from the call's identity. That identity is the
+caller's stable key when it has one (``ToolContext.call_key``: a flow node's call id, the same on
+every attempt while the run's step counter moves on), else the run's step and the call (an agent
+step is re-run under its number until it commits). If the worker dies before the completion
+commits, the next attempt finds that row by the identity: an idempotent tool runs again with the
+same key (an HTTP target dedupes on ``Idempotency-Key``); a non-idempotent one is not re-run and
+is reported as ``outcome_unknown`` to the model and the operator (the run is marked for attention).
 """
 
 from __future__ import annotations
@@ -226,16 +229,20 @@ class ToolGateway:
         if tool.category != ToolCategory.WRITE:
             return None
         window = float(_duplicate_window(tool))
+        # A write another call started (under way, or its completion lost: its outcome unknown) counts as done too;
+        # this call's own earlier attempts do not (the ledger decides about those, in _begin_write).
         earlier = (
             ToolCallAudit.objects.filter(
                 tenant_id=self.run.tenant_id,
                 session_id=self.run.session_id,
                 tool_name=tool.name,
                 arguments_hash=s.args_hash,
-                status__in=[ToolCallStatus.OK, ToolCallStatus.OUTCOME_UNKNOWN],
+                status__in=[ToolCallStatus.OK, ToolCallStatus.OUTCOME_UNKNOWN, ToolCallStatus.STARTED],
                 created_at__gte=timezone.now() - timezone.timedelta(seconds=window),
             )
             .exclude(run_id=self.run.pk, step=s.ctx.step)
+            .exclude(run_id=self.run.pk, call_id=s.ctx.call_key[:100] if s.ctx.call_key else s.call.id[:100],
+                     status=ToolCallStatus.STARTED)
             .order_by("-created_at")
             .first()
         )
@@ -243,12 +250,13 @@ class ToolGateway:
             s.stage("duplicate_guard", True)
             return None
         s.stage("duplicate_guard", False, earlier_run=str(earlier.run_id), earlier_status=earlier.status)
-        return self._fail(
-            s,
-            ToolStatus.DUPLICATE_BLOCKED,
-            f"You already did this: {tool.name} with the same arguments ran at "
-            f"{earlier.created_at:%H:%M:%S} UTC (status {earlier.status}). Do not repeat it; tell the user it was already done.",
-        )
+        when = f"{earlier.created_at:%H:%M:%S} UTC"
+        if earlier.status == ToolCallStatus.STARTED:
+            done = (f"was started at {when} and may still be running, or its outcome is unknown. Do not repeat it; "
+                    "tell the user it is under way and an operator will check it if it does not complete.")
+        else:
+            done = f"ran at {when} (status {earlier.status}). Do not repeat it; tell the user it was already done."
+        return self._fail(s, ToolStatus.DUPLICATE_BLOCKED, f"You already did this: {tool.name} with the same arguments {done}")
 
     def _rate_limit(self, s: _Call) -> ToolOutcome | None:
         """Calls per minute per tenant per tool (``Tool.rate_limit_per_minute``), see :mod:`tools.rate_limits`.
@@ -284,10 +292,7 @@ class ToolGateway:
 
     def _admitted_before(self, s: _Call, tool: Tool) -> str:
         """Why this call was already counted against its tool's limit; empty when it was not."""
-        same_call = Q(call_id=s.call.id[:100]) | Q(tool_name=tool.name, arguments_hash=s.args_hash)
-        if tool.category == ToolCategory.WRITE and ToolCallAudit.objects.filter(
-            same_call, run_id=self.run.pk, step=s.ctx.step, status=ToolCallStatus.STARTED
-        ).exists():
+        if tool.category == ToolCategory.WRITE and self._earlier_attempts(s, tool).exists():
             return "the resumed attempt of a write cut off by a crash"
         if self.approvals is not None and self.approvals.requested(
             call_id=s.call.id[:100], tool_name=tool.name, args_hash=s.args_hash, step=s.ctx.step
@@ -370,15 +375,27 @@ class ToolGateway:
         s.stage("shape", True, truncated=shaped.truncated, original_size=shaped.original_size, missing_fields=shaped.missing_fields)
         return ToolOutcome(s.call.id, ToolStatus.OK, shaped.content, trace=s.trace)
 
+    def _earlier_attempts(self, s: _Call, tool: Tool) -> Any:
+        """The ``started`` rows an earlier attempt of this same call left (its completion was lost). By the caller's
+        stable key when it has one (a flow node's call: the run's step has moved on since), never by the step then;
+        else within this step, by the call's id or, as a resumed step asks the model again and it names the call
+        anew, by the same tool and arguments."""
+        rows = ToolCallAudit.objects.filter(run_id=self.run.pk, status=ToolCallStatus.STARTED)
+        if s.ctx.call_key:
+            return rows.filter(call_id=s.ctx.call_key[:100])
+        return rows.filter(Q(call_id=s.call.id[:100]) | Q(tool_name=tool.name, arguments_hash=s.args_hash), step=s.ctx.step)
+
+    def _idempotency_key(self, s: _Call) -> str:
+        """The key the target dedupes on, from the call's identity: the same on every attempt of the call."""
+        if s.ctx.call_key:
+            return f"{self.run.pk}:{s.ctx.call_key}"
+        return f"{self.run.pk}:{s.ctx.step}:{s.call.id}"
+
     def _begin_write(self, s: _Call) -> ToolOutcome | None:
-        """Commit the intent before a side effect; on a replayed step, reuse or refuse it."""
+        """Commit the intent before a side effect; on a replayed attempt, reuse or refuse it."""
         tool = s.tool
         assert tool is not None
-        previous = (
-            ToolCallAudit.objects.filter(run_id=self.run.pk, step=s.ctx.step, status=ToolCallStatus.STARTED)
-            .filter(Q(call_id=s.call.id) | Q(tool_name=tool.name, arguments_hash=s.args_hash))
-            .first()
-        )
+        previous = self._earlier_attempts(s, tool).order_by("pk").first()
         if previous is not None:
             s.started_row = previous
             s.idempotency_key = previous.idempotency_key
@@ -393,7 +410,7 @@ class ToolGateway:
                 )
             s.stage("execute", True, replay=True, idempotency_key=previous.idempotency_key)
             return None
-        s.idempotency_key = f"{self.run.pk}:{s.ctx.step}:{s.call.id}"
+        s.idempotency_key = self._idempotency_key(s)
         s.started_row = self._row(s, ToolCallStatus.STARTED, error="", latency_ms=0, result_size=0)
         s.started_row.idempotency_key = s.idempotency_key
         s.started_row.save()  # autocommit: durable before the side effect
@@ -437,6 +454,7 @@ class ToolGateway:
         row = self._row(s, outcome.status.value, error=error, latency_ms=latency_ms, result_size=len(outcome.content.encode()))
         if s.started_row is not None:
             row.created_at = s.started_row.created_at  # completing the started row keeps its time
+            row.step = s.started_row.step  # and its step (a flow node's retry runs at a later one): the row as sealed
             row.attempt_call_ids = attempt_ids(s.started_row, s.call.id)
         self.audit.add(AuditWrite(row, started_pk=s.started_row.pk if s.started_row is not None else None))
         tool = s.tool
