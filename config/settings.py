@@ -383,9 +383,15 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("AGENTOPS_QUEUE", "agentops")
 # --- Runs ---------------------------------------------------------------------------------
 #: How long a worker's lease on a run lasts without a step commit before another may take it.
 RUN_LEASE_SECONDS = env_int("RUN_LEASE_SECONDS", 120, minimum=5)
-#: Flows (flows/runner.py): at most this many nodes of one tenant's flow runs run at once (the rest wait, queued);
-#: a running node's lease outlives its timeout_seconds by FLOW_NODE_LEASE_GRACE_SECONDS before it counts as dead.
-FLOW_TENANT_MAX_NODES = env_int("FLOW_TENANT_MAX_NODES", 8, minimum=1)
+#: A tenant's bound on running work (agents/capacity.py): at most this many of its agent runs being executed and flow
+#: nodes running at once, unless the tenant's own max_running says otherwise. Below a worker's 4 slots (Makefile), so
+#: one tenant alone never fills a worker. Over it, a run's task is parked: back on the queue in TENANT_PARK_SECONDS.
+if os.environ.get("FLOW_TENANT_MAX_NODES") is not None:
+    raise ImproperlyConfigured("FLOW_TENANT_MAX_NODES is replaced by TENANT_MAX_RUNNING (agent runs and flow nodes).")
+TENANT_MAX_RUNNING = env_int("TENANT_MAX_RUNNING", 3, minimum=1)
+TENANT_PARK_SECONDS = env_float("TENANT_PARK_SECONDS", 0.5, minimum=0.05)
+#: Flows (flows/runner.py): a running node's lease outlives its timeout_seconds by FLOW_NODE_LEASE_GRACE_SECONDS
+#: before it counts as dead.
 FLOW_NODE_LEASE_GRACE_SECONDS = env_int("FLOW_NODE_LEASE_GRACE_SECONDS", 30, minimum=1)
 #: Runs longer than this in input are refused at the API.
 RUN_INPUT_MAX_CHARS = env_int("RUN_INPUT_MAX_CHARS", 20_000, minimum=100)
