@@ -10,13 +10,16 @@ transactions serialize writers), the lock the flow runner decides its node start
 counts the tenant's runs here too), so two workers never both take the tenant's last place.
 
 A run over its tenant's bound is parked, not failed: its task ends at once and puts it back on the queue in
-``TENANT_PARK_SECONDS``; the run stays as it was (queued, or running with a dead lease) and its row is marked so the
-sweeper leaves it to those retries as long as they come (``agents/sweeper.py`` takes it back when they stop).
+``TENANT_PARK_SECONDS``, doubling each time it is parked again up to ``TENANT_PARK_MAX_SECONDS`` (a tenant with many
+runs parked still looks for a free place often, one of them every max / parked seconds, and its looks do not take the
+worker slots other tenants' runs need: at 0.5 s flat they did, bench/fairness.py). The run stays as it was (queued, or
+running with a dead lease) and its row is marked so the sweeper leaves it to those retries as long as they come
+(``agents/sweeper.py`` takes it back when they stop).
 
 The order this gives: the queue is first come, first served; a parked task frees its worker slot at once and goes to
 the back of the queue, so the other tenants' tasks behind it are not held up, and a saturating tenant holds at most its
-bound of a worker's slots. Within a tenant, a parked run retries every ``TENANT_PARK_SECONDS`` and takes the first
-place free when it looks (not strictly in arrival order).
+bound of a worker's slots. Within a tenant a parked run takes the first place free when it looks, not strictly in
+arrival order.
 
 Nested work runs in its parent's place and is not admitted again: a sub-agent's child run (``agents/child_runs.py``)
 and a flow's agent node's child run (``execute_run(..., in_place=True)``). They still count while they run, so a tenant

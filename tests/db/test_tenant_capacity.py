@@ -146,6 +146,10 @@ def test_a_place_is_counted_from_live_leases_so_a_dead_worker_s_frees_when_its_l
     with django_capture_on_commit_callbacks(execute=True):
         services.execute_run(waiting)
     assert Run.objects.get(pk=waiting).status == RunStatus.QUEUED and requeued == [(waiting, settings.TENANT_PARK_SECONDS)]
+    with django_capture_on_commit_callbacks(execute=True):
+        services.execute_run(waiting, parked=1)  # parked again: it comes back later each time, up to a bound
+        services.execute_run(waiting, parked=9)
+    assert [c for _, c in requeued[1:]] == [2 * settings.TENANT_PARK_SECONDS, settings.TENANT_PARK_MAX_SECONDS]
     Run.objects.filter(pk=held).update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))  # it lapsed
     services.execute_run(waiting)
     assert Run.objects.get(pk=waiting).terminal_reason == "final_answer"
@@ -169,3 +173,34 @@ def test_a_tenant_s_bound_is_the_platform_s_to_set_and_checked(settings: Any) ->
         tenant_services.update_tenant(tenant=world.tenant, actor=actor_for_user(owner), max_running=50)
     tenant_services.update_tenant(tenant=world.tenant, actor=root, max_running=None)  # back to the deployment's
     assert Tenant.objects.get(pk=tenant.pk).max_running is None
+
+
+@pytest.mark.django_db
+def test_a_tenant_s_agent_runs_and_flow_nodes_share_its_bound(
+        loops: SlowLoops, requeued: list[tuple[str, float]], settings: Any,
+        django_capture_on_commit_callbacks: Any) -> None:
+    """A flow's nodes start only in what the tenant's running agent runs leave, and an agent run waits while the
+    tenant's nodes fill its bound (FLOW_TENANT_MAX_NODES counted nodes alone, and agent runs had no bound)."""
+    from flows.runner import advance
+    from tests.db.test_flow_runs import ORDER, in_flight, lookup, make_flow, start
+
+    settings.TENANT_MAX_RUNNING = 2
+    loops.seconds = 0
+    world = make_world()
+    [busy, waiting] = _runs(world, 2)
+    Run.objects.filter(pk=busy).update(status=RunStatus.RUNNING, lease_token="a-worker",  # a worker executes it
+                                       lease_expires_at=timezone.now() + dt.timedelta(seconds=60))
+    make_flow(world, {"nodes": [lookup("a"), lookup("b"), lookup("c")], "max_parallel": 3})
+    flow_run = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(flow_run)
+    assert [n for n, _ in in_flight(Run.objects.get(pk=flow_run))] == ["a"]  # one place left of two
+    Run.objects.filter(pk=busy).update(status=RunStatus.FINISHED, lease_token="", lease_expires_at=None)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.execute_run(waiting)  # the flow's node holds one place: one is free
+    assert Run.objects.get(pk=waiting).terminal_reason == "final_answer"
+    advance(flow_run)  # what the sweeper's next look at the run does: a second node takes the free place
+    assert [n for n, _ in in_flight(Run.objects.get(pk=flow_run))] == ["a", "b"]
+    [late] = _runs(world, 1)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.execute_run(late)  # two nodes running: the tenant is at its bound
+    assert Run.objects.get(pk=late).status == RunStatus.QUEUED and [r for r, _ in requeued] == [late]
