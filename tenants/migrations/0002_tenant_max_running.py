@@ -14,6 +14,10 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='tenant',
             name='max_running',
-            field=models.PositiveSmallIntegerField(blank=True, help_text="At most this many of the tenant's agent runs and flow nodes run at once; the rest wait their turn (empty: the deployment's TENANT_MAX_RUNNING).", null=True, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(1000)]),
+            field=models.PositiveSmallIntegerField(
+                blank=True, null=True,
+                help_text="At most this many of the tenant's agent runs and flow nodes run at once; the rest wait "
+                          "their turn (empty: the deployment's TENANT_MAX_RUNNING).",
+                validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(1000)]),
         ),
     ]
