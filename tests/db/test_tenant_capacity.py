@@ -204,3 +204,30 @@ def test_a_tenant_s_agent_runs_and_flow_nodes_share_its_bound(
     with django_capture_on_commit_callbacks(execute=True):
         services.execute_run(late)  # two nodes running: the tenant is at its bound
     assert Run.objects.get(pk=late).status == RunStatus.QUEUED and [r for r, _ in requeued] == [late]
+
+
+@pytest.mark.django_db
+def test_the_admin_sets_a_tenant_s_bound_through_the_service_and_refuses_a_bad_one() -> None:
+    from django.test import Client
+    from django.urls import reverse
+
+    from audit.models import ConfigChange
+
+    world = make_world()
+    client = Client()
+    client.force_login(make_user(is_superuser=True, is_staff=True))
+    url = reverse("admin:tenants_tenant_change", args=[world.tenant.pk])
+    form = {"name": world.tenant.name, "slug": world.tenant.slug, "is_active": "on", "settings": "{}",
+            "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0",
+            "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000"}
+    refused = client.post(url, {**form, "max_running": "0"})
+    assert refused.status_code == 200 and "greater than or equal to 1" in refused.content.decode()
+    assert client.post(url, {**form, "max_running": "2"}).status_code == 302
+    assert Tenant.objects.get(pk=world.tenant.pk).max_running == 2
+    changed = ConfigChange.objects.filter(tenant=world.tenant, action="tenant.changed").latest("id")
+    assert "max_running" in changed.details["changed"]
+    owner = make_user(is_staff=True)
+    tenant_services.set_membership(tenant=world.tenant, user=owner, role="owner", actor=None)
+    client.force_login(owner)
+    page = client.get(url)  # what the platform grants: its owner sees it, may not widen it
+    assert page.status_code == 200 and 'name="max_running"' not in page.content.decode()
