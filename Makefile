@@ -124,6 +124,12 @@ bench-stream: $(VENV)/.dev-installed
 bench-throughput: $(VENV)/.dev-installed
 	$(PY) bench/throughput.py $(BENCH_ARGS)
 
+# Fairness between tenants (issue #49): one tenant's short runs alone and while another floods the worker with slow
+# runs, interleaved rounds, server + one 4-thread worker on PostgreSQL + Redis (bench/README.md). Own database.
+.PHONY: bench-fair
+bench-fair: $(VENV)/.dev-installed
+	$(PY) bench/fairness.py $(BENCH_ARGS)
+
 # A clean venv from requirements.txt only, then server + worker + beat on PostgreSQL/Redis and one demo run (CI runs it).
 .PHONY: smoke-production
 smoke-production:

@@ -27,10 +27,11 @@ class TenantAdmin(TenantScopedAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         # ``settings`` holds what the platform grants a tenant (deployment secrets it may name, default scopes, its
-        # model rate limit, guardrail modes): a tenant's owner may rename the tenant, never widen its own grants.
+        # model rate limit, guardrail modes) and max_running (its bound on running work): a tenant's owner may rename
+        # the tenant, never widen its own grants.
         if self._actor(request).is_superuser:
             return super().get_readonly_fields(request, obj)
-        return [*super().get_readonly_fields(request, obj), "slug", "is_active", "settings"]
+        return [*super().get_readonly_fields(request, obj), "slug", "is_active", "settings", "max_running"]
 
     def _allowed(self, request: HttpRequest, kind: str, obj: Any = None) -> bool:
         actor = self._actor(request)

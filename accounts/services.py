@@ -14,12 +14,12 @@ from django.utils import timezone
 
 from audit.services import record_change
 from config.errors import Conflict, Forbidden, Invalid, only_fields
-from tenants.models import ApiKey, Membership, Role, Tenant, hash_key
+from tenants.models import MAX_RUNNING_LIMIT, ApiKey, Membership, Role, Tenant, hash_key
 from tenants.scoping import Actor, acting
 
 #: What a tenant's owner may change on the tenant; the rest is the platform's (superusers).
 TENANT_OWNER_FIELDS = ("name",)
-TENANT_FIELDS = ("name", "slug", "is_active", "settings")
+TENANT_FIELDS = ("name", "slug", "is_active", "settings", "max_running")
 
 
 @transaction.atomic
@@ -94,13 +94,14 @@ def remove_membership(*, membership: Membership, actor: Actor | None) -> None:
 
 @transaction.atomic
 def create_tenant(*, actor: Actor | None, slug: str, name: str, is_active: bool = True,
-                  settings: dict[str, Any] | None = None) -> Tenant:
+                  settings: dict[str, Any] | None = None, max_running: int | None = None) -> Tenant:
     """A new tenant: the platform's (superusers) to make."""
     if not acting(actor).is_superuser:
         raise Forbidden("Only a platform administrator may create a tenant.")
     if Tenant.objects.filter(slug=slug).exists():
         raise Invalid(f"A tenant {slug!r} exists already; choose another slug.", field="slug")
-    tenant = Tenant(slug=slug, name=name, is_active=is_active, settings=settings or {})
+    _check_max_running(max_running)
+    tenant = Tenant(slug=slug, name=name, is_active=is_active, settings=settings or {}, max_running=max_running)
     tenant.full_clean()
     tenant.save()
     record_change(tenant=tenant, actor=actor, action="tenant.created", target=tenant, details={"slug": slug})
@@ -120,6 +121,8 @@ def update_tenant(*, tenant: Tenant, actor: Actor | None, **changes: Any) -> Ten
                         "platform grants it); its owners may rename it.", field=platform_only[0])
     if "settings" in changed and not isinstance(changed["settings"], dict):
         raise Invalid("A tenant's settings must be a JSON object.", field="settings")
+    if "max_running" in changed:
+        _check_max_running(changed["max_running"])
     if not changed:
         return tenant
     for name, value in changed.items():
@@ -128,6 +131,15 @@ def update_tenant(*, tenant: Tenant, actor: Actor | None, **changes: Any) -> Ten
     tenant.save(update_fields=list(changed))
     record_change(tenant=tenant, actor=actor, action="tenant.changed", target=tenant, details={"changed": sorted(changed)})
     return tenant
+
+
+def _check_max_running(value: Any) -> None:
+    """The tenant's bound on running work (agents/capacity.py): what the platform grants it, so never left to chance."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RUNNING_LIMIT:
+        raise Invalid(f"max_running must be a whole number from 1 to {MAX_RUNNING_LIMIT} (runs and flow nodes of the "
+                      f"tenant at once), or empty for the deployment's default; got {value!r}.", field="max_running")
 
 
 def _check_role(role: str) -> None:

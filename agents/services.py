@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agents import attention, hooks
+from agents import attention, capacity, hooks
 from agents.lease import heartbeat_for
 from agents.models import ACTIVE_STATUSES, Agent, AgentKind, AgentVersion, Run, RunStatus, Session
 from agents.store import event_rows, publish_after_commit, run_summary
@@ -29,6 +29,7 @@ from runtime.approval_policy import OVERRIDE_FLAG, flagged
 from runtime.config import PolicyError, raw_input_patterns
 from runtime.flows import input_problems
 from runtime.types import Event, TerminalReason
+from tenants.models import Tenant
 from tenants.scoping import Actor
 from tools.guardrails import InjectionRefused, screen_facts
 from tools.models import Tool
@@ -238,14 +239,61 @@ def release_lease(run_id: Any, token: str) -> None:
     Run.objects.filter(pk=run_id, lease_token=token).update(lease_token="", lease_expires_at=None)
 
 
-def execute_run(run_id: str) -> None:
-    """Run (or resume) a run until it finishes, pauses or is cancelled. Safe to call twice."""
+def admit(run_id: str, token: str, *, parked: int = 0) -> Run | None:
+    """:func:`acquire_lease` within the tenant's bound on running work (agents/capacity.py): None when the run is not
+    runnable here, or when its tenant is at its bound and the run was parked (its task comes back by itself).
+    ``parked``: how many times in a row it was parked already."""
+    with transaction.atomic():
+        now = timezone.now()
+        found = Run.objects.filter(pk=run_id).values_list("tenant_id", "status", "lease_token", "lease_expires_at",
+                                                          "agent__kind").first()
+        if found is None:
+            return None
+        tenant_id, status, held, expires, kind = found
+        runnable = status in (RunStatus.QUEUED, RunStatus.RUNNING) and (not held or (expires is not None and expires < now))
+        if runnable and kind != AgentKind.FLOW:  # a flow run only plans: its nodes are admitted (flows/runner.py)
+            tenant = Tenant.objects.select_for_update().only("max_running").get(pk=tenant_id)
+            now = timezone.now()  # after the lock: leases that lapsed while waiting for it no longer count
+            if capacity.running_work(tenant_id, now, exclude=run_id) >= capacity.bound(tenant):
+                _park(run_id, now, parked)
+                return None
+        return acquire_lease(run_id, token)
+
+
+def _park(run_id: str, now: dt.datetime, parked: int) -> None:
+    """The run waits for a place: its task comes back in TENANT_PARK_SECONDS, twice that after a second look, and so
+    on up to TENANT_PARK_MAX_SECONDS: a tenant with many runs parked looks often enough (one of them every
+    max / parked seconds) without its looks taking the worker slots the other tenants' runs need. Its row is marked now
+    and then (every half of SWEEP_QUEUED_AFTER_SECONDS), so the sweeper sees it looked after and starts no second
+    chain."""
+    from agents.tasks import execute_run_task
+
+    quiet = dt.timedelta(seconds=settings.SWEEP_QUEUED_AFTER_SECONDS / 2)
+    Run.objects.filter(pk=run_id, updated_at__lt=now - quiet).update(updated_at=now)
+
+    def requeue() -> None:
+        try:
+            wait = min(settings.TENANT_PARK_SECONDS * 2 ** min(parked, 16), settings.TENANT_PARK_MAX_SECONDS)
+            execute_run_task.apply_async((str(run_id),), {"parked": parked + 1}, countdown=wait)
+        except Exception:  # the broker is down: the run is still queued, the sweeper enqueues it again
+            log.warning("run %s: parked but not re-enqueued; the sweeper takes it back", run_id, exc_info=True)
+
+    transaction.on_commit(requeue)
+    log.debug("run %s parked: its tenant is at its bound on running work", run_id)
+
+
+def execute_run(run_id: str, *, in_place: bool = False, parked: int = 0) -> None:
+    """Run (or resume) a run until it finishes, pauses or is cancelled. Safe to call twice.
+
+    The tenant's bound on running work applies (:func:`admit`; ``parked``: how often it was parked so far), except
+    ``in_place``: the caller runs it in a place it holds already (a flow's agent node runs its child run in the node's
+    place)."""
     from agents.engine import build_loop
 
     token = uuid.uuid4().hex
-    run = acquire_lease(run_id, token)
+    run = acquire_lease(run_id, token) if in_place else admit(run_id, token, parked=parked)
     if run is None:
-        log.info("run %s is not runnable here (finished, waiting, or leased by another worker)", run_id)
+        log.info("run %s is not runnable here (finished, waiting, leased by another worker, or parked)", run_id)
         return
     ended = False
     try:

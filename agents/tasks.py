@@ -7,8 +7,9 @@ from config.joblock import job_lock
 
 
 @shared_task(name="agents.execute_run", acks_late=True, ignore_result=True)
-def execute_run_task(run_id: str) -> None:
-    services.execute_run(run_id)
+def execute_run_task(run_id: str, parked: int = 0) -> None:
+    """``parked``: how many times in a row the run was parked (its tenant at its bound, agents/capacity.py)."""
+    services.execute_run(run_id, parked=parked)
 
 
 @shared_task(name="agents.sweep_runs", ignore_result=True)

@@ -126,7 +126,7 @@ def setup_django(url: str, queue: str) -> None:
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
     os.environ["AGENTOPS_QUEUE"] = queue
-    os.environ["FLOW_TENANT_MAX_NODES"] = str(FAN)  # the default bound (8) would hold two of the ten back
+    os.environ["TENANT_MAX_RUNNING"] = str(FAN)  # the default bound (3) would hold seven of the ten back
     os.environ.setdefault("DEBUG", "false")
     os.environ.setdefault("HTTPS_ONLY", "false")
     os.environ.setdefault("SECRET_KEY", "bench-only-secret-key-0123456789abcdefghijklmnop")

@@ -393,9 +393,18 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("AGENTOPS_QUEUE", "agentops")
 # --- Runs ---------------------------------------------------------------------------------
 #: How long a worker's lease on a run lasts without a step commit before another may take it.
 RUN_LEASE_SECONDS = env_int("RUN_LEASE_SECONDS", 120, minimum=5)
-#: Flows (flows/runner.py): at most this many nodes of one tenant's flow runs run at once (the rest wait, queued);
-#: a running node's lease outlives its timeout_seconds by FLOW_NODE_LEASE_GRACE_SECONDS before it counts as dead.
-FLOW_TENANT_MAX_NODES = env_int("FLOW_TENANT_MAX_NODES", 8, minimum=1)
+#: A tenant's bound on running work (agents/capacity.py): at most this many of its agent runs being executed and flow
+#: nodes running at once, unless the tenant's own max_running says otherwise. Below a worker's 4 slots (Makefile), so
+#: one tenant alone never fills a worker. Over it, a run's task is parked: back on the queue in TENANT_PARK_SECONDS
+#: (doubling each time it is parked again, up to TENANT_PARK_MAX_SECONDS).
+if os.environ.get("FLOW_TENANT_MAX_NODES") is not None:
+    raise ImproperlyConfigured("FLOW_TENANT_MAX_NODES is replaced by TENANT_MAX_RUNNING (agent runs and flow nodes).")
+TENANT_MAX_RUNNING = env_int("TENANT_MAX_RUNNING", 3, minimum=1)
+TENANT_PARK_SECONDS = env_float("TENANT_PARK_SECONDS", 0.5, minimum=0.05)
+#: A run parked again comes back after twice as long each time, up to this.
+TENANT_PARK_MAX_SECONDS = env_float("TENANT_PARK_MAX_SECONDS", 4.0, minimum=TENANT_PARK_SECONDS)
+#: Flows (flows/runner.py): a running node's lease outlives its timeout_seconds by FLOW_NODE_LEASE_GRACE_SECONDS
+#: before it counts as dead.
 FLOW_NODE_LEASE_GRACE_SECONDS = env_int("FLOW_NODE_LEASE_GRACE_SECONDS", 30, minimum=1)
 #: A step commit, flow completion or flow decision that lost a deadlock or serialization failure is run again at most
 #: this many times (config/conflicts.py) before the error counts.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from typing import Any
+
 from django.db import models
 
 from tenants.scoping import TenantOwned, TenantScopedQuerySet
@@ -43,3 +46,8 @@ class FlowNodeRun(TenantOwned):
 
     def __str__(self) -> str:
         return f"{self.run_id}/{self.node_id} {self.status}"
+
+
+def live_nodes(tenant_id: Any, now: dt.datetime) -> int:
+    """The tenant's nodes running with a live lease (agents/capacity.py counts them against its bound)."""
+    return FlowNodeRun.objects.filter(tenant_id=tenant_id, status=NodeStatus.RUNNING, lease_expires_at__gte=now).count()

@@ -8,9 +8,10 @@ workers. A node task runs its node and commits its completion in ONE transaction
 trace events: a span per node, ``flow.node.started`` ... ``flow.node.finished``; its tool audit rows), then advances
 the run again. The flow ends (``run.finished``) when the plan says so.
 
-Bounds: the definition's ``max_parallel`` per run and ``FLOW_TENANT_MAX_NODES`` running nodes per tenant; ready
-nodes over the tenant's bound stay pending and the run says so once (``flow.throttled``); they start when another
-node of the tenant finishes, or at the sweeper's next look at the run.
+Bounds: the definition's ``max_parallel`` per run and the tenant's bound on running work, its running nodes and agent
+runs together (``agents/capacity.py``: ``Tenant.max_running``, else ``TENANT_MAX_RUNNING``); ready nodes over it stay
+pending and the run says so once (``flow.throttled``); they start when another node of the tenant finishes, or at the
+sweeper's next look at the run.
 
 Durability: a node task heartbeats its node's lease and the run's lease expiry. A worker killed mid-node leaves a
 ``running`` row whose lease expires: the next :func:`advance` (another node's completion, or the sweeper re-enqueuing
@@ -42,11 +43,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 from jmespath.exceptions import JMESPathError
 
-from agents import attention
+from agents import attention, capacity
 from agents.engine import session_grants
 from agents.hooks import callable_tools, resolvable_tools, tool_allowed_as_read, tool_allowed_for
 from agents.lease import LeaseHeartbeat
-from agents.models import Run, RunEvent, RunStatus
+from agents.models import Agent, AgentKind, Run, RunEvent, RunStatus
 from agents.services import finish_without_worker
 from agents.store import event_rows, guard_sql, publish_after_commit, run_summary
 from approvals.gate import ApprovalGate
@@ -404,24 +405,32 @@ def _lock(run: Run, *, with_head: bool) -> tuple[bool, AuditChainHead | None]:
 
 
 def _running_elsewhere_sql() -> str:
-    node = FlowNodeRun._meta
+    """The tenant's live nodes in its other runs plus its agent runs a worker executes (``agents.capacity.running_runs``:
+    a live lease, not a flow run), in one statement."""
+    node, run, agent = FlowNodeRun._meta, Run._meta, Agent._meta
     column = {name: node.get_field(name).column for name in ("tenant", "status", "lease_expires_at", "run")}
-    return (f'SELECT count(*) FROM "{node.db_table}" WHERE "{column["tenant"]}" = %s AND "{column["status"]}" = %s '  # noqa: S608
-            f'AND "{column["lease_expires_at"]}" >= %s AND "{column["run"]}" <> %s')
+    on_run = {name: run.get_field(name).column for name in ("tenant", "status", "lease_token", "lease_expires_at", "agent")}
+    return (f'SELECT (SELECT count(*) FROM "{node.db_table}" WHERE "{column["tenant"]}" = %s '  # noqa: S608
+            f'AND "{column["status"]}" = %s AND "{column["lease_expires_at"]}" >= %s AND "{column["run"]}" <> %s) + '
+            f'(SELECT count(*) FROM "{run.db_table}" r JOIN "{agent.db_table}" a ON a."{agent.pk.column}" = '
+            f'r."{on_run["agent"]}" WHERE r."{on_run["tenant"]}" = %s AND r."{on_run["status"]}" = %s '
+            f'AND r."{on_run["lease_token"]}" <> \'\' AND r."{on_run["lease_expires_at"]}" >= %s '
+            f'AND a."{agent.get_field("kind").column}" <> %s)')
 
 
 _RUNNING_ELSEWHERE_SQL = _running_elsewhere_sql()
 
 
 def _tenant_running_elsewhere(run: Run, now: Any) -> int:
-    """The tenant's nodes running (lease alive) in its other runs: a statement of its own, made after the tenant's
-    row is locked (see :func:`_lock_sql`). Its text is fixed (a prepared statement on PostgreSQL): building and
-    compiling the ORM's count took more CPU than PostgreSQL's answer (1.4 against 0.3 ms)."""
-    if connection.vendor != "postgresql":
-        return FlowNodeRun.objects.filter(tenant_id=run.tenant_id, status=NodeStatus.RUNNING,
-                                          lease_expires_at__gte=now).exclude(run_id=run.pk).count()
+    """The tenant's running work but this run's nodes: its nodes running (lease alive) in its other runs and its agent
+    runs (they share the bound, agents/capacity.py). A statement of its own, made after the tenant's row is locked
+    (see :func:`_lock_sql`). Its text is fixed (a prepared statement on PostgreSQL): building and compiling the ORM's
+    count took more CPU than PostgreSQL's answer (1.4 against 0.3 ms)."""
+    at = FlowNodeRun._meta.get_field("lease_expires_at").get_db_prep_value(now, connection)
+    run_id = Run._meta.pk.get_db_prep_value(run.pk, connection)
     with connection.cursor() as cursor:
-        cursor.execute(_RUNNING_ELSEWHERE_SQL, [run.tenant_id, NodeStatus.RUNNING, now, run.pk])
+        cursor.execute(_RUNNING_ELSEWHERE_SQL, [run.tenant_id, NodeStatus.RUNNING.value, at, run_id,
+                                                run.tenant_id, RunStatus.RUNNING.value, at, AgentKind.FLOW.value])
         found = cursor.fetchone()
     return int(found[0]) if found else 0
 
@@ -438,8 +447,9 @@ def call_id(run_id: Any, node_id: str) -> str:
     return f"fl:{uuid.UUID(str(run_id)).hex}:{node_id}"
 
 
-def _tenant_bound() -> int:
-    return int(settings.FLOW_TENANT_MAX_NODES)
+def _tenant_bound(run: Run) -> int:
+    """The tenant's bound on running work, its agent runs and flow nodes together (agents/capacity.py)."""
+    return capacity.bound(run.tenant)
 
 
 def _grace() -> float:
@@ -559,13 +569,13 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
                 # no count: every start (this one included) is decided under the tenant's lock and leaves its live
                 # nodes within the bound, and live nodes only ever stop; the completions of this transaction freed
                 # ``freed`` places, so the others hold at most the bound less this run's live nodes and those
-                others = max(_tenant_bound() - own - writes.freed, 0)
+                others = max(_tenant_bound(run) - own - writes.freed, 0)
             else:
                 if writes.guard is not None:  # counting needs the tenant's lock
                     raise _Unguarded("the tenant's running nodes must be counted")
                 others = _tenant_running_elsewhere(run, now)
             busy = others + own
-        room = max(_tenant_bound() - busy, 0)
+        room = max(_tenant_bound(run) - busy, 0)
         held = [n for n in ready if flow.node(n).kind != "approval"][room:]
         ready = [n for n in ready if n not in held]
         # item nodes of running maps: in what the run's max_parallel and the tenant's bound leave
@@ -631,7 +641,7 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
         writes.batch.insert(FlowNodeRun, fresh_items)
         if held and not started and not any(s == NodeStatus.RUNNING for s in states.values()):
             events.append(Event("flow.throttled", {"waiting": held, "tenant_running_nodes": busy,
-                                                   "limit": _tenant_bound()}))
+                                                   "limit": _tenant_bound(run)}))
         if events:
             publish_after_commit(run, writes.append(events), run_summary(run))
         in_flight = bool(started) or any(s == NodeStatus.RUNNING for s in states.values())
@@ -1250,7 +1260,8 @@ def _agent(run: Run, node: BodyNode, inputs: dict[str, Any], trace: list[Event],
         child_id = child.pk
         trace.append(Event("flow.child_run", {"node": node.id, "agent": node.agent, "child_run": str(child_id)},
                            parent_span_id=span))
-    execute_run(str(child_id))  # here if no worker took it yet; its lease decides, so a duplicate does nothing
+    # here if no worker took it yet (in the node's place: not admitted again); its lease decides, so a duplicate does nothing
+    execute_run(str(child_id), in_place=True)
     deadline = time.monotonic() + node.timeout_seconds
     while (done := Run.objects.get(pk=child_id)).status != RunStatus.FINISHED:
         if done.status == RunStatus.WAITING:  # a person decides first: the node waits with its task (worker) freed;

@@ -6,10 +6,14 @@ import hashlib
 import secrets
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
 from tenants.scoping import TenantQuerySet, TenantScopedQuerySet
+
+#: The highest bound on running work a tenant may be given (agents/capacity.py).
+MAX_RUNNING_LIMIT = 1000
 
 
 class Tenant(models.Model):
@@ -17,6 +21,10 @@ class Tenant(models.Model):
     name = models.CharField(max_length=200)
     is_active = models.BooleanField(default=True)
     settings = models.JSONField(default=dict, blank=True, help_text="Tenant-wide settings, e.g. the tier table.")
+    max_running = models.PositiveSmallIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(MAX_RUNNING_LIMIT)],
+        help_text="At most this many of the tenant's agent runs and flow nodes run at once; the rest wait their turn "
+                  "(empty: the deployment's TENANT_MAX_RUNNING).")
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = TenantQuerySet.as_manager()

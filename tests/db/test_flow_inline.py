@@ -69,7 +69,7 @@ def test_a_node_can_opt_out_of_its_flows_inline_setting(world: World, django_cap
 
 
 def _wave_statements(world: World, width: int, capture: Any, settings: Any) -> int:
-    settings.FLOW_TENANT_MAX_NODES = 20
+    settings.TENANT_MAX_RUNNING = 20
     wide = [lookup(f"n{i}", ["start"]) for i in range(width)]
     make_flow(world, {"nodes": [lookup("start"), *wide, lookup("join", [n["id"] for n in wide])], "max_parallel": 10,
                       "inline": True}, slug=f"inline{width}")

@@ -189,7 +189,7 @@ def test_a_failing_node_beside_a_map_stops_the_map_from_starting_items_and_the_r
 
 
 def test_the_tenants_node_bound_also_bounds_a_map(world: World, settings: Any) -> None:
-    settings.FLOW_TENANT_MAX_NODES = 2
+    settings.TENANT_MAX_RUNNING = 2
     run = run_map(world, [ORDER] * 6, max_concurrency=4)
     seen = [item_nodes_running(run)]
     finish(run, each=lambda: seen.append(item_nodes_running(run)))

@@ -157,7 +157,8 @@ def test_a_diamond_joins_after_both_branches_whatever_order_they_finish_in(world
     assert starts.index("d") > max(starts.index("b"), starts.index("c"))
 
 
-def test_a_ten_wide_fan_out_runs_at_most_max_parallel_at_once_and_each_node_once(world: World) -> None:
+def test_a_ten_wide_fan_out_runs_at_most_max_parallel_at_once_and_each_node_once(world: World, settings: Any) -> None:
+    settings.TENANT_MAX_RUNNING = 8  # the run's max_parallel is the bound under test, not the tenant's
     wide = [lookup(f"n{i}") for i in range(10)]
     make_flow(world, {"nodes": [*wide, lookup("join", [n["id"] for n in wide])], "max_parallel": 4})
     run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
@@ -176,7 +177,7 @@ def test_a_ten_wide_fan_out_runs_at_most_max_parallel_at_once_and_each_node_once
 
 
 def test_a_tenant_at_its_node_limit_waits_visibly_and_goes_on_when_room_frees(world: World, settings: Any) -> None:
-    settings.FLOW_TENANT_MAX_NODES = 2
+    settings.TENANT_MAX_RUNNING = 2
     make_flow(world, {"nodes": [lookup("a"), lookup("b"), lookup("c")], "max_parallel": 3})
     first = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
     services.execute_run(first)
@@ -202,7 +203,7 @@ def test_a_chain_hands_its_place_on_without_counting_the_tenant_s_nodes_and_stay
     its bound, so it does not count the tenant's running nodes; one that starts more does (a fan-out)."""
     from django.test.utils import CaptureQueriesContext
 
-    settings.FLOW_TENANT_MAX_NODES = 2
+    settings.TENANT_MAX_RUNNING = 2
     make_flow(world, {"nodes": [lookup("a"), lookup("b", ["a"]), lookup("c", ["b"])]}, slug="chain")
     make_flow(world, {"nodes": [lookup("x"), lookup("y")], "max_parallel": 2}, slug="pair")
     chain = start(world, {"flow": "chain", "input": {"order_id": ORDER}}).json()["id"]
@@ -235,7 +236,7 @@ def test_a_chain_hands_its_place_on_without_counting_the_tenant_s_nodes_and_stay
 def test_a_completion_whose_lease_had_lapsed_frees_no_place(world: World, settings: Any) -> None:
     """A node whose lease lapsed no longer counts as running for the tenant's other runs, which may have filled its
     place; when it then completes, its successor must wait for room, not take a place it did not free."""
-    settings.FLOW_TENANT_MAX_NODES = 2
+    settings.TENANT_MAX_RUNNING = 2
     make_flow(world, {"nodes": [lookup("a"), lookup("b", ["a"])]}, slug="chain")
     make_flow(world, {"nodes": [lookup("x"), lookup("y")], "max_parallel": 2}, slug="pair")
     chain = start(world, {"flow": "chain", "input": {"order_id": ORDER}}).json()["id"]
@@ -493,7 +494,7 @@ def _first_node_queries(world: World, width: int, settings: Any) -> tuple[int, l
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    settings.FLOW_TENANT_MAX_NODES = 20  # the runs share the tenant: room for both waves
+    settings.TENANT_MAX_RUNNING = 20  # the runs share the tenant: room for both waves
     wide = [lookup(f"n{i}", ["start"]) for i in range(width)]
     make_flow(world, {"nodes": [lookup("start"), *wide, lookup("join", [n["id"] for n in wide])], "max_parallel": 10},
               slug=f"wide{width}")
@@ -551,7 +552,7 @@ def test_statements_per_node_of_a_fan_out_graph_do_not_grow_back(world: World, s
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    settings.FLOW_TENANT_MAX_NODES = 10
+    settings.TENANT_MAX_RUNNING = 10
     wide = [lookup(f"p{i}", ["start"]) for i in range(10)]
     chain = [lookup("c1", ["join"]), *(lookup(f"c{i}", [f"c{i - 1}"]) for i in range(2, 8)), lookup("end", ["c7"])]
     make_flow(world, {"nodes": [lookup("start"), *wide, lookup("join", [n["id"] for n in wide]), *chain],
@@ -623,7 +624,7 @@ def test_a_completion_that_waited_for_the_tenant_s_lock_counts_the_nodes_started
     than the lock it waited for: it missed them.)"""
     from tests.support.concurrency import other_transaction, waits_for
 
-    settings.FLOW_TENANT_MAX_NODES = 3
+    settings.TENANT_MAX_RUNNING = 3
     make_flow(world, {"nodes": [lookup("a"), lookup("b", ["a"]), lookup("c", ["a"]), lookup("d", ["a"])],
                       "max_parallel": 4}, slug="fan")
     other = start(world, {"flow": "fan", "input": {"order_id": ORDER}}).json()["id"]
