@@ -13,8 +13,6 @@ from config.heap import freeze_startup_heap
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-broker_patch.apply()  # a worker survives a Redis blip with unacknowledged messages (config/broker_patch.py)
-
 app = Celery("agentops")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
@@ -22,9 +20,13 @@ app.autodiscover_tasks()
 
 @worker_init.connect
 def _worker_init(**kwargs: Any) -> None:
+    from django.conf import settings
+
     from config.dbroles import use_worker_timeouts
 
     use_worker_timeouts()
+    if not settings.EMBEDDED:  # a worker on Redis survives a Redis blip with unacknowledged messages; loaded only here,
+        broker_patch.apply()  # since kombu's Redis transport imports redis-py, which loads the OpenTelemetry SDK
 
 
 @worker_ready.connect

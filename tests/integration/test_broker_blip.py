@@ -84,3 +84,19 @@ def test_closing_a_channel_with_unacked_messages_after_the_connection_was_lost_r
     with kombu.Connection(f"redis://127.0.0.1:{port}/0") as again, again.Producer() as producer:
         producer.publish({"n": "after"}, routing_key="blip", declare=[queue])
         assert queue(again.channel()).get(no_ack=True) is not None
+
+
+def test_a_worker_on_redis_applies_the_patch_when_it_starts(monkeypatch: pytest.MonkeyPatch, settings: object) -> None:
+    from config import celery as celery_app
+    from config import dbroles
+
+    monkeypatch.setattr(dbroles, "use_worker_timeouts", lambda: None)
+    monkeypatch.setattr(broker_patch, "_applied", False)
+    applied: list[bool] = []
+    monkeypatch.setattr(broker_patch, "apply", lambda: applied.append(True) or True)
+    settings.EMBEDDED = True  # type: ignore[attr-defined]
+    celery_app._worker_init()
+    assert applied == []  # the embedded worker is on the in-memory broker: redis-py (and its SDK) stays unloaded
+    settings.EMBEDDED = False  # type: ignore[attr-defined]
+    celery_app._worker_init()
+    assert applied == [True]
