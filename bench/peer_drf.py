@@ -60,6 +60,8 @@ class RunEventSerializer(serializers.ModelSerializer):
 
 class RunViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = RunSerializer
+    authentication_classes = [BearerTokenAuthentication]
+    pagination_class = RunCursor
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
         return Run.objects.filter(tenant_id=TENANT_ID)

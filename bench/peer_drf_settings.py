@@ -1,5 +1,5 @@
 """Settings of ``bench/peer_drf.py``: the console's settings (same database, same models), with DRF and Django as they
-ship: Django's default middleware, DRF's token authentication, JSON renderer and cursor pagination."""
+ship: Django's default middleware, DRF's JSON renderer (token authentication and cursor pagination are set on the viewset)."""
 
 from config.settings import *  # noqa: F403 - the same database, apps and models as the console under test
 
@@ -15,8 +15,6 @@ MIDDLEWARE = [  # django-admin startproject's list
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["peer_drf.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PAGINATION_CLASS": "peer_drf.RunCursor",
 }
