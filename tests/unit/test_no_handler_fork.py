@@ -1,9 +1,14 @@
 """Issue #51: HTTP is served by Django's own handlers. No module of the project subclasses a Django request handler
 (``django.core.handlers.base.BaseHandler``: the ASGI and WSGI handlers) to replace a step of its request lifecycle;
-what is ours wraps the handler as plain ASGI middleware (config/asgi.py, docs/decisions/server-layout.md)."""
+what is ours wraps the handler as plain ASGI middleware (config/asgi.py, docs/decisions/server-layout.md).
+
+``config`` (where the server is composed) is imported and its classes inspected; every other module of the project is
+read, not imported (some modules change the process when imported, e.g. a tool's isolated child), for a class whose
+bases name a Django handler."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
 from pathlib import Path
@@ -23,11 +28,24 @@ def _project_packages() -> list[str]:
     return sorted(names | {"config"})
 
 
-def _import_everything(package: str) -> None:
-    root = importlib.import_module(package)
-    for module in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
-        if ".migrations" not in module.name and ".tests" not in module.name:
-            importlib.import_module(module.name)
+HANDLERS = {"BaseHandler", "ASGIHandler", "WSGIHandler"}
+
+
+def _import_config() -> None:
+    root = importlib.import_module("config")
+    for module in pkgutil.walk_packages(root.__path__, prefix="config."):
+        importlib.import_module(module.name)
+
+
+def _handler_subclasses_in_source(package: str) -> list[str]:
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(base).rsplit(".", 1)[-1] for base in node.bases}
+                if bases & HANDLERS:
+                    found.append(f"{path.relative_to(ROOT)}: class {node.name}({', '.join(sorted(bases))})")
+    return found
 
 
 def _subclasses(cls: type) -> set[type]:
@@ -40,9 +58,10 @@ def _subclasses(cls: type) -> set[type]:
 def test_no_project_module_subclasses_a_django_handler_to_replace_its_lifecycle() -> None:
     packages = _project_packages()
     assert "config" in packages and "agents" in packages, packages
-    for package in packages:
-        _import_everything(package)
+    _import_config()
     forks = sorted(f"{cls.__module__}.{cls.__qualname__} restates {sorted(LIFECYCLE & set(vars(cls)))}"
                    for cls in _subclasses(BaseHandler)
                    if cls.__module__.split(".")[0] in packages and LIFECYCLE & set(vars(cls)))
     assert not forks, "serve HTTP with Django's own handler, wrapped by ASGI middleware:\n" + "\n".join(forks)
+    in_source = [found for package in packages for found in _handler_subclasses_in_source(package)]
+    assert not in_source, "serve HTTP with Django's own handler, wrapped by ASGI middleware:\n" + "\n".join(in_source)
