@@ -13,10 +13,11 @@ are read from the database once the client reads again. The worker and the feed 
 client. Every ``KEEPALIVE_SECONDS`` without a frame a comment line is sent, and the database is read
 for anything a dropped message carried (e.g. the run's last step).
 
-Held open: a stream is an async iterator sent after its request's thread is given back (config/handler.py), so while
-it waits it holds no thread, only its place in the run's feed and a slot among the caller's and the tenant's open
+Held open: a stream is an async iterator sent from the event loop by Django's ASGI handler, and its request's
+synchronous work runs on the process's one stream thread (config/stream_thread.py), so while it waits it holds no
+thread, only its place in the run's feed and a slot among the caller's and the tenant's open
 streams (tenants/open_streams.py: taken by the view, a 429 past the bound; renewed here; given back when the
-response is closed). Its reads of the database are short calls to the process's sync thread.
+response is closed). Its reads of the database are short calls on that thread, each giving its connection back.
 """
 
 from __future__ import annotations

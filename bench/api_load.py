@@ -1,4 +1,4 @@
-"""The API under load (issue #14): 200 reads/s + 20 creates/s against a production-mode stack, and a bare peer.
+"""The API under load (issue #14): 200 reads/s + 20 creates/s against a production-mode stack, and two peers.
 
     .venv/bin/python bench/api_load.py [--seconds 60] [--rounds 1] [--server-processes 2] [--table-runs 20000]
                                        [--read-rate 200] [--create-rate 20] [--keep-db]
@@ -20,7 +20,10 @@ It creates a few runs and waits for them (their rows and events are what the rea
 the scheduled start) with an async HTTP client: ``--read-rate`` reads/s spread over a run's detail, its events page
 and the runs list (``?limit=50``), plus ``--create-rate`` run creations/s. Meanwhile it samples PostgreSQL's
 connections to the database. Then the same read schedule against the peer (``bench/peer_asgi.py``: one indexed query
-per request in a bare ASGI app, as many processes) and prints the ratios. ``--rounds`` repeats both phases; the table
+per request in a bare ASGI app, as many processes: the floor) and against the stock DRF peer (``bench/peer_drf.py``: a
+plain ``ReadOnlyModelViewSet`` with DRF's token authentication and cursor pagination over the same tables, served by
+Django's own ASGI handler under uvicorn, as many processes), and prints the ratios; the goal is the console's server
+CPU per request at most 1.5x the stock DRF peer's (issue #51). ``--rounds`` repeats both phases; the table
 gives min / median / max over rounds. Results: stdout and ``bench/results/api_load.json``.
 
 Bounded: at most ``--seconds`` × rate requests per phase, at most 2000 in flight, 10 s timeout each. Every process it
@@ -169,12 +172,13 @@ def wait_healthy(base: str, procs: Processes, timeout: float = 90) -> None:
     raise RuntimeError(f"{base} not healthy after {timeout}s: {last}")
 
 
-def wait_up(base: str, path: str, procs: Processes, timeout: float = 60) -> None:
+def wait_up(base: str, path: str, procs: Processes, timeout: float = 60, key: str | None = None) -> None:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         procs.check()
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{base}{path}", timeout=3).status_code == 200:
+            if httpx.get(f"{base}{path}", headers=headers, timeout=3).status_code == 200:
                 return
         time.sleep(0.3)
     raise RuntimeError(f"{base}{path} did not answer 200 in {timeout}s")
@@ -387,6 +391,16 @@ def seed_table(url: str, template_run: str, count: int) -> None:
         conn.execute("ANALYZE agents_run")
 
 
+def stock_drf_token(env: dict[str, str], url: str) -> str:
+    """The stock DRF peer's table (DRF's ``authtoken``) and a token for the demo tenant's first user."""
+    run_manage({**env, "DJANGO_SETTINGS_MODULE": "peer_drf_settings", "PYTHONPATH": str(ROOT / "bench")}, "migrate",
+               "authtoken", "--noinput")
+    key = secrets.token_hex(20)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO authtoken_token (key, user_id, created) SELECT %s, min(id), now() FROM auth_user", [key])
+    return key
+
+
 def time_big_page(base: str, key: str, n: int = 30) -> dict[str, float]:
     values = []
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=TIMEOUT) as http:
@@ -476,6 +490,11 @@ def main() -> int:
             assert tenant_row is not None and events is not None
             log(f"{len(run_ids)} runs finished ({events[0]} events each); copying {args.table_runs} more rows")
             seed_table(url, run_ids[0], args.table_runs)
+            drf_key = stock_drf_token(env, url)
+            uvicorn = [sys.executable, "-m", "uvicorn", "--app-dir", "bench", "--host", "127.0.0.1", "--port", str(peer_port),
+                       "--workers", str(args.server_processes), "--log-level", "warning"]
+            peer_apps = [("peer", [*uvicorn, "peer_asgi:app"], {"PEER_DATABASE_URL": url, "PEER_TENANT_ID": str(tenant_row[0])}, None),
+                         ("drf", [*uvicorn, "peer_drf:app"], {"PEER_TENANT_ID": str(tenant_row[0]), "PYTHONPATH": str(ROOT)}, drf_key)]
             result["big_page"] = time_big_page(base, DEMO_KEY)
             log(f"GET /api/v1/runs?limit=200 on {args.table_runs + len(run_ids)} runs: {result['big_page']}")
             for number in range(1, rounds + 1):
@@ -494,21 +513,21 @@ def main() -> int:
                 console["server_cpu_ms_per_answered"] = round(spent * 1000 / max(1, answered), 2)
                 console["worker_cpu_s"] = round(cpu_seconds(procs.procs["worker"].pid) - worker_cpu, 1)
                 procs.check()
-                log(f"round {number}: peer, {read_rate:g} reads/s for {seconds:g} s")
-                procs.start("peer", [sys.executable, "-m", "uvicorn", "--app-dir", "bench", "peer_asgi:app", "--host",
-                                     "127.0.0.1", "--port", str(peer_port), "--workers", str(args.server_processes),
-                                     "--log-level", "warning"],
-                            env={"PEER_DATABASE_URL": url, "PEER_TENANT_ID": str(tenant_row[0])})
-                wait_up(peer_base, f"/api/v1/runs/{run_ids[0]}", procs)
-                peer_cpu, stolen = cpu_seconds(procs.procs["peer"].pid), stolen_seconds()
-                peer = asyncio.run(drive(peer_base, None, run_ids, seconds, read_rate, 0))
-                peer["stolen_cpu_s"] = round(stolen_seconds() - stolen, 1)
-                peer["server_cpu_ms_per_request"] = round(
-                    (cpu_seconds(procs.procs["peer"].pid) - peer_cpu) * 1000
-                    / max(1, sum(e["requests"] for e in peer["endpoints"].values())), 2)
-                procs.stop("peer")
-                result["rounds"].append({"console": console, "peer": peer})
-                print_round(number, console, peer)
+                peers = {}
+                for name, argv, peer_env, key in peer_apps:
+                    log(f"round {number}: {name}, {read_rate:g} reads/s for {seconds:g} s")
+                    procs.start(name, argv, env=peer_env)
+                    wait_up(peer_base, f"/api/v1/runs/{run_ids[0]}", procs, key=key)
+                    peer_cpu, stolen = cpu_seconds(procs.procs[name].pid), stolen_seconds()
+                    peers[name] = asyncio.run(drive(peer_base, key, run_ids, seconds, read_rate, 0))
+                    peers[name]["stolen_cpu_s"] = round(stolen_seconds() - stolen, 1)
+                    peers[name]["server_cpu_ms_per_request"] = round(
+                        (cpu_seconds(procs.procs[name].pid) - peer_cpu) * 1000
+                        / max(1, sum(e["requests"] for e in peers[name]["endpoints"].values())), 2)
+                    procs.stop(name)
+                peer, drf = peers["peer"], peers["drf"]
+                result["rounds"].append({"console": console, "peer": peer, "drf": drf})
+                print_round(number, console, peer, drf)
     finally:
         procs.stop_all()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -518,10 +537,11 @@ def main() -> int:
     return 0
 
 
-def print_round(number: int, console: dict[str, Any], peer: dict[str, Any]) -> None:
+def print_round(number: int, console: dict[str, Any], peer: dict[str, Any], drf: dict[str, Any]) -> None:
     print(f"\nround {number}: console {console['elapsed_s']} s, peak {console['peak_db_connections']} DB connections, "
           f"server CPU {console['server_cpu_ms_per_request']} ms/request, {console['server_cpu_ms_per_answered']} per "
-          f"answered one (peer {peer['server_cpu_ms_per_request']}), "
+          f"answered one (bare peer {peer['server_cpu_ms_per_request']}, stock DRF {drf['server_cpu_ms_per_request']}: "
+          f"x{console['server_cpu_ms_per_request'] / max(0.01, drf['server_cpu_ms_per_request']):.2f}), "
           f"worker CPU {console['worker_cpu_s']} s, load generator lag p95 {console['client_lag_p95_ms']} ms "
           f"(peer phase {peer['client_lag_p95_ms']} ms), CPU stolen by the hypervisor {console['stolen_cpu_s']} s "
           f"(peer phase {peer['stolen_cpu_s']} s)")
@@ -557,7 +577,14 @@ def print_summary(result: dict[str, Any]) -> None:
         print(line)
     print(f"peak DB connections: {summary([float(r['console']['peak_db_connections']) for r in rounds])}")
     print(f"server CPU ms/request: console {summary([r['console']['server_cpu_ms_per_request'] for r in rounds])}, "
-          f"peer {summary([r['peer']['server_cpu_ms_per_request'] for r in rounds])}")
+          f"stock DRF {summary([r['drf']['server_cpu_ms_per_request'] for r in rounds])}, "
+          f"bare peer {summary([r['peer']['server_cpu_ms_per_request'] for r in rounds])}")
+    ratio = [r["console"]["server_cpu_ms_per_request"] / r["drf"]["server_cpu_ms_per_request"] for r in rounds]
+    print(f"server CPU per request, console / stock DRF: x{summary(ratio)} (goal <= 1.5)")
+    for kind in READS:
+        print(f"{kind:<12} stock DRF p50 {summary([r['drf']['endpoints'][kind]['p50_ms'] for r in rounds])}  "
+              f"p95 {summary([r['drf']['endpoints'][kind]['p95_ms'] for r in rounds])}  "
+              f"errors {summary([float(r['drf']['endpoints'][kind]['errors']) for r in rounds])}")
     print(f"server CPU ms per answered request: {summary([r['console']['server_cpu_ms_per_answered'] for r in rounds])}")
     print(f"CPU stolen by the hypervisor, s per console phase: {summary([r['console']['stolen_cpu_s'] for r in rounds])}")
 

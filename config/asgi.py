@@ -1,4 +1,9 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels."""
+"""ASGI entry point: HTTP through Django's own ASGI handler, websockets through Channels.
+
+What is ours wraps Django's handler as plain ASGI middleware (docs/decisions/server-layout.md): the body limit, the
+admission limit (a 503 before Django past MAX_CONCURRENT_REQUESTS) and the stream thread (an open event stream holds no
+thread of its own).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-from config.handler import get_asgi_application  # one thread hop per request (config/handler.py)
+from django.core.asgi import get_asgi_application
 
 django_asgi_app = get_asgi_application()
 
@@ -16,13 +21,14 @@ from django.conf import settings  # noqa: E402
 from agents.routing import websocket_urlpatterns  # noqa: E402
 from config.admission import AdmissionLimit  # noqa: E402
 from config.body_limit import BodyLimit  # noqa: E402
+from config.stream_thread import StreamThread  # noqa: E402
 from console.routing import websocket_urlpatterns as console_websocket_urlpatterns  # noqa: E402
 from tenants.ws_auth import WebsocketAuthMiddleware  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # uvicorn has no body limit; past MAX_CONCURRENT_REQUESTS in progress, a 503 before Django (config/admission.py)
-        "http": AdmissionLimit(BodyLimit(django_asgi_app, limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE),
+        "http": AdmissionLimit(BodyLimit(StreamThread(django_asgi_app), limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE),
                                limit=settings.MAX_CONCURRENT_REQUESTS),
         "websocket": WebsocketAuthMiddleware(URLRouter(websocket_urlpatterns + console_websocket_urlpatterns)),
     }

@@ -490,16 +490,9 @@ SERVE_PORT = env_port("PORT", 8000)
 #: HTTP requests in progress per server process; the next is answered 503 with Retry-After at once (config/admission.py).
 #: 0: no limit. Beyond the pool's DB_POOL_MAX_SIZE, requests only wait for a connection; keep it a small multiple, and
 #: below DB_POOL_MAX_SIZE + DB_POOL_MAX_WAITING. It bounds the work queued in a process in time: 48 requests at the
-#: ≈4 ms of CPU a request costs under load (bench/api_load.py) is ≈0.2 s, what 32 were at the ≈6 ms they cost before
-#: a request took one hop to a kept thread (config/handler.py); 32 refused momentary bursts at 220 requests/s.
+#: few ms of CPU a request costs under load (bench/api_load.py, docs/decisions/server-layout.md) is ≈0.2-0.3 s of
+#: work queued; 32 refused momentary bursts at 220 requests/s.
 MAX_CONCURRENT_REQUESTS = env_int("MAX_CONCURRENT_REQUESTS", 48, minimum=0)
-#: Of those, how many run Django (middleware and view, on their threads) at the same time per server process; the rest
-#: wait their turn in the event loop, in order, holding no thread (config/handler.py). A request still running after
-#: REQUEST_TURN_SECONDS gives its turn to the next (a view waiting on a slow outside service does not hold the others
-#: up). 0: every admitted request runs at once, each on its own thread. Under load on 2 cores, 2 answered more and
-#: refused fewer than 48 threads taking turns on the GIL (bench/README.md, api_load.py).
-REQUEST_THREADS = env_int("REQUEST_THREADS", 2, minimum=0)
-REQUEST_TURN_SECONDS = env_float("REQUEST_TURN_SECONDS", 0.2, minimum=0.001)
 #: A run's event stream (GET /api/v1/runs/<id>/stream) sends a comment after this many idle seconds (agents/sse.py).
 SSE_KEEPALIVE_SECONDS = env_float("SSE_KEEPALIVE_SECONDS", 15.0, minimum=0.1)
 #: Streams (a run's SSE stream, its trace websocket) open at once per API key (or signed-in user) and per tenant, across

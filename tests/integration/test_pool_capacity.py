@@ -37,14 +37,11 @@ APP_NAME = f"agentops-pool-test-{os.getpid()}"
 RUN = {"agent": "order-assistant", "input": "where is order O202411280001?"}
 
 
-@pytest.fixture(scope="module", params=["0", None], ids=["every-request-at-once", "default-turns"])
-def small_pool_stack(request: Any, django_db_setup: Any) -> Iterator[LiveStack]:
+@pytest.fixture(scope="module")
+def small_pool_stack(django_db_setup: Any) -> Iterator[LiveStack]:
+    # Django's own handler runs every admitted request at once, each on a thread of its own: the pool runs short
     server_env = {"DB_POOL_MAX_SIZE": str(POOL_SIZE), "DB_POOL_MIN_SIZE": "1", "DB_POOL_TIMEOUT": "0.5",
                   "DB_POOL_MAX_WAITING": "4", "PGAPPNAME": APP_NAME}
-    if request.param is not None:
-        # REQUEST_THREADS=0: every request on a thread of its own at once (no turns, config/handler.py), so the pool
-        # is what runs short, as it would for requests that each ran past their turn; else the default's few at a time
-        server_env["REQUEST_THREADS"] = request.param
     stack = make_live_stack({"API_THROTTLE_RATE": "off", "RUN_CREATE_THROTTLE_RATE": "off"}, server_env=server_env)
     try:
         yield stack
