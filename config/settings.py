@@ -130,7 +130,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "config.content_policy.CSPMiddleware",  # one Content-Security-Policy for every page (django-csp, built once)
+    "csp.middleware.CSPMiddleware",  # one Content-Security-Policy for every page (django-csp as shipped)
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
