@@ -27,7 +27,7 @@ from psycopg.pq import Format
 
 TIMESTAMPTZ_OID = 1184
 #: psycopg's default text loader for timestamptz: the compiled one where psycopg_binary or psycopg_c is installed
-_COMPILED = adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT)
+_COMPILED: Any = adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT)
 
 
 class UTCTimestampLoader(Loader):
