@@ -183,8 +183,8 @@ def check(run_id: Any) -> None:
 
 
 class Counter:
-    """SQL statements and transactions (commits + autocommitted writes, among them a guarded wave's ``WITH g AS …``:
-    config/batch.py ``one_statement``) on this process's connection."""
+    """SQL statements and transactions (commits + autocommitted writes; a guarded wave's ``WITH g AS …`` is sent in
+    ``transaction.atomic()`` and counted by its commit) on this process's connection."""
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection

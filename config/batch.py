@@ -10,32 +10,33 @@ with the rows as ONE JSON parameter: PostgreSQL's own input functions read each 
 one array per column (``UNNEST``), which psycopg dumps element by element in Python: for a step's eleven events
 that was about 0.5 ms of CPU against 0.2 ms this way (bench/README.md). Defaults and ``pre_save`` (``auto_now``)
 are applied as ``bulk_create`` applies them; a model with a field this JSON form cannot carry as it is (binary,
-decimal, a JSON field with its own encoder) goes through Django's compiler as before. No ids are returned.
+decimal, a JSON field with its own encoder) is inserted by ``bulk_create`` itself when the batch is executed. No ids
+are returned.
 Updates matched on plain equalities (``update_where``) are the same idea: ``UPDATE t SET … FROM
 jsonb_to_recordset(%s) AS v(…) WHERE t.k = v.k …``, one part for every row of a model updated with the same fields
-(a flow wave's completed nodes), its text cached per shape; an update of a queryset (``update``) is Django's own
-``UpdateQuery`` SQL.
+(a flow wave's completed nodes), its text cached per shape; an update of a queryset (``update``) is the queryset's
+own ``update()``, run when the batch is executed, before the joined statement (the ORM's SQL is not taken apart here:
+``django.db.models.sql`` is Django's internals).
 
 Rules for what a batch may hold (PostgreSQL's for data-modifying CTEs): no row may be changed by two parts,
 and no part sees another's effects (they all run on the statement's snapshot). Inserted objects get no
 primary key back (``pk`` stays ``None`` for auto ids). On other databases (SQLite in development and tests)
-each part runs at once through the ORM, in order, exactly as ``bulk_create``/``update`` would.
+each part runs at once through the ORM, in order, exactly as ``bulk_create``/``update`` would. A batch is executed
+inside a real transaction (``transaction.atomic()``), or, for :meth:`WriteBatch.execute_guarded`, as one autocommitted
+statement of its own; the connection's transaction state is Django's alone.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from functools import cache
 from typing import Any, cast
 
 from django.conf import settings
 from django.db import connections
 from django.db.models import DateField, DateTimeField, Field, JSONField, Model, QuerySet
-from django.db.models import sql as orm_sql
-from django.db.transaction import TransactionManagementError
 
 from config import fastjson
 
@@ -49,6 +50,8 @@ class WriteBatch:
         self._parts: list[tuple[str, tuple[Any, ...]]] = []
         #: per part, how to make it wait on a guard (``execute_guarded``): appended to its SQL; None when it cannot
         self._gates: list[str | None] = []
+        #: writes the joined statement cannot hold, made through the ORM when the batch is executed (first)
+        self._orm: list[Callable[[], Any]] = []
         #: update_where's rows by (model, matched fields, set fields): (their plan, their values in field order)
         self._rows: dict[tuple[Any, ...], tuple[tuple[tuple[str, str], list[_Convert], list[_Convert]], list[tuple[Any, ...]]]] = {}
 
@@ -75,37 +78,23 @@ class WriteBatch:
             self._parts.append((statement, _rows_param([build(obj) for obj in rows])))
             self._gates.append(_WHERE_GUARD)
         else:
-            self._compiled_inserts(model, rows, all(with_pk))
+            self._compiled_inserts(model, rows)
         for obj in rows:
             obj._state.adding = False
             obj._state.db = self.using
 
-    def _compiled_inserts(self, model: type[Model], rows: list[Model], with_pk: bool) -> None:
-        """Django's multi-row INSERT (bound arrays), for a model whose fields the JSON form cannot carry."""
-        opts = model._meta
-        fields = [f for f in opts.concrete_fields if not f.generated and (with_pk or f is not opts.pk)]
-        connection = connections[self.using]
-        size = max(connection.ops.bulk_batch_size(fields, rows), 1)  # as bulk_create batches (parameter limits)
-        for start in range(0, len(rows), size):
-            query = orm_sql.InsertQuery(model)
-            query.insert_values(fields, rows[start : start + size], raw=False)
-            statements = query.get_compiler(using=self.using).as_sql()
-            for statement, params in statements:
-                self._parts.append((statement, tuple(params)))
-                self._gates.append(None)
+    def _compiled_inserts(self, model: type[Model], rows: list[Model]) -> None:
+        """A model whose fields the JSON form cannot carry: ``bulk_create`` itself, when the batch is executed."""
+        manager = model._default_manager.using(self.using)
+        self._orm.append(lambda: manager.bulk_create(rows))
 
     def update(self, queryset: QuerySet[Any], **values: Any) -> None:
-        """As ``queryset.update(**values)`` (the number of rows changed is not returned)."""
+        """As ``queryset.update(**values)`` (the number of rows changed is not returned); on PostgreSQL run when the
+        batch is executed, before its joined statement."""
         if not self.combine:
             queryset.update(**values)
             return
-        query = queryset.query.chain(orm_sql.UpdateQuery)
-        query.clear_ordering(force=True)
-        query.add_update_values(values)
-        statement, params = query.get_compiler(using=self.using).as_sql()
-        if statement:
-            self._parts.append((statement, tuple(params)))
-            self._gates.append(None)
+        self._orm.append(lambda: queryset.update(**values))
 
     def update_where(self, model: type[Model], match: dict[str, Any], **values: Any) -> None:
         """As ``model.objects.filter(**match).update(**values)``, for equality matches on non-null values. On
@@ -122,10 +111,13 @@ class WriteBatch:
         self._rows.setdefault(shape, (plan, []))[1].append((*match.values(), *values.values()))
 
     def __len__(self) -> int:
-        return len(self._parts) + len(self._rows)
+        return len(self._parts) + len(self._rows) + len(self._orm)
 
     def execute(self) -> None:
         """Send what is pending as one statement (PostgreSQL); elsewhere everything already ran."""
+        orm, self._orm = self._orm, []
+        for write in orm:
+            write()
         parts = self._take()
         if not parts:
             return
@@ -143,7 +135,7 @@ class WriteBatch:
 
     def can_guard(self) -> bool:
         """Whether :meth:`execute_guarded` can send what is pending (PostgreSQL, every part in the JSON form)."""
-        return self.combine and all(gate is not None for gate in self._gates)
+        return self.combine and not self._orm and all(gate is not None for gate in self._gates)
 
     def execute_guarded(self, guard: str, guard_params: list[Any]) -> tuple[Any, ...] | None:
         """Send what is pending as ONE statement that writes only if ``guard`` (a ``SELECT … FOR UPDATE`` of the rows
@@ -178,44 +170,6 @@ class WriteBatch:
         parts = [(sql, params, gate or "") for (sql, params), gate in zip(self._parts, self._gates, strict=True)]
         self._parts, self._gates = [], []
         return parts
-
-
-@contextmanager
-def one_statement(using: str = "default") -> Iterator[None]:
-    """A block whose writes are ONE autocommitted statement (``WriteBatch.execute_guarded`` outside a transaction),
-    with what it gives ``transaction.on_commit`` held until that statement has committed: run when the block returns,
-    dropped when it raises (then nothing was written). Two round trips fewer than ``transaction.atomic()`` (no
-    BEGIN, no COMMIT), for code that registers its after-commit work before its last write is sent.
-
-    Django runs an ``on_commit`` callback at once outside an atomic block; here the connection is marked as in one,
-    its autocommit left on, so it queues them instead. Reads may come first; a second statement that is not a
-    ``SELECT`` raises ``TransactionManagementError`` before it is sent (it would commit apart from the first). Not
-    nestable, and not inside ``atomic()``."""
-    connection = connections[using]
-    if connection.in_atomic_block or not connection.get_autocommit():
-        raise TransactionManagementError("one_statement() needs autocommit, outside any atomic block")
-    writes = 0
-
-    def one_write(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        nonlocal writes
-        if sql.lstrip()[:6].upper() != "SELECT":
-            writes += 1
-            if writes > 1:
-                raise TransactionManagementError("one_statement(): a second write statement would commit on its own")
-        return execute(sql, params, many, context)
-
-    connection.ensure_connection()
-    connection.in_atomic_block = True  # on_commit queues (Django's own check), autocommit stays on
-    try:
-        with connection.execute_wrapper(one_write):
-            yield
-    except BaseException:
-        connection.run_on_commit = []
-        raise
-    finally:
-        connection.in_atomic_block = False
-        connection.needs_rollback = False  # an error inside marked it (autocommit: nothing to roll back)
-    connection.run_and_clear_commit_hooks()
 
 
 #: How an INSERT … SELECT (:func:`_json_insert`) and an UPDATE … WHERE (:func:`_json_update`) wait on the guard.

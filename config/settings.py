@@ -58,8 +58,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file (not memory), so the live-stack test processes share it; one per test process, so parallel runs don't collide.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")}
 else:
-    # Django's PostgreSQL backend, reading timestamps with psycopg's compiled loader (config/postgresql/base.py)
-    DATABASES["default"]["ENGINE"] = "config.postgresql"
     # PostgreSQL: every process (each server process, each Celery worker) borrows connections from one bounded pool
     # (Django's psycopg_pool integration) and returns them when a request or task ends, so a process never holds
     # more than DB_POOL_MAX_SIZE and none is opened per request or per task. The sizing rule is in the README:
@@ -130,7 +128,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "config.content_policy.CSPMiddleware",  # one Content-Security-Policy for every page (django-csp, built once)
+    "csp.middleware.CSPMiddleware",  # one Content-Security-Policy for every page (django-csp as shipped)
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

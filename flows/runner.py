@@ -54,7 +54,7 @@ from approvals.gate import ApprovalGate
 from audit.masking import mask_text, mask_value
 from audit.models import AuditChainHead
 from audit.unit_of_work import StepAudit, forget_keys
-from config.batch import WriteBatch, one_statement
+from config.batch import WriteBatch
 from config.compiled import CompiledRead
 from config.conflicts import is_conflict, retried
 from flows.models import FlowNodeRun, NodeStatus
@@ -823,8 +823,8 @@ def _complete(run: Run, done: list[Done], last: Writes | None = None, wave: Wave
     then they are not read again, and the commit is first tried without the lock (:func:`_complete_guarded`)."""
     if last is not None and wave is not None and _may_guard(run, done, last, wave):
         head = wave.head
-        try:  # one autocommitted statement (in a test's transaction, a savepoint)
-            with transaction.atomic() if connection.in_atomic_block else one_statement():
+        try:  # a real transaction around the one guarded statement: a nested atomic(), a savepoint or on_commit hold
+            with transaction.atomic():
                 _complete_guarded(run, done, last, wave)
             return
         except _Unguarded as why:  # rolled back, nothing written: the locked way, which reads what changed

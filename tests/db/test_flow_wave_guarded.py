@@ -1,6 +1,7 @@
 """An inline flow's wave commits in ONE statement when it can (flows/runner.py ``_complete_guarded``): decided from the
 run and node rows the wave's own transaction left, its writes happen only if the run's row (and the tenant's audit
-chain head, for audit rows) is still as that transaction left it, checked under their locks. A decision that needs
+chain head, for audit rows) is still as that transaction left it, checked under their locks; the statement is sent in
+a real transaction (``transaction.atomic()``), never with Django's connection state flipped. A decision that needs
 more (counting the tenant's nodes for a fan-out) and a run another writer changed (a cancel, another run's audit
 row) commit the locked way, which sees what changed. PostgreSQL only (elsewhere every wave locks first); outside a
 test transaction, so each wave's commit is real."""
@@ -84,9 +85,10 @@ def test_a_wave_that_hands_its_places_on_commits_in_one_statement_and_a_fan_out_
     sent = [q["sql"] for q in queries]
     guarded = [i for i, sql in enumerate(sent) if sql.startswith("WITH g AS (SELECT")]
     assert len(guarded) == 2
-    # each commits by itself (config/batch.py one_statement): no BEGIN before it, no COMMIT after it
-    assert all(sent[i - 1] != "BEGIN" and sent[i + 1:i + 2] != ["COMMIT"] for i in guarded), [sent[i - 1:i + 2] for i in guarded]
-    assert "COMMIT" in sent  # (the locked commits still show theirs)
+    # each in a real transaction of its own (transaction.atomic()): BEGIN before it, COMMIT after it
+    around = [([s for s in sent[:i] if s in ("BEGIN", "COMMIT")][-1:], [s for s in sent[i + 1:] if s in ("BEGIN", "COMMIT")][:1])
+              for i in guarded]
+    assert around == [(["BEGIN"], ["COMMIT"])] * 2, around
     run = Run.objects.get(pk=run_id)
     assert run.terminal_reason == "final_answer" and run.lease_token == "", run.error
     assert sorted(FlowNodeRun.objects.filter(run_id=run_id, status="done", attempt=1).values_list("node_id", flat=True)) == [
@@ -94,6 +96,30 @@ def test_a_wave_that_hands_its_places_on_commits_in_one_statement_and_a_fan_out_
     _seqs_contiguous(run_id)
     assert ToolCallAudit.objects.filter(run_id=run_id).count() == 5
     assert verify_tenant(world.tenant.pk) == (5, None)  # every row sealed in order after the one before
+
+
+def test_a_guarded_wave_commits_in_a_real_transaction_that_nested_atomic_and_on_commit_see(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing flips Django's connection state (issue #51): inside the guarded commit autocommit is off, so a nested
+    ``atomic()`` is a real savepoint and ``on_commit`` waits for a COMMIT that happens."""
+    make_flow(world, GRAPH, slug="guarded")
+    run_id = start(world, {"flow": "guarded", "input": {"order_id": ORDER}}).json()["id"]
+    seen: list[tuple[bool, bool, bool]] = []
+    committed: list[str] = []
+    real = runner._complete_guarded
+
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        with transaction.atomic():  # what a library's code does: a savepoint inside the wave's transaction
+            seen.append((connection.in_atomic_block, connection.get_autocommit(), bool(connection.savepoint_ids)))
+        transaction.on_commit(lambda: committed.append("wave"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_complete_guarded", observed)
+    services.execute_run(run_id)
+    assert seen and all(s == (True, False, True) for s in seen), seen
+    assert len(committed) == 2, committed  # the two guarded waves' (the fan-out's try sent nothing: rolled back)
+    assert Run.objects.get(pk=run_id).terminal_reason == "final_answer"
+    _seqs_contiguous(run_id)
 
 
 def test_another_runs_audit_row_between_waves_sends_the_wave_the_locked_way_and_the_chain_holds(

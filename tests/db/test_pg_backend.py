@@ -1,6 +1,7 @@
-"""config/postgresql/base.py: on a UTC connection timestamps are read by psycopg's compiled loader, and what it returns
-is what Django's own loader returned, value for value (tzinfo included); any other database TIME_ZONE keeps Django's.
-PostgreSQL only (CI runs it)."""
+"""config/pg_timestamps.py: on a UTC connection of Django's own backend timestamps are read by psycopg's compiled
+loader (registered through psycopg's API when the connection is made), and what it returns is what Django's own loader
+returned, value for value (tzinfo included); any other database TIME_ZONE keeps Django's. PostgreSQL only (CI runs
+it)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from django.db import connection
 from django.db.backends.postgresql.psycopg_any import register_tzloader
 
 from agents.models import Run, Session
+from config import pg_timestamps
 from tests.factories import make_world
 
 pytestmark = [
@@ -34,8 +36,12 @@ def _read(register_djangos: bool) -> list[dt.datetime]:
 
 
 def test_timestamps_read_by_the_compiled_loader_equal_djangos_value_for_value() -> None:
-    loader = connection.connection.adapters.get_loader(1184, 0)
-    assert loader.__module__.endswith("._psycopg"), loader  # compiled (psycopg_binary or psycopg_c), not Django's
+    connection.ensure_connection()
+    assert connection.settings_dict["ENGINE"] == "django.db.backends.postgresql"  # Django's backend, as shipped
+    assert connection.connection.adapters.get_loader(1184, 0) is pg_timestamps.UTCTimestampLoader
+    assert pg_timestamps._COMPILED.__module__.endswith("._psycopg")  # compiled (psycopg_binary or psycopg_c)
+    with connection.cursor() as cursor:  # Django's create_cursor found the zones agree: no loader of its own on a cursor
+        assert cursor.cursor.adapters.get_loader(1184, 0) is pg_timestamps.UTCTimestampLoader
     ours, djangos = _read(False), _read(True)
     assert ours == djangos
     assert [(v.isoformat(), v.tzinfo) for v in ours] == [(v.isoformat(), v.tzinfo) for v in djangos]
@@ -59,7 +65,8 @@ def test_another_database_time_zone_keeps_djangos_loader() -> None:
     other = connection.copy()
     other.settings_dict = {**connection.settings_dict, "TIME_ZONE": "Europe/Paris"}
     try:
-        assert not other._compiled_tz()
+        assert not pg_timestamps.in_utc(other)
+        pg_timestamps.register(sender=None, connection=other)  # not connected: registering would fail on None
         context = other.get_connection_params()["context"]
         assert context.get_loader(1184, 0).timezone.key == "Europe/Paris"  # Django's, on the database's zone
     finally:

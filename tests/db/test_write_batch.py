@@ -213,3 +213,19 @@ def test_a_rows_values_are_read_from_the_instance_and_auto_now_still_applies(wor
     # A deferred field is read as Django reads it (a query), not a KeyError: the same row as the whole object's.
     assert row(partial) == row(whole)
     assert row(whole)["payload"] == DOCUMENT and row(whole)["run_id"] == str(run.pk)
+
+
+def test_an_orm_write_in_a_batch_waits_for_execute_and_keeps_the_batch_unguarded(world: World) -> None:
+    """A write the joined statement cannot hold (a queryset's update) runs through the ORM when the batch executes,
+    with the rest; a guarded statement cannot carry it (issue #51: no SQL taken from Django's query internals)."""
+    run = _run(world)
+    batch = WriteBatch()
+    batch.update(Run.objects.filter(pk=run.pk), error="set by the batch")
+    batch.insert(RunEvent, _events(run, 1, timezone.now()))
+    if connection.vendor == "postgresql":  # elsewhere each part runs at once, as the ORM would
+        assert Run.objects.get(pk=run.pk).error == "" and not RunEvent.objects.filter(run=run).exists()
+        assert not batch.can_guard()
+    batch.execute()
+    assert Run.objects.get(pk=run.pk).error == "set by the batch"
+    assert RunEvent.objects.filter(run=run).count() == 3
+    assert len(batch) == 0

@@ -1,1 +1,0 @@
-"""PostgreSQL, as Django's own backend with one change (``base.py``): psycopg's compiled timestamptz loader."""
