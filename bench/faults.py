@@ -13,8 +13,9 @@ It never touches the machine's shared PostgreSQL (127.0.0.1:5432) or Redis (127.
 run as root, since initdb and postgres refuse root). Only if no own cluster can be started does it fall back to a
 dedicated database on the shared server (``BENCH_SHARED_PG``, default ``postgres://postgres@127.0.0.1:5432``), dropped
 at the end, and then it skips the PostgreSQL restarts and says so. It also runs a *counting target* of its own: an HTTP
-server on 127.0.0.1 that records every POST (its ``Idempotency-Key``, ``X-AgentOps-Delivery`` and body); the stack's
-``TOOL_EGRESS_ALLOW`` names that address and port only.
+server on 127.0.0.1 that records every POST on arrival (its ``Idempotency-Key``, ``X-AgentOps-Delivery`` and body)
+and answers a refund after 0.2-1.5 s, so a worker SIGKILL can land mid-dispatch; the stack's ``TOOL_EGRESS_ALLOW``
+names that address and port only.
 
 On them it starts the console in production mode (``migrate``, ``seed_demo``, ``manage.py serve --no-worker``, two
 ``celery worker`` processes and one ``celery beat``, short lease, sweep and notice settings) and drives it over HTTP on
@@ -116,6 +117,7 @@ FLOW_SLUG = "refund-desk-counted"
 REFUND_TOOL = "refund_http"
 FLOW_SHARE = 0.35  # of the runs created, this share are flow runs; half of them above the manager threshold
 FLOW_AMOUNTS = ("30.00", "250.00")  # below and above the seeded desk's 200 threshold (the second waits for a manager)
+REFUND_ANSWER_SECONDS = (0.2, 1.5)  # the counting target answers a refund after this long (recorded on arrival)
 #: An approver acts on the notice: a pending request is approved once its notice reached the target, or after this
 #: long without one (then it counts as a notice not delivered in time).
 NOTICE_WAIT_SECONDS = 25.0
@@ -230,9 +232,10 @@ class CountingTarget:
     flow's write tool), ``/notify`` takes approval notices (the tenant's webhook channel). It never dedupes: what it
     counts is what reached it."""
 
-    def __init__(self) -> None:
+    def __init__(self, seed: int) -> None:
         self.posts: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        self.rng = random.Random(seed)
         target = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -250,6 +253,10 @@ class CountingTarget:
                                          "delivery": self.headers.get("X-AgentOps-Delivery", ""),
                                          "event": self.headers.get("X-AgentOps-Event", "")})
                 answer: dict[str, Any] = {"ok": True}
+                if self.path.startswith("/refund"):
+                    with target.lock:
+                        delay = target.rng.uniform(*REFUND_ANSWER_SECONDS)
+                    time.sleep(delay)  # a payment system takes a moment: a worker killed meanwhile leaves it unanswered
                 if self.path.startswith("/refund") and isinstance(body, dict):
                     answer = {"refund_id": f"RF{number:06d}", "order_id": body.get("order_id"), "amount": body.get("amount"),
                               "currency": "CNY", "status": "refunded", "remaining_refundable": "0.00"}
@@ -1133,6 +1140,16 @@ def count_in_file(path: Path, needle: str) -> int:
         return 0
 
 
+def refunds_by_run(posts: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The refund POSTs per flow run (the ``ref`` the run put in the body): more than one is a duplicate dispatch,
+    whatever the Idempotency-Keys say."""
+    by_ref: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for post in posts:
+        ref = post["body"].get("ref") if isinstance(post["body"], dict) else None
+        by_ref[str(ref)].append(post)
+    return dict(by_ref)
+
+
 def suite_findings(bench: Bench, base: dict[str, Any]) -> dict[str, Any]:
     """Issue #50's goals: duplicate dispatches at the counting target, deadlocks, stuck replays, notices; PASS/FAIL."""
     db, traffic, target = bench.db, bench.traffic, bench.target
@@ -1140,10 +1157,7 @@ def suite_findings(bench: Bench, base: dict[str, Any]) -> dict[str, Any]:
 
     # The counting target's refunds: one POST per flow run (its ref), whatever the Idempotency-Key.
     posts = target.received("/refund")
-    by_ref: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for post in posts:
-        ref = post["body"].get("ref") if isinstance(post["body"], dict) else None
-        by_ref[str(ref)].append(post)
+    by_ref = refunds_by_run(posts)
     nodes = {tag: (attempt, status) for tag, attempt, status in db.query(
         "SELECT r.facts->>'bench_tag', n.attempt, n.status FROM flows_flownoderun n JOIN agents_run r ON r.id = n.run_id "
         "WHERE n.node_id = 'refund'")}
@@ -1157,7 +1171,7 @@ def suite_findings(bench: Bench, base: dict[str, Any]) -> dict[str, Any]:
         "flow_runs": len(flow_rows), "flow_runs_finished_final_answer": len(finished_ok),
         "flow_runs_by_terminal_reason": dict(Counter(r[3] or r[2] for r in flow_rows)),
         "posts": len(posts), "runs_posted": len(by_ref),
-        "duplicate_dispatches": sum(len(d) - 1 for d in (by_ref[x["ref"]] for x in duplicates)),
+        "duplicate_dispatches": sum(len(group) - 1 for group in by_ref.values()),
         "runs_with_duplicates": duplicates,
         "finished_final_answer_without_a_post": [r[0] for r in finished_ok if r[1] not in by_ref],
         "posts_without_a_flow_run": sorted(set(by_ref) - {r[1] for r in flow_rows}),
@@ -1343,7 +1357,7 @@ def main() -> int:
     rng = random.Random(args.seed)
     workdir = Path(tempfile.mkdtemp(prefix="agentops-faults-"))
     redis = OwnRedis(workdir)
-    target = CountingTarget()
+    target = CountingTarget(args.seed)
     pg: OwnPostgres | SharedPostgres | None = None
     console: Console | None = None
     failed = True
