@@ -124,7 +124,9 @@ NOTICE_WAIT_SECONDS = 25.0
 REPLAY_EVERY_SECONDS = 10.0  # each phase starts a replay batch this often (an evaluation set of finished runs)
 REPLAY_SET_SIZE = 12
 REPLAY_WAIT_SECONDS = 120.0  # at the end: a batch still queued/running after this long is stuck
-FINAL_WAIT_SECONDS = 120.0
+PHASE_WAIT_SECONDS = 120.0  # each phase waits at most this long for its runs (those left go on into the next phase)
+FINAL_STALL_SECONDS = 90.0  # at the end: a run still unfinished once nothing moved for this long is lost ...
+FINAL_WAIT_SECONDS = 900.0  # ... or once this long has passed
 APPROVAL_LINK = re.compile(r"/approvals/([0-9A-Za-z-]+)/")
 QUICK = {"runs": 96, "kills": 32, "outages": 1}
 FULL = {"runs": 600, "kills": 40, "outages": 2}
@@ -806,6 +808,24 @@ def wait_finished(db: Db, phase: str | None, timeout: float) -> tuple[float, int
         time.sleep(0.5)
 
 
+def wait_settled(db: Db, stall: float, cap: float) -> tuple[float, int]:
+    """The final wait: until every run finished, or nothing moved for ``stall`` s (no run finished, no event written,
+    no node or approval changed), at most ``cap`` s. A run still unfinished then is lost. (seconds waited, unfinished)"""
+    started = last_move = time.monotonic()
+    last: Any = None
+    while True:
+        row = db.query("SELECT (SELECT count(*) FROM agents_run WHERE status <> 'finished'), "
+                       "(SELECT coalesce(sum(last_seq), 0) FROM agents_run), "
+                       "(SELECT count(*) FROM flows_flownoderun WHERE status IN ('done', 'failed', 'skipped')), "
+                       "(SELECT count(*) FROM tools_approvalrequest WHERE status <> 'pending')")[0]
+        now = time.monotonic()
+        if row != last:
+            last, last_move = row, now
+        if row[0] == 0 or now - last_move > stall or now - started > cap:
+            return round(now - started, 1), int(row[0])
+        time.sleep(1.0)
+
+
 # --- Phases -----------------------------------------------------------------------------------------------------------
 
 
@@ -882,7 +902,7 @@ class Bench:
                     self.traffic.submit(phase, idempotent=False)
             self.traffic.drain()
             created_in = round(time.monotonic() - started, 1)
-            waited, left = wait_finished(self.db, phase, timeout=FINAL_WAIT_SECONDS)
+            waited, left = wait_finished(self.db, phase, timeout=PHASE_WAIT_SECONDS)
         self.phases[phase] = {"kills": kill_log, "seconds_creating_and_killing": created_in,
                               "seconds_to_finish_after": waited, "unfinished_after_wait": left,
                               "kills_with_runs_running": sum(1 for k in kill_log if k["runs_running"]),
@@ -908,7 +928,7 @@ class Bench:
             self.faults[kind] += 1
             self.steady(phase, 5.0)
             self.traffic.drain()
-            waited, left = wait_finished(self.db, phase, timeout=FINAL_WAIT_SECONDS)
+            waited, left = wait_finished(self.db, phase, timeout=PHASE_WAIT_SECONDS)
         self.phases[phase] = {"fault": kind, "outage_seconds": round(window.end - window.start, 1),
                               "seconds_to_finish_after": waited, "unfinished_after_wait": left,
                               "seconds": round(time.monotonic() - started, 1)}
@@ -1425,10 +1445,10 @@ def main() -> int:
                 bench.phase_postgres(suffix)
                 bench.phase_table_lock(suffix)
             rec.phase = "final"
-            log(f"final: waiting (bounded, {FINAL_WAIT_SECONDS:.0f}s) for every accepted run to finish, "
-                f"then {REPLAY_WAIT_SECONDS:.0f}s for every replay batch to end")
+            log(f"final: waiting for every accepted run to finish (until nothing moved for {FINAL_STALL_SECONDS:.0f}s, "
+                f"at most {FINAL_WAIT_SECONDS:.0f}s), then at most {REPLAY_WAIT_SECONDS:.0f}s for every replay batch to end")
             with background(0.5, traffic.approve_pending):
-                waited, left = wait_finished(db, None, timeout=FINAL_WAIT_SECONDS)
+                waited, left = wait_settled(db, stall=FINAL_STALL_SECONDS, cap=FINAL_WAIT_SECONDS)
             replay_waited, replays_left = wait_replays(db, REPLAY_WAIT_SECONDS)
             time.sleep(2.0)  # the last notices and refunds in flight reach the target
         bench.phases["final_wait"] = {"seconds": waited, "unfinished": left, "replay_seconds": replay_waited,
@@ -1439,7 +1459,8 @@ def main() -> int:
             "benchmark": "faults",
             "config": {"runs": args.runs, "kills": args.kills, "outages": args.outages, "seed": args.seed,
                        "outage_seconds": OUTAGE_SECONDS, "lock_seconds": LOCK_SECONDS, "flow_share": FLOW_SHARE,
-                       "notice_wait_seconds": NOTICE_WAIT_SECONDS, "replay_every_seconds": REPLAY_EVERY_SECONDS,
+                       "notice_wait_seconds": NOTICE_WAIT_SECONDS, "final_stall_seconds": FINAL_STALL_SECONDS,
+                       "final_wait_seconds": FINAL_WAIT_SECONDS, "replay_every_seconds": REPLAY_EVERY_SECONDS,
                        "create_rate_per_s": CREATE_RATE_PER_S, "max_create_attempts": MAX_CREATE_ATTEMPTS,
                        "workers": 2, "worker_concurrency": WORKER_CONCURRENCY, "settings": STACK_SETTINGS},
             "postgres": pg.how,
