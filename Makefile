@@ -119,6 +119,13 @@ bench-trace: $(VENV)/.dev-installed
 bench-stream: $(VENV)/.dev-installed
 	DEBUG=false HTTPS_ONLY=false SECRET_KEY=bench-only-secret-key-0123456789abcdefghijkl $(VENV)/bin/pytest -q -s -p no:cacheprovider bench/stream_latency.py
 
+# Issue #50's fault suite on a stack of its own (own redis-server, own PostgreSQL cluster, own counting target): worker
+# SIGKILLs, Redis outages (kept and emptied), PostgreSQL restarts and a table lock under agent runs, refund-desk flow runs,
+# replays and approval notices; PASS/FAIL per goal, exit 1 when one fails (bench/README.md). BENCH_ARGS e.g. "--full".
+.PHONY: bench-faults
+bench-faults: $(VENV)/.dev-installed
+	$(PY) bench/faults.py $(BENCH_ARGS)
+
 # The two-step demo end to end at 20 in flight: runs/s, POST -> finished, queue wait vs execution (bench/README.md).
 .PHONY: bench-throughput
 bench-throughput: $(VENV)/.dev-installed
