@@ -7,6 +7,10 @@ Two kinds of stranded run:
   crash, and a run whose workers died ``services.MAX_CRASHES`` times ends as ``error``.
 - ``queued`` with no lease, older than ``SWEEP_QUEUED_AFTER_SECONDS``: its task never reached a
   worker (a broker restart, the in-memory broker of a restarted embedded server).
+- ``waiting`` with nothing left to wait for (no pending approval request, no unfinished child run), unchanged for
+  ``SWEEP_QUEUED_AFTER_SECONDS``: its last decision committed but the resume that follows it did not (PostgreSQL or
+  Redis went away between the two; issue #50's fault suite found a flow run waiting for ever). It is resumed as the
+  decision would have resumed it (``services.resume_waiting_run``).
 
 A re-enqueued run is marked (``updated_at``) and not re-enqueued again for
 ``SWEEP_QUEUED_AFTER_SECONDS``, so a long queue is not flooded with duplicates. Duplicates are
@@ -29,10 +33,11 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from agents.models import Run, RunStatus
+from approvals.models import ApprovalRequest, ApprovalStatus
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +49,11 @@ SWEEP_BATCH = 500
 class SweepReport:
     lease_expired: list[str] = field(default_factory=list)
     lost_enqueue: list[str] = field(default_factory=list)
+    lost_resume: list[str] = field(default_factory=list)
 
     @property
     def requeued(self) -> int:
-        return len(self.lease_expired) + len(self.lost_enqueue)
+        return len(self.lease_expired) + len(self.lost_enqueue) + len(self.lost_resume)
 
 
 def _dead(now: dt.datetime) -> QuerySet[Run]:
@@ -63,6 +69,21 @@ def _dead(now: dt.datetime) -> QuerySet[Run]:
 def _lost(now: dt.datetime) -> QuerySet[Run]:
     quiet_since = now - dt.timedelta(seconds=settings.SWEEP_QUEUED_AFTER_SECONDS)
     return Run.objects.filter(status=RunStatus.QUEUED, lease_token="", updated_at__lt=quiet_since)
+
+
+def unresumed_runs(now: dt.datetime) -> list[str]:
+    """Waiting runs with nothing left to wait for: no pending approval request of theirs and no unfinished child run
+    (``facts.parent_run``: a supervisor's or a flow node's sub-agent, which resumes its parent when it ends)."""
+    quiet_since = now - dt.timedelta(seconds=settings.SWEEP_QUEUED_AFTER_SECONDS)
+    pending = ApprovalRequest.objects.filter(run_id=OuterRef("pk"), status=ApprovalStatus.PENDING)
+    waiting = [str(pk) for pk in Run.objects.filter(status=RunStatus.WAITING, lease_token="", updated_at__lt=quiet_since)
+               .exclude(Exists(pending)).order_by("updated_at").values_list("pk", flat=True)[:SWEEP_BATCH]]
+    if not waiting:
+        return []
+    busy = set(Run.objects.filter(facts__parent_run__in=waiting, status__in=(RunStatus.QUEUED, RunStatus.RUNNING,
+                                                                             RunStatus.WAITING))
+               .values_list("facts__parent_run", flat=True))
+    return [run_id for run_id in waiting if run_id not in busy]
 
 
 def stranded_runs(now: dt.datetime | None = None, *, lock: bool = False) -> tuple[list[str], list[str]]:
@@ -85,6 +106,7 @@ def stranded_runs(now: dt.datetime | None = None, *, lock: bool = False) -> tupl
 
 def sweep_runs(now: dt.datetime | None = None) -> SweepReport:
     """Re-enqueue stranded runs (see the module's docstring). Safe to run concurrently and often."""
+    from agents.services import resume_waiting_run
     from agents.tasks import execute_run_task
 
     now = now or timezone.now()
@@ -96,8 +118,11 @@ def sweep_runs(now: dt.datetime | None = None) -> SweepReport:
         lost = [run_id for run_id in lost if _lost(now).filter(pk=run_id).update(updated_at=now)]
         for run_id in dead + lost:
             transaction.on_commit(lambda run_id=run_id: execute_run_task.delay(run_id))
+    resumed = [run_id for run_id in unresumed_runs(now) if resume_waiting_run(run_id)]
     for run_id in dead:
         log.warning("run %s: its worker's lease expired without a step commit; re-enqueued to resume from its last step", run_id)
     for run_id in lost:
         log.warning("run %s: queued for over %ss with no worker; re-enqueued", run_id, settings.SWEEP_QUEUED_AFTER_SECONDS)
-    return SweepReport(dead, lost)
+    for run_id in resumed:
+        log.warning("run %s: waiting with nothing left to wait for (its resume was lost); resumed", run_id)
+    return SweepReport(dead, lost, resumed)

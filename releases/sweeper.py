@@ -6,6 +6,10 @@ A shard (``ReplayShard``) is a durable job with the same discipline as a run (``
   chunk (``releases.services.run_shard`` skips the members that have results).
 - never leased and older than ``SWEEP_QUEUED_AFTER_SECONDS``: its message never reached a worker.
 
+And a batch whose shards have all finished but which is still ``running`` (its last shard's finishing commit was lost:
+PostgreSQL went away between the shard's end and the batch's, as issue #50's fault suite found) is finished by the
+sweeper, as that shard would have finished it.
+
 A shard is re-enqueued at most once per ``SWEEP_QUEUED_AFTER_SECONDS`` (``swept_at``); duplicates are harmless
 anyway, since ``run_shard`` takes the shard's lease first and fences each chunk's commit with it. Runs as the beat
 task ``releases.sweep_replays`` (the embedded server runs the beat schedule in a thread too).
@@ -18,10 +22,10 @@ import logging
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from releases.models import BatchStatus, ReplayShard
+from releases.models import BatchStatus, ReplayBatch, ReplayShard
 
 log = logging.getLogger(__name__)
 
@@ -52,3 +56,25 @@ def sweep_replays(now: dt.datetime | None = None) -> list[tuple[int, int]]:
     for batch, shard, _ in claimed:
         log.warning("replay batch %s shard %s: its worker's lease expired or its message was lost; re-enqueued", batch, shard)
     return [(batch, shard) for batch, shard, _ in claimed]
+
+
+def unfinished_batches(now: dt.datetime) -> list[int]:
+    """Batches still queued or running whose shards have all finished, the last over ``SWEEP_QUEUED_AFTER_SECONDS`` ago."""
+    quiet_since = now - dt.timedelta(seconds=settings.SWEEP_QUEUED_AFTER_SECONDS)
+    open_shards = ReplayShard.objects.filter(batch_id=OuterRef("pk"), finished_at__isnull=True)
+    return list(ReplayBatch.objects.filter(status__in=(BatchStatus.QUEUED, BatchStatus.RUNNING))
+                .annotate(last_shard=Max("shards__finished_at")).filter(last_shard__lt=quiet_since)
+                .exclude(Exists(open_shards)).order_by("pk").values_list("pk", flat=True)[:SWEEP_BATCH])
+
+
+def finish_batches(now: dt.datetime | None = None) -> list[int]:
+    """Finish the batches :func:`unfinished_batches` finds; returns their ids."""
+    from releases.services import _maybe_finish
+
+    done = []
+    for batch_id in unfinished_batches(now or timezone.now()):
+        _maybe_finish(batch_id)
+        if ReplayBatch.objects.filter(pk=batch_id, status=BatchStatus.FINISHED).exists():
+            log.warning("replay batch %s: every shard had finished but the batch had not; finished now", batch_id)
+            done.append(batch_id)
+    return done

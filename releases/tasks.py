@@ -15,7 +15,7 @@ def replay_shard_task(batch_id: int, shard: int, shards: int) -> None:
 @shared_task(name="releases.sweep_replays", ignore_result=True)
 def sweep_replays_task() -> int:
     """Celery beat runs this every SWEEP_INTERVAL_SECONDS; a second beat's copy finds the job's lock held."""
-    from releases.sweeper import sweep_replays
+    from releases.sweeper import finish_batches, sweep_replays
 
     with job_lock("releases.sweep_replays") as mine:
-        return len(sweep_replays()) if mine else 0
+        return len(sweep_replays()) + len(finish_batches()) if mine else 0

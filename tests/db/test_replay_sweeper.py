@@ -134,3 +134,30 @@ def test_a_held_lease_turns_a_duplicate_message_away(
     releases.run_shard(batch.pk, 0, 1)
     batch.refresh_from_db()
     assert batch.done == 0 and ReplayRun.objects.filter(batch=batch).count() == 0
+
+
+def test_a_batch_whose_shards_all_finished_but_not_the_batch_is_finished_by_the_sweeper(
+        world: Any, enqueued: list[Any], monkeypatch: pytest.MonkeyPatch, settings: Any,
+        django_capture_on_commit_callbacks: Any) -> None:
+    from django.db.utils import OperationalError
+
+    from releases.sweeper import finish_batches
+
+    batch = _batch(world, django_capture_on_commit_callbacks)
+
+    def database_gone(batch_id: Any) -> None:
+        raise OperationalError("server closed the connection unexpectedly")  # between the shard's end and the batch's
+
+    monkeypatch.setattr(releases, "_maybe_finish", database_gone)
+    with pytest.raises(OperationalError):
+        releases.run_shard(batch.pk, 0, 1)
+    monkeypatch.undo()
+    batch.refresh_from_db()
+    assert batch.status == "running" and batch.done == batch.total == 3
+    assert ReplayShard.objects.get(batch=batch).finished_at is not None
+    assert finish_batches() == []  # a moment ago: the shard's own finish may still be on its way
+    later = timezone.now() + dt.timedelta(seconds=settings.SWEEP_QUEUED_AFTER_SECONDS + 1)
+    assert finish_batches(later) == [batch.pk]
+    batch.refresh_from_db()
+    assert batch.status == "finished" and batch.pass_rate == 1.0
+    assert sweep_replays(later) == []  # and no shard of it is enqueued again

@@ -323,6 +323,7 @@ def test_the_sweeper_picks_dead_and_lost_runs_only_once_per_quiet_period(world: 
     dead = run_with(status=RunStatus.RUNNING, lease_token="t", lease_expires_at=now - dt.timedelta(seconds=5),
                     updated_at=now - dt.timedelta(seconds=10))
     waiting = run_with(status=RunStatus.WAITING, updated_at=long_ago)
+    _pending_approval(world, waiting)  # a person has yet to decide: nothing to resume
     finished = run_with(status=RunStatus.FINISHED, updated_at=long_ago)
     # a dead run re-enqueued a while ago whose new lease also expired is picked again at once
     dead_again = run_with(status=RunStatus.RUNNING, lease_token="t2", lease_expires_at=now - dt.timedelta(seconds=1),
@@ -337,6 +338,50 @@ def test_the_sweeper_picks_dead_and_lost_runs_only_once_per_quiet_period(world: 
     dead_later, lost_later = stranded_runs(later)
     assert set(dead_later) == {dead, dead_again}
     assert set(lost_later) == {lost_queued, fresh_queued}, "the fresh queued run is now a minute old too"
+
+
+def _pending_approval(world: World, run_id: str, status: str = "pending") -> Any:
+    from approvals.models import ApprovalRequest
+
+    return ApprovalRequest.objects.create(tenant=world.tenant, run_id=run_id, step=1, call_id="call-1", tool_name="refund_order",
+                                          arguments={}, arguments_hash="x", status=status,
+                                          expires_at=timezone.now() + dt.timedelta(hours=1))
+
+
+def test_a_waiting_run_whose_resume_was_lost_after_its_decision_is_resumed_by_the_sweeper(
+        world: World, settings: Any, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any) -> None:
+    # given runs waiting for a long time: one whose approval was decided but whose resume never happened (PostgreSQL
+    # went away between the decision's commit and the resume: issue #50's fault suite), one still awaiting a person,
+    # one whose sub-agent run is still waiting for a person, and one decided a moment ago (its resume is on its way)
+    settings.SWEEP_QUEUED_AFTER_SECONDS = 60
+    now = timezone.now()
+    long_ago = now - dt.timedelta(seconds=120)
+
+    def waiting(**fields: Any) -> str:
+        run = _start(world)
+        Run.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, **fields)
+        return str(run.pk)
+
+    decided = waiting(updated_at=long_ago)
+    _pending_approval(world, decided, status="approved")
+    undecided = waiting(updated_at=long_ago)
+    _pending_approval(world, undecided)
+    parent = waiting(updated_at=long_ago)
+    child = waiting(facts={"parent_run": parent})
+    _pending_approval(world, child)
+    just_decided = waiting(updated_at=now - dt.timedelta(seconds=5))
+    _pending_approval(world, just_decided, status="approved")
+    sent: list[str] = []
+    monkeypatch.setattr("agents.tasks.execute_run_task.delay", lambda run_id: sent.append(run_id))
+    # when the sweeper looks
+    with django_capture_on_commit_callbacks(execute=True):
+        report = sweep_runs(now)
+    # then only the decided run is resumed, once, as its decision would have
+    assert report.lost_resume == [decided] and sent == [decided], (report, sent)
+    assert Run.objects.get(pk=decided).status == RunStatus.QUEUED
+    assert {Run.objects.get(pk=pk).status for pk in (undecided, parent, child, just_decided)} == {RunStatus.WAITING}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweep_runs(now).lost_resume == []
 
 
 def test_the_sweep_command_reports_what_it_enqueued(world: World, capsys: pytest.CaptureFixture[str]) -> None:
