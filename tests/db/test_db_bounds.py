@@ -52,9 +52,14 @@ def test_a_server_connection_carries_the_request_bounds() -> None:
 def test_a_worker_connection_gets_the_worker_bounds(settings: Any) -> None:
     settings.WORKER_DB_LOCK_TIMEOUT_SECONDS = 42.0
     dbroles._worker_bounds(sender=None, connection=connection)
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW lock_timeout")
-        assert cursor.fetchone()[0] == "42s"
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW lock_timeout")
+            assert cursor.fetchone()[0] == "42s"
+    finally:  # the pooled connection goes on to other tests: back to the bounds it was opened with
+        with connection.cursor() as cursor:
+            cursor.execute("RESET statement_timeout")
+            cursor.execute("RESET lock_timeout")
 
 
 @needs_postgresql
@@ -76,6 +81,8 @@ def test_a_request_behind_a_held_lock_is_a_fast_503_with_retry_after() -> None:
     finally:
         holder.rollback()
         holder.close()
+        with connection.cursor() as cursor:  # the pooled connection goes on to other tests with its own bound again
+            cursor.execute("RESET lock_timeout")
     assert answer.status_code == 503, answer.content
     assert answer["Retry-After"] == str(outages.BUSY_RETRY_AFTER_SECONDS)
     assert answer.json()["error"]["dependency"] == "database" and "busy" in answer.json()["detail"]
