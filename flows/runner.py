@@ -666,14 +666,15 @@ def _ask(run: Run, node: Node, rows: dict[str, FlowNodeRun], scope: dict[str, An
     (its row, in ``rows`` too)."""
     row = rows.get(node.id)
     from approvals.decisions import publish
-    from approvals.models import ApprovalRequest
+    from approvals.models import ApprovalRequest, NotifyEvent
+    from approvals.tasks import enqueue_notice
 
     try:
         inputs = node_arguments(node, scope)
         text = render(node.preview or f"Approve step {node.id} of flow {run.agent.slug}?", scope)
     except Exception as exc:
         inputs, text = {}, f"(the preview could not be built: {exc})"
-    request, _ = ApprovalRequest.objects.get_or_create(run_id=run.pk, call_id=call_id(run.pk, node.id), defaults={
+    request, created = ApprovalRequest.objects.get_or_create(run_id=run.pk, call_id=call_id(run.pk, node.id), defaults={
         "tenant_id": run.tenant_id, "step": run.step, "tool": None, "tool_name": f"flow:{node.id}"[:64],
         "arguments": inputs, "arguments_hash": "", "required_approvals": 1,
         "preview": {"tool": f"flow {run.agent.slug}: {node.id}", "description": mask_text(text)[:300],
@@ -681,6 +682,8 @@ def _ask(run: Run, node: Node, rows: dict[str, FlowNodeRun], scope: dict[str, An
         "approver_roles": list(node.approver_roles),
         "expires_at": now + dt.timedelta(seconds=node.expires_in_seconds)})
     publish(request)
+    if created:  # announced to the tenant's channels as a tool's approval request is (the fault suite found none sent)
+        enqueue_notice(request.pk, NotifyEvent.ARRIVED)
     span = row.span_id if row is not None and row.span_id else new_span_id()
     waiting, _ = FlowNodeRun.objects.update_or_create(run=run, node_id=node.id, defaults={
         "tenant_id": run.tenant_id, "kind": node.kind, "status": NodeStatus.WAITING, "attempt": 1, "inputs": inputs,

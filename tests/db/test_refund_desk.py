@@ -67,3 +67,21 @@ def test_the_refund_desk_runs_to_its_summary_through_its_approvals(demo: APIClie
     assert run.terminal_reason == "final_answer", run.error
     assert f"was refunded {amount} CNY" in run.output and "Li Wei" in run.output
     assert [r["amount"] for r in order_desk.REFUNDS[run.tenant_id]["O202411280001"]] == [amount]  # refunded once, its tenant's
+
+
+def test_a_flow_approval_node_announces_its_request_as_a_tool_approval_does(
+        demo: APIClient, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any) -> None:
+    # issue #50's fault suite: 118 "flow:manager" requests, not one announced to the tenant's channels
+    from approvals import tasks
+
+    announced: list[tuple[str, str]] = []
+    monkeypatch.setattr(tasks.notify_task, "delay", lambda request_id, event: announced.append((request_id, event)))
+    started = demo.post("/api/v1/runs", {"flow": "refund-desk", "input": {
+        "order_id": "O202411280001", "amount": "250.00", "reason": "damaged cup"}}, format="json")
+    run = Run.objects.get(pk=started.json()["id"])
+    with django_capture_on_commit_callbacks(execute=True):
+        services.execute_run(str(run.pk))
+        _drain(run)
+    request = ApprovalRequest.objects.get(run=run, status=ApprovalStatus.PENDING)
+    assert request.tool_name == "flow:manager"
+    assert announced == [(str(request.pk), "arrived")]
