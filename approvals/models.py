@@ -44,6 +44,7 @@ class ApprovalRequest(TenantOwned):
     expires_at = models.DateTimeField(db_index=True)
     decided_at = models.DateTimeField(null=True, blank=True)
     expiry_noticed = models.BooleanField(default=False, help_text="The channels were told it expires soon.")
+    arrival_noticed = models.BooleanField(default=False, help_text="Its arrival notices were made (one per channel).")
 
     objects = TenantScopedQuerySet.as_manager()
 

@@ -172,13 +172,25 @@ def fan_out(request_id: Any, event: str) -> list[int]:
     channels = NotificationChannel.objects.filter(tenant_id=request.tenant_id, enabled=True).prefetch_related("tools")
     chosen = [c for c in channels if event in (c.events or [])
               and (not c.tools.all() or any(t.pk == request.tool_id for t in c.tools.all()))]
+    if chosen:
+        Delivery.objects.bulk_create(
+            [Delivery(tenant_id=request.tenant_id, channel=c, request=request, event=event) for c in chosen],
+            ignore_conflicts=True)
+    if event == NotifyEvent.ARRIVED and not request.arrival_noticed:
+        ApprovalRequest.objects.filter(pk=request.pk).update(arrival_noticed=True)
     if not chosen:
         return []
-    Delivery.objects.bulk_create(
-        [Delivery(tenant_id=request.tenant_id, channel=c, request=request, event=event) for c in chosen], ignore_conflicts=True
-    )
     return list(Delivery.objects.filter(request=request, event=event, channel__in=chosen, status=DeliveryStatus.PENDING)
                 .values_list("pk", flat=True))
+
+
+def unannounced_requests() -> list[Any]:
+    """Pending requests whose arrival was never fanned out (the task that announces it was lost: a worker killed with it,
+    a Redis emptied before a worker took it), older than ``NOTIFY_RESEND_AFTER_SECONDS``. Their deliveries are made by
+    the approval-expiry sweep, as the lost task would have made them."""
+    cutoff = timezone.now() - dt.timedelta(seconds=settings.NOTIFY_RESEND_AFTER_SECONDS)
+    return list(ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, arrival_noticed=False, requested_at__lt=cutoff)
+                .order_by("requested_at").values_list("pk", flat=True)[:500])
 
 
 def expiry_notices_due() -> list[Any]:

@@ -25,6 +25,9 @@ def expire_approvals_task() -> int:
         expired = decisions.expire_due()
         for request_id in notify.expiry_notices_due():
             enqueue_notice(request_id, notify.NotifyEvent.EXPIRING)
+        for request_id in notify.unannounced_requests():
+            for delivery_id in notify.fan_out(request_id, notify.NotifyEvent.ARRIVED):
+                deliver_task.delay(delivery_id)
         for delivery_id in notify.stranded_deliveries():
             deliver_task.delay(delivery_id)
         return expired

@@ -498,3 +498,20 @@ def test_the_admin_shows_a_channels_url_masked_to_a_viewer_and_to_whoever_may_ch
     assert saved.status_code == 302, saved.content[:3000]
     channel.refresh_from_db()
     assert channel.target == SLACK_URL and channel.events == ["arrived"]  # the masked URL sent back kept the real one
+
+
+def test_a_request_whose_arrival_notice_task_was_lost_is_announced_by_the_sweep(world: World, monkeypatch: Any) -> None:
+    # issue #50's fault suite: with Redis emptied, 8 requests' notice tasks were lost and never announced
+    request = _request(world, _refund_tool(world))
+    _channel(world, kind="email", name="mail")
+    sent: list[Any] = []
+    monkeypatch.setattr(tasks.deliver_task, "delay", sent.append)
+    tasks.expire_approvals_task()
+    assert sent == [] and not Delivery.objects.filter(request=request).exists()  # its own task may be on its way
+    ApprovalRequest.objects.filter(pk=request.pk).update(requested_at=timezone.now() - timedelta(minutes=5))
+    tasks.expire_approvals_task()
+    [delivery] = Delivery.objects.filter(request=request, event="arrived")
+    assert sent == [delivery.pk]
+    sent.clear()
+    tasks.expire_approvals_task()
+    assert sent == [], "announced once"
