@@ -246,7 +246,9 @@ _E164 = re.compile(r"(?<![\w+])\+[1-9](?:[ \-]?\d){7,14}(?![\d])")
 _CARD_SEP = r"[ \t.\-]{0,3}(?:\r?\n[ \t]{0,2})?"
 #: A run of digit groups (the whole run: :func:`_mask_card` finds the card inside it).
 _CARD = re.compile(rf"(?<![\d*])\d(?:{_CARD_SEP}\d)*")
-_CN_MOBILE = re.compile(r"(?<![\d*])(?:(?:\+|00)?86[ \-]?)?(1[3-9]\d)[ \-]?(\d{4})[ \-]?(\d{4})(?![\d*])")
+# Not inside a word of letters and digits (a hex id such as a call id "fl:0a14415484721b...": its digit runs are no
+# phone number; a UUID with its hyphens is kept whole by _UUID already).
+_CN_MOBILE = re.compile(r"(?<![\dA-Za-z*])(?:(?:\+|00)?86[ \-]?)?(1[3-9]\d)[ \-]?(\d{4})[ \-]?(\d{4})(?![\dA-Za-z*])")
 
 
 def _mask_email(m: re.Match[str]) -> str:
