@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
-import functools
 import json
-import uuid
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import Exists, OuterRef
-from django.http import Http404
-from django.utils import timezone
-from django_filters.utils import translate_validation
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -44,8 +37,7 @@ from agents.serializers import (
     VersionPreviewSerializer,
 )
 from config.api import CursorPages
-from config.compiled import CompiledRead
-from config.filters import ListFilterBackend, parameters
+from config.filters import ListFilterBackend
 from tenants import open_streams
 from tenants.api import TenantScopedViewSet
 from tools.serializers import PreviewImpactResultSerializer
@@ -77,89 +69,6 @@ def wants_event_stream(request: Request) -> bool:
     return "text/event-stream" in request.headers.get("Accept", "")
 
 
-# A new run's agent, with what start_run reads of it (the tenant's settings, the current version): no lazy query per
-# create; compiled once (config/compiled.py).
-_agent_by_slug: CompiledRead[Agent] = CompiledRead(
-    lambda tenant_id, slug: Agent.objects.for_tenant(tenant_id).select_related("tenant", "current_version")
-    .filter(slug=slug).order_by("pk")[:1])
-
-
-def _lean_runs(tenant_ids: list[int] | None, pk: uuid.UUID) -> Any:
-    """``RunViewSet.get_queryset()`` for a lean action, narrowed to one run (``tenant_ids`` None: a superuser's)."""
-    queryset = RunViewSet.queryset.only(*RUN_READ_FIELDS)
-    return (queryset if tenant_ids is None else queryset.for_tenant_ids(tenant_ids)).filter(pk=pk)
-
-
-_lean_run: CompiledRead[Run] = CompiledRead(_lean_runs)
-
-
-@functools.lru_cache(maxsize=32)
-def _events_after(limit: int) -> CompiledRead[RunEvent]:
-    """A page of a run's events after a seq, ``limit`` + 1 of them (the extra one says whether there are more)."""
-    return CompiledRead(lambda run_id, after: RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[: limit + 1])
-
-
-@functools.lru_cache(maxsize=256)
-def _runs_page(filters: tuple[str, ...], ordering: tuple[str, ...], position_lookup: str | None, start: int,
-               stop: int) -> CompiledRead[Run]:
-    """A page of the runs list as DRF's cursor pagination asks for it (ordered, after the cursor's position, sliced),
-    compiled once per shape: the filters are RunFilter's own, applied to the values its form cleaned."""
-
-    def build(tenant_ids: list[int] | None, *values: Any) -> Any:
-        queryset = RunViewSet.queryset.only(*RUN_READ_FIELDS)
-        if tenant_ids is not None:
-            queryset = queryset.for_tenant_ids(tenant_ids)
-        if filters:  # none: no filter applies, and none is built (RunViewSet.list)
-            filterset = RunFilter(queryset=queryset)
-            filterset.form.cleaned_data = dict(zip(filters, values, strict=False))
-            queryset = filterset.filter_queryset(queryset)
-        queryset = queryset.order_by(*ordering)
-        if position_lookup is not None:
-            queryset = queryset.filter(**{position_lookup: values[len(filters)]})
-        return queryset[start:stop]
-
-    return CompiledRead(build)
-
-
-@dataclasses.dataclass(frozen=True)
-class _RunsPage:
-    """What ``CursorPagination.paginate_queryset`` does to a queryset — ``order_by``, one ``filter`` on the cursor's
-    position, a slice — recorded, and the slice answered by :func:`_runs_page`: the runs list's query is built and
-    compiled once per shape instead of on every request (issue #14)."""
-
-    model = Run
-    tenant_ids: list[int] | None
-    filters: tuple[str, ...]
-    values: tuple[Any, ...]
-    ordering: tuple[str, ...] = ()
-    position_lookup: str | None = None
-    position: Any = None
-
-    def order_by(self, *ordering: str) -> _RunsPage:
-        return dataclasses.replace(self, ordering=ordering)
-
-    def filter(self, **lookup: Any) -> _RunsPage:
-        ((name, value),) = lookup.items()
-        return dataclasses.replace(self, position_lookup=name, position=_position(name, value))
-
-    def __getitem__(self, window: slice) -> list[Run] | list[dict[str, Any]]:
-        """The page's runs as row dicts (no model instances: RunSerializer writes them out, and the paginator reads
-        the ordering field's value from a dict as from a run), or as runs where the read is not compiled (SQLite)."""
-        read = _runs_page(self.filters, self.ordering, self.position_lookup, window.start or 0, window.stop)
-        extra = (self.position,) if self.position_lookup is not None else ()
-        rows = read.dicts(self.tenant_ids, *self.values, *extra)
-        return rows if rows is not None else read(self.tenant_ids, *self.values, *extra)
-
-
-def _position(lookup: str, value: Any) -> Any:
-    """The cursor's position as the ordering field's value (a cursor was checked to fit it: CursorPages)."""
-    field = Run._meta.get_field(lookup.split("__")[0])
-    value = field.to_python(value)
-    if isinstance(value, datetime.datetime) and timezone.is_naive(value):
-        value = timezone.make_aware(value, datetime.UTC)  # as the field would, without its warning
-    return value
-
-
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     content_negotiation_class = StreamNegotiation
     queryset = Run.objects.select_related("agent", "version", "attention_resolved_by")
@@ -176,36 +85,6 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     def get_queryset(self) -> Any:
         queryset = super().get_queryset()
         return queryset.only(*RUN_READ_FIELDS) if self.action in self.lean_actions else queryset
-
-    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        """DRF's list (filters checked by the filter backend, a cursor page, the lean serializer) with the page read by
-        a compiled query (:class:`_RunsPage`)."""
-        filters: tuple[str, ...] = ()
-        values: tuple[Any, ...] = ()
-        names = parameters(RunFilter)
-        if names is None or not names.isdisjoint(request.query_params):  # else no filter applies: none is built
-            filterset = ListFilterBackend().get_filterset(request, self.get_queryset(), self)
-            if not filterset.is_valid():
-                raise translate_validation(filterset.errors)
-            filters = tuple(filterset.form.cleaned_data)
-            values = tuple(filterset.form.cleaned_data[name] for name in filters)
-        page = self.paginator.paginate_queryset(_RunsPage(self.actor.tenant_ids("view"), filters, values), request, self)
-        return self.paginator.get_paginated_response(self.get_serializer(page, many=True).data)
-
-    def get_object(self) -> Any:
-        """A lean read of one run (detail, events, stream) is the same query as DRF's, compiled once per shape; a run
-        of a tenant the actor cannot see, or an id that is not one, is a 404 as before."""
-        if self.action not in self.lean_actions:
-            return super().get_object()
-        try:
-            pk = uuid.UUID(str(self.kwargs[self.lookup_url_kwarg or self.lookup_field]))
-        except ValueError:
-            raise Http404("No Run matches the given query.") from None
-        run = _lean_run.first(self.actor.tenant_ids("view"), pk)
-        if run is None:
-            raise Http404("No Run matches the given query.")
-        self.check_object_permissions(self.request, run)
-        return run
 
     @extend_schema(
         request=PolymorphicProxySerializer("RunOrFlowRunCreate", [RunCreateSerializer, FlowRunCreateSerializer],
@@ -245,7 +124,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         data = body.validated_data
         tenant = self.acting_tenant("operate")
         # With what start_run reads of it (the tenant's settings, the current version): no lazy query per create.
-        agent = _agent_by_slug.first(tenant.pk, data["agent"])  # the acting tenant was checked for "operate" above
+        agent = Agent.objects.for_tenant(tenant.pk).select_related("tenant", "current_version").filter(
+            slug=data["agent"]).first()  # the acting tenant was checked for "operate" above
         if agent is None or agent.kind != AgentKind.AGENT:
             agents = Agent.objects.for_tenant(tenant).filter(kind=AgentKind.AGENT)
             known = ", ".join(agents.values_list("slug", flat=True)[:20]) or "none"
@@ -317,14 +197,11 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         run = self.get_object()
         after = _non_negative_int(request.query_params.get("after"), "after", 0)
         limit = min(_non_negative_int(request.query_params.get("limit"), "limit", 100) or 100, EVENTS_PAGE_MAX)
-        read = _events_after(limit)
-        # row dicts where the read is compiled (no model instance per event), else the ORM's events
-        rows: list[Any] | None = read.dicts(run.pk, after)
-        if rows is None:
-            rows = read(run.pk, after)
+        # limit + 1 rows: the extra one says whether there are more
+        rows = list(RunEvent.objects.filter(run_id=run.pk, seq__gt=after).order_by("seq")[: limit + 1])
         has_more = len(rows) > limit
         rows = rows[:limit]
-        next_after = (rows[-1]["seq"] if isinstance(rows[-1], dict) else rows[-1].seq) if rows else after
+        next_after = rows[-1].seq if rows else after
         next_url = None
         if has_more:
             next_url = request.build_absolute_uri(f"/api/v1/runs/{run.pk}/events?after={next_after}&limit={limit}")

@@ -13,6 +13,7 @@ from channels.db import database_sync_to_async
 
 from agents import run_feeds
 from agents.models import Run, RunEvent
+from agents.serializers import event_frames
 from config import live
 from tenants import open_streams
 from tenants.feeds import HeartbeatConsumer, stop_tasks
@@ -31,7 +32,7 @@ def _visible_run(actor: Actor, run_id: str) -> Run | None:
 @database_sync_to_async
 def _events_after(run_id: Any, after: int) -> list[dict[str, Any]]:
     rows = RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:BACKFILL_PAGE]
-    return [row.as_frame() for row in rows]
+    return event_frames(rows)
 
 
 class RunEventsConsumer(HeartbeatConsumer):

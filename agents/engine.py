@@ -14,7 +14,6 @@ from agents.store import DjangoRunStore
 from approvals.gate import ApprovalGate
 from audit.masking import mask_text
 from audit.unit_of_work import StepAudit
-from config.compiled import CompiledRead
 from runtime.config import build_runtime
 from runtime.context import ContextInput, assemble_context
 from runtime.context import Turn as ContextTurn
@@ -26,11 +25,13 @@ from tools.models import Tool
 
 HISTORY_TURNS = 50
 
-# A run's reads at its start, compiled once per shape (config/compiled.py).
-_session_turns = CompiledRead(
-    lambda session_id: Turn.objects.filter(session_id=session_id).order_by("-turn_seq")[:HISTORY_TURNS])
-_version_tools = CompiledRead(
-    lambda tenant_id, names: hooks.callable_tools(tenant_id).filter(name__in=names).order_by("name"))
+
+def _session_turns(session_id: Any) -> list[Turn]:
+    return list(Turn.objects.filter(session_id=session_id).order_by("-turn_seq")[:HISTORY_TURNS])
+
+
+def _version_tools(tenant_id: int, names: list[str]) -> list[Tool]:
+    return list(hooks.callable_tools(tenant_id).filter(name__in=names).order_by("name"))
 
 
 def initial_checkpoint(run: Run, model_info: Any, *, turns: list[Turn] | None = None) -> Checkpoint:

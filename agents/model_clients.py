@@ -43,7 +43,6 @@ from agents.providers import (
 from agents.run_deltas import RunDeltas
 from agents.run_policy import policy_for
 from config.buckets import bucket_store
-from config.compiled import CompiledRead
 from llm import GatewayConfig, ModelGateway, ModelInfo, ProviderConfig, ProviderError, RateLimit
 from llm.breaker import CircuitBreaker
 from llm.openai_client import split_model
@@ -128,7 +127,8 @@ def tenant_rate_limit(tenant: Any) -> RateLimit | None:
         return None
 
 
-_tenant_providers = CompiledRead(lambda tenant_id: Provider.objects.visible_to_tenant(tenant_id).order_by("name", "tenant_id"))
+def _tenant_providers(tenant_id: int) -> list[Provider]:
+    return list(Provider.objects.visible_to_tenant(tenant_id).order_by("name", "tenant_id"))
 
 
 def _chosen_rows(tenant_id: int) -> list[Provider]:

@@ -364,17 +364,6 @@ class RunEvent(TenantOwned):
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq} {self.type}"
 
-    def as_frame(self) -> dict[str, object]:
-        return {
-            "seq": self.seq,
-            "step": self.step,
-            "type": self.type,
-            "span_id": self.span_id,
-            "parent_span_id": self.parent_span_id or None,
-            "payload": self.payload,
-            "at": self.at.isoformat(),
-        }
-
 
 class ProviderKind(models.TextChoices):
     OPENAI_COMPATIBLE = "openai_compatible", "OpenAI-compatible API"

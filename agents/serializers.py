@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
-import zoneinfo
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
-from django.utils import timezone
 from django.utils.functional import cached_property
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
@@ -85,16 +83,9 @@ class FlowRunCreateSerializer(serializers.Serializer):
         return value
 
 
-class OnePageZone:
-    """``_zone``: the time zone a page's dates are written in, looked up once per page, not once per date (a
-    serializer lives for one request; with ``many=True`` its one child writes every row)."""
+class RunSerializer(serializers.ModelSerializer):
+    """A run's JSON body, the one declaration of it: the API's list, detail, create, cancel and resolve answers."""
 
-    @cached_property
-    def _zone(self) -> Any:
-        return timezone.get_current_timezone()
-
-
-class RunSerializer(OnePageZone, serializers.ModelSerializer):
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     version = serializers.IntegerField(source="version.number", read_only=True)
     session = serializers.UUIDField(source="session_id", read_only=True)
@@ -138,55 +129,6 @@ class RunSerializer(OnePageZone, serializers.ModelSerializer):
     def get_injection_flags(self, run: Run) -> list[Any]:
         return list((run.facts or {}).get("injection_flags", []))
 
-    def to_representation(self, run: Run | dict[str, Any]) -> dict[str, Any]:
-        """The fields above, written out: the same body as DRF's field-by-field walk (``generic_representation``;
-        tests/db/test_api_lean.py compares them), at a fraction of its cost on a page of runs (issue #14). A page of
-        the runs list comes as row dicts (config/compiled.py ``CompiledRead.dicts``: no model instances made)."""
-        if isinstance(run, dict):
-            return self.row_representation(run)
-        resolved_by = run.attention_resolved_by
-        zone = self._zone
-        pk = str(run.pk)  # once: UUID.__str__ is Python, and the links repeat it
-        return {
-            "id": pk, "status": run.status, "terminal_reason": run.terminal_reason, "agent": run.agent.slug,
-            "version": run.version.number, "session": str(run.session_id), "input": run.input, "output": run.output,
-            "error": run.error, "usage": run.usage, "step": run.step, "last_seq": run.last_seq,
-            "cancel_requested": run.cancel_requested, "created_at": iso_datetime(run.created_at, zone),
-            "started_at": iso_datetime(run.started_at, zone), "finished_at": iso_datetime(run.finished_at, zone),
-            "injection_flags": self.get_injection_flags(run), "needs_attention": run.needs_attention,
-            "attention_reasons": [None if reason is None else {str(k): v for k, v in reason.items()}
-                                  for reason in run.attention_reasons],
-            "attention_resolved_at": iso_datetime(run.attention_resolved_at, zone),
-            "attention_resolved_by": resolved_by.username if resolved_by is not None else None,
-            "attention_resolution": run.attention_resolution, "parent_run": self.get_parent_run(run),
-            "playground": run.playground, "links": self._links(pk),
-        }
-
-    def row_representation(self, row: dict[str, Any]) -> dict[str, Any]:
-        """:meth:`to_representation` of a run read as a row dict (``RUN_READ_FIELDS`` by column name)."""
-        zone = self._zone
-        pk = str(row["id"])
-        facts = row["facts"] or {}
-        parent = facts.get("parent_run")
-        return {
-            "id": pk, "status": row["status"], "terminal_reason": row["terminal_reason"], "agent": row["agent__slug"],
-            "version": row["version__number"], "session": str(row["session_id"]), "input": row["input"],
-            "output": row["output"], "error": row["error"], "usage": row["usage"], "step": row["step"],
-            "last_seq": row["last_seq"], "cancel_requested": row["cancel_requested"],
-            "created_at": iso_datetime(row["created_at"], zone), "started_at": iso_datetime(row["started_at"], zone),
-            "finished_at": iso_datetime(row["finished_at"], zone),
-            "injection_flags": list(facts.get("injection_flags", [])), "needs_attention": row["needs_attention"],
-            "attention_reasons": [None if reason is None else {str(k): v for k, v in reason.items()}
-                                  for reason in row["attention_reasons"]],
-            "attention_resolved_at": iso_datetime(row["attention_resolved_at"], zone),
-            "attention_resolved_by": row["attention_resolved_by__username"],
-            "attention_resolution": row["attention_resolution"], "parent_run": str(parent) if parent else None,
-            "playground": row["playground"], "links": self._links(pk),
-        }
-
-    def generic_representation(self, run: Run) -> dict[str, Any]:
-        return dict(super().to_representation(run))
-
     @cached_property
     def _bases(self) -> tuple[str, str]:
         request = self.context.get("request")
@@ -194,10 +136,8 @@ class RunSerializer(OnePageZone, serializers.ModelSerializer):
         return base, base.replace("https://", "wss://").replace("http://", "ws://")
 
     def get_links(self, run: Run) -> dict[str, str]:
-        return self._links(str(run.pk))
-
-    def _links(self, pk: str) -> dict[str, str]:
         base, ws_base = self._bases  # once per page, not once per run
+        pk = str(run.pk)
         return {"self": f"{base}api/v1/runs/{pk}", "events": f"{base}api/v1/runs/{pk}/events", "ws": f"{ws_base}ws/runs/{pk}/"}
 
 
@@ -209,24 +149,18 @@ class ResolveAttentionSerializer(serializers.Serializer):
     )
 
 
-class RunEventSerializer(OnePageZone, serializers.ModelSerializer):
+class RunEventSerializer(serializers.ModelSerializer):
+    """A trace event's JSON body, the one declaration of it: the events page, the stream, the websocket, the console."""
+
     class Meta:
         model = RunEvent
         fields = ["seq", "step", "type", "span_id", "parent_span_id", "payload", "at"]
         read_only_fields = fields
 
-    def to_representation(self, event: RunEvent | dict[str, Any]) -> dict[str, Any]:
-        """Written out, as :meth:`RunSerializer.to_representation` (same body as DRF's walk, a fraction of its cost);
-        an event read as a row dict (``CompiledRead.dicts``) the same way."""
-        if isinstance(event, dict):
-            return {"seq": event["seq"], "step": event["step"], "type": event["type"], "span_id": event["span_id"],
-                    "parent_span_id": event["parent_span_id"], "payload": event["payload"],
-                    "at": iso_datetime(event["at"], self._zone)}
-        return {"seq": event.seq, "step": event.step, "type": event.type, "span_id": event.span_id,
-                "parent_span_id": event.parent_span_id, "payload": event.payload, "at": iso_datetime(event.at, self._zone)}
 
-    def generic_representation(self, event: RunEvent) -> dict[str, Any]:
-        return dict(super().to_representation(event))
+def event_frames(rows: Iterable[RunEvent]) -> list[dict[str, Any]]:
+    """Events as the stream, the websocket and the console send them: :class:`RunEventSerializer`'s body."""
+    return [dict(body) for body in RunEventSerializer(rows, many=True).data]
 
 
 #: What the run list, a run and its events page read of a run: what RunSerializer shows, and the tenant (for the
@@ -237,25 +171,6 @@ RUN_READ_FIELDS = (
     "needs_attention", "attention_reasons", "attention_resolved_at", "attention_resolved_by__username",
     "attention_resolution", "playground",
 )
-
-
-_UTC_ZONE = zoneinfo.ZoneInfo("UTC")  # the same object Django's get_current_timezone() gives (ZoneInfo caches by key)
-
-
-def iso_datetime(value: Any, zone: Any = None) -> str | None:
-    """DRF's rendering of a DateTimeField (ISO 8601 in the current time zone — or ``zone``, when the caller looked
-    it up once for many values — UTC as ``Z``)."""
-    if not value:
-        return None
-    zone = zone or timezone.get_current_timezone()
-    tz = value.tzinfo
-    if tz is dt.UTC and zone is _UTC_ZONE:  # the common case, first: read from the database, written in UTC
-        return value.isoformat()[:-6] + "Z"
-    # a value read from the database is in UTC (datetime.UTC), as the zone usually is (ZoneInfo("UTC")): as it is
-    if tz is not zone and not (tz is dt.UTC and getattr(zone, "key", None) == "UTC") and timezone.is_aware(value):
-        value = value.astimezone(zone)
-    text = value.isoformat()
-    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 class AgentSerializer(serializers.ModelSerializer):

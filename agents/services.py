@@ -23,7 +23,6 @@ from approvals.policy import FLOOR_OVERRIDE_ACTION, floor_for, loosening, record
 from audit.masking import mask_text, mask_value
 from audit.services import record_change
 from config.batch import WriteBatch
-from config.compiled import CompiledRead
 from config.errors import Conflict, Refused, only_fields
 from runtime.approval_policy import OVERRIDE_FLAG, flagged
 from runtime.config import PolicyError, raw_input_patterns
@@ -210,10 +209,7 @@ def acquire_lease(run_id: str, token: str) -> Run | None:
         taken = cursor.rowcount
     if not taken:
         return None
-    return _leased_run.get(uuid.UUID(str(run_id)))
-
-
-_leased_run = CompiledRead(lambda pk: Run.objects.select_related("tenant", "agent", "version", "session").filter(pk=pk))
+    return Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
 
 
 @functools.cache

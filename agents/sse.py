@@ -37,6 +37,7 @@ from django.http import StreamingHttpResponse
 
 from agents import run_feeds
 from agents.models import Run, RunEvent, RunStatus
+from agents.serializers import event_frames
 from config import live
 from tenants import open_streams
 
@@ -54,7 +55,7 @@ def event_message(text: str, seq: int | None = None) -> bytes:
 
 @database_sync_to_async
 def _events_after(run_id: Any, after: int) -> list[dict[str, Any]]:
-    return [row.as_frame() for row in RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:BACKFILL_PAGE]]
+    return event_frames(RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:BACKFILL_PAGE])
 
 
 @database_sync_to_async

@@ -21,10 +21,11 @@ or a serialization failure anyway is committed again (``config/conflicts.py``), 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -32,12 +33,12 @@ from django.utils import timezone
 
 from agents import attention, metrics, otel
 from agents.models import Run, RunEvent, RunMessage, RunStatus, Session, Turn
+from agents.serializers import event_frames
 from audit.masking import mask_text, mask_value
 from audit.models import AuditChainHead
 from audit.unit_of_work import StepAudit
 from config import live
 from config.batch import WriteBatch
-from config.compiled import CompiledRead, json_column, new_instance
 from config.conflicts import retried
 from runtime.protocols import Checkpoint, StepAck, StepRecord
 from runtime.types import Event, Phase, Usage
@@ -81,18 +82,11 @@ def run_summary(run: Run | dict[str, Any]) -> dict[str, Any]:
     }
 
 
-#: RunEvent's columns in the model's order: ``event_rows`` fills each new row's values in directly, as compiled reads
-#: fill loaded ones (config/compiled.py ``new_instance``). A change to the model's fields must change this.
-_EVENT_FIELDS = ("id", "tenant_id", "run_id", "seq", "step", "type", "span_id", "parent_span_id", "payload", "at")
-if tuple(field.attname for field in RunEvent._meta.concrete_fields) != _EVENT_FIELDS:  # pragma: no cover - a loud import error
-    raise RuntimeError(f"agents.store.event_rows builds RunEvent rows as {_EVENT_FIELDS}; the model's fields changed")
-
-
 def event_rows(run: Run, first_seq: int, step: int, events: Iterable[Event]) -> list[RunEvent]:
     tenant_id, run_id = run.tenant_id, run.pk
-    return [cast(RunEvent, new_instance(RunEvent, _EVENT_FIELDS, (
-                None, tenant_id, run_id, first_seq + offset, step, event.type, event.span_id, event.parent_span_id or "",
-                mask_value(event.payload), _when(event.at))))
+    return [RunEvent(tenant_id=tenant_id, run_id=run_id, seq=first_seq + offset, step=step, type=event.type,
+                     span_id=event.span_id, parent_span_id=event.parent_span_id or "", payload=mask_value(event.payload),
+                     at=_when(event.at))
             for offset, event in enumerate(events)]
 
 
@@ -102,7 +96,7 @@ def publish_after_commit(run: Run, rows: list[RunEvent], summary: dict[str, Any]
     run_id, tenant_id = run.pk, run.tenant_id
     if live.unwatched(run_id, tenant_id):
         return  # nobody watches the run or the tenant's list, as the layer knows without asking: nothing to frame
-    frames = [row.as_frame() for row in rows]
+    frames = event_frames(rows)
     transaction.on_commit(lambda: live.publish_run_events(run_id=run_id, tenant_id=tenant_id, frames=frames, summary=summary))
 
 
@@ -169,9 +163,9 @@ _STEP_GUARD = ("lease_token", "step", "last_seq", "message_count")
 _GUARD_SQL = {True: guard_sql(_STEP_GUARD, with_head=True), False: guard_sql(_STEP_GUARD, with_head=False)}
 
 
-# The session's counters, its row locked until the step commits (config/compiled.py: compiled once).
-_locked_session = CompiledRead(
-    lambda pk: Session.objects.select_for_update().only("usage", "model_calls", "turns").filter(pk=pk))
+def _locked_session(pk: Any) -> Session:
+    """The session's counters, its row locked until the step commits."""
+    return Session.objects.select_for_update().only("usage", "model_calls", "turns").get(pk=pk)
 
 
 class DjangoRunStore:
@@ -365,7 +359,8 @@ class DjangoRunStore:
             if row is None:
                 continue
             locked = dict(zip(_LOCKED_FIELDS, row[: len(_LOCKED_FIELDS)], strict=True))
-            locked["attention_reasons"] = json_column(locked["attention_reasons"])
+            reasons = locked["attention_reasons"]  # a raw cursor leaves jsonb as its text (the field decodes it)
+            locked["attention_reasons"] = json.loads(reasons) if isinstance(reasons, str) else reasons
             if not with_head:
                 return locked, None
             seq, hash_ = row[len(_LOCKED_FIELDS):]
@@ -376,7 +371,7 @@ class DjangoRunStore:
         """Append the exchange to the session's conversation and carry the run's counters over: the session's row
         locked and read here (its turn number), its update and the turn's row sent with the step's batch. ``answer``:
         the run's output as stored (masked once, see :func:`masked_output`)."""
-        session = _locked_session.get(run.session_id)
+        session = _locked_session(run.session_id)
         usage, model_calls, turns = dict(session.usage or {}), session.model_calls, session.turns
         run_usage = record.usage.to_dict()
         for key in ("input_tokens", "output_tokens"):

@@ -21,6 +21,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agents import attention
 from agents.models import RunEvent, Session
+from agents.serializers import event_frames
 from audit.models import ToolCallAudit
 from config.numbers import whole_number
 from console import queries
@@ -93,7 +94,7 @@ def _tool_calls(actor: Actor, run: Any) -> dict[str, dict[str, Any]]:
 def run_trace(request: HttpRequest, run_id: Any) -> HttpResponse:
     actor = _actor(request)
     run = _visible_run(actor, run_id)
-    events = [row.as_frame() for row in RunEvent.objects.filter(run_id=run.pk).order_by("seq")[:TRACE_BACKLOG]]
+    events = event_frames(RunEvent.objects.filter(run_id=run.pk).order_by("seq")[:TRACE_BACKLOG])
     return render(request, "console/run_trace.html", {
         "nav": "runs",
         "run": run,

@@ -55,7 +55,6 @@ from audit.masking import mask_text, mask_value
 from audit.models import AuditChainHead
 from audit.unit_of_work import StepAudit, forget_keys
 from config.batch import WriteBatch
-from config.compiled import CompiledRead
 from config.conflicts import is_conflict, retried
 from flows.models import FlowNodeRun, NodeStatus
 from runtime.flows import (
@@ -258,15 +257,27 @@ def _uuid(value: Any) -> uuid.UUID:
     return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
 
-# A flow's hot reads, compiled once per shape (config/compiled.py).
-_node_rows = CompiledRead(lambda run_id: FlowNodeRun.objects.filter(run_id=run_id).order_by("id"))  # no join for the default order
-_node_with_run = CompiledRead(lambda run_id, node_id: FlowNodeRun.objects.select_related(
-    "run__tenant", "run__agent", "run__version", "run__session").filter(run_id=run_id, node_id=node_id))
-_flow_run = CompiledRead(lambda run_id: Run.objects.select_related("tenant", "agent", "version", "session").filter(pk=run_id))
-_locked_flow_run = CompiledRead(  # the run's row and its tenant's, as _lock_sql takes them (not the agent's, ...)
-    lambda run_id: Run.objects.select_for_update(of=("self", "tenant"), no_key=True).select_related(
-        "tenant", "agent", "version", "session").filter(pk=run_id))
-_named_tools = CompiledRead(lambda tenant_id, names: callable_tools(tenant_id).filter(name__in=names))
+def _node_rows(run_id: uuid.UUID) -> list[FlowNodeRun]:
+    return list(FlowNodeRun.objects.filter(run_id=run_id).order_by("id"))  # by id: no join for the default order
+
+
+def _node_with_run(run_id: uuid.UUID, node_id: str) -> FlowNodeRun | None:
+    return FlowNodeRun.objects.select_related("run__tenant", "run__agent", "run__version", "run__session").filter(
+        run_id=run_id, node_id=node_id).first()
+
+
+def _flow_run(run_id: uuid.UUID) -> Run:
+    return Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
+
+
+def _locked_flow_run(run_id: uuid.UUID) -> Run:
+    """The run, its row and its tenant's locked as _lock_sql takes them (not the agent's, ...)."""
+    return Run.objects.select_for_update(of=("self", "tenant"), no_key=True).select_related(
+        "tenant", "agent", "version", "session").get(pk=run_id)
+
+
+def _named_tools(tenant_id: int, names: list[str]) -> list[Any]:
+    return list(callable_tools(tenant_id).filter(name__in=names))
 
 
 def _append(run: Run, events: list[Event]) -> list[RunEvent]:
@@ -493,7 +504,7 @@ def advance(run_id: Any, *, savepoint: bool = True, pending: list[Event] | None 
     started: list[tuple[str, str]] = []
     with transaction.atomic(savepoint=savepoint):
         if writes is None:
-            run = _locked_flow_run.get(_uuid(run_id))
+            run = _locked_flow_run(_uuid(run_id))
             run._locked_row = True  # type: ignore[attr-defined]  # _append need not lock and read it again
             writes = Writes(run, _rows(run.pk))
         run, rows = writes.run, writes.rows
@@ -767,7 +778,7 @@ def execute_node(run_id: Any, node_id: str, token: str) -> None:
     """Run one started node and commit its completion; a duplicate or stale task (its token gone) does nothing."""
     # one read: this node's row with its run (a tool or agent node's inputs were evaluated when it started: its own
     # row is all it reads); a node whose conditions or prompts see earlier outputs reads the run's rows too
-    row = _node_with_run.first(_uuid(run_id), node_id)
+    row = _node_with_run(_uuid(run_id), node_id)
     if row is None:
         log.info("flow run %s: node %s has nothing to run (the run or its row is gone)", run_id, node_id)
         return
@@ -1060,7 +1071,7 @@ def _run_wave(run_id: Any, wave: list[tuple[str, str]], last: Writes | None = No
     if last is not None:
         run, rows = last.run, last.rows
     else:
-        run = _flow_run.get(_uuid(run_id))
+        run = _flow_run(_uuid(run_id))
         rows = _rows(run_id)
     context = last.wave if last is not None else None  # what the run's earlier waves in this thread resolved
     if context is None:

@@ -5,13 +5,10 @@ at start-up (``MarketplaceConfig.ready()``). Read-only; no audit rows here (the 
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
-from django.db import connections, router
 from django.db.models import Q, QuerySet
 
-from config.compiled import json_column
 from marketplace.models import ACTIVE_INSTALL_STATUSES, PluginInstall
 from marketplace.release import bucket
 from tools.models import Tool
@@ -68,21 +65,6 @@ def _policy_query(pk: Any) -> QuerySet[Tool, dict[str, Any]]:
     return Tool.objects.filter(pk=pk).values(*_POLICY_FIELDS).order_by("pk")[:1]
 
 
-@lru_cache(maxsize=8)
-def _policy_sql(alias: str) -> str:
-    """The policy read's SQL, compiled by the ORM once per database (it runs before every tool call)."""
-    return _sql_of(_policy_query(0), alias, [0], "tool policy")  # its one parameter: the tool's id
-
-
-def _sql_of(queryset: QuerySet[Any, Any], alias: str, expected: list[Any], what: str) -> str:
-    """A queryset's SQL as the ORM compiles it, checked to take exactly ``expected`` (placeholder values) as its
-    parameters, in order: the caller binds its own values in their place."""
-    statement, params = queryset.query.get_compiler(alias).as_sql()
-    if [str(p) for p in params] != [str(p) for p in expected]:  # pragma: no cover - a Django upgrade changed the SQL
-        raise RuntimeError(f"unexpected parameters in the {what} query: {params!r}")
-    return str(statement)
-
-
 def _row_as_read(tool: Tool) -> dict[str, Any] | None:
     """What :func:`_policy_row` reads, from a tool loaded with its install, plugin and rollout (None when it was not:
     then nothing here may trigger a query of its own)."""
@@ -106,38 +88,20 @@ def _row_as_read(tool: Tool) -> dict[str, Any] | None:
 
 
 def _policy_row(pk: Any) -> dict[str, Any] | None:
-    """The tool's kill switch, plugin install and rollout (what ``_policy_query(pk).first()`` returns), one query."""
-    alias = router.db_for_read(Tool)
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_policy_sql(alias), [pk])
-        row = cursor.fetchone()
-    return dict(zip(_POLICY_FIELDS, row, strict=True)) if row is not None else None
+    """The tool's kill switch, plugin install and rollout, one query."""
+    return _policy_query(pk).first()
 
 
 def granted_scopes(tenant_id: int) -> list[str]:
     """The scopes an owner consented to for the tenant's live plugin installs (one query, read at every run's start:
-    its SQL compiled once, as the policy read's, and unordered, so no join to the tenants for their default order)."""
-    alias = router.db_for_read(PluginInstall)
-    if connections[alias].vendor != "postgresql":
-        found: list[Any] = list(_granted_query(tenant_id))
-    else:
-        with connections[alias].cursor() as cursor:
-            cursor.execute(_granted_sql(alias), [*_ACTIVE, tenant_id])
-            found = [json_column(value) for (value,) in cursor.fetchall()]
+    unordered, so no join to the tenants for their default order)."""
+    found = _granted_query(tenant_id)
     granted: list[str] = []
     for scopes in found:
         granted.extend(str(s) for s in scopes or [])
     return granted
 
 
-_ACTIVE = [str(status.value) for status in ACTIVE_INSTALL_STATUSES]
-
-
 def _granted_query(tenant_id: int) -> QuerySet[PluginInstall, Any]:
     return (PluginInstall.objects.filter(tenant_id=tenant_id, status__in=ACTIVE_INSTALL_STATUSES)
             .order_by().values_list("granted_scopes", flat=True))
-
-
-@lru_cache(maxsize=8)
-def _granted_sql(alias: str) -> str:
-    return _sql_of(_granted_query(0), alias, [*_ACTIVE, 0], "granted scopes")  # the statuses, then the tenant's id

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agents.hooks import VersionRefused
 from agents.models import Run
-from config.compiled import CompiledRead
 
 if TYPE_CHECKING:
     from agents.models import Agent, AgentVersion
@@ -70,21 +69,17 @@ def ordered_weights(rows: Sequence[Any], stable_version_id: Any) -> list[tuple[A
     return [(r.version, r.weight) for r in ordered if r.weight > 0]
 
 
-def _preset_of(agent_id: int) -> Any:
+def _preset_key(agent_id: int) -> str | None:
+    """The plugin an agent was made from (a preset), or None (read for every new run)."""
     from marketplace.models import PresetAgent
 
-    return PresetAgent.objects.filter(agent_id=agent_id).only("plugin_key").order_by("pk")[:1]
+    return PresetAgent.objects.filter(agent_id=agent_id).order_by("pk").values_list("plugin_key", flat=True).first()
 
 
-def _weights_of(agent_id: int) -> Any:
+def _live_weights(agent_id: int) -> list[Any]:
     from marketplace.models import ReleaseWeight
 
-    return ReleaseWeight.objects.filter(agent_id=agent_id, weight__gt=0).select_related("version")
-
-
-# Read for every new run (config/compiled.py: compiled once per shape).
-_preset: CompiledRead[Any] = CompiledRead(_preset_of)
-_live_weights: CompiledRead[Any] = CompiledRead(_weights_of)
+    return list(ReleaseWeight.objects.filter(agent_id=agent_id, weight__gt=0).select_related("version"))
 
 
 def version_for_session(*, agent: Agent, session_id: Any) -> AgentVersion | None:
@@ -94,8 +89,7 @@ def version_for_session(*, agent: Agent, session_id: Any) -> AgentVersion | None
     """
     from marketplace.models import ACTIVE_INSTALL_STATUSES, PluginInstall
 
-    preset = _preset.first(agent.pk)
-    origin = preset.plugin_key if preset is not None else None
+    origin = _preset_key(agent.pk)
     if origin is not None:
         install = PluginInstall.objects.filter(tenant_id=agent.tenant_id, plugin_key=origin).first()
         if install is None or install.status not in ACTIVE_INSTALL_STATUSES or install.plugin_id is None:

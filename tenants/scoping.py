@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
-from config.compiled import CompiledRead
 from config.errors import Forbidden, NotFound
 
 if TYPE_CHECKING:
@@ -188,15 +187,6 @@ class TenantOwned(models.Model):
         abstract = True
 
 
-def _tenant(pk: int) -> models.QuerySet[Any]:
-    from tenants.models import Tenant
-
-    return Tenant.objects.filter(pk=pk)
-
-
-_tenant_by_pk: CompiledRead[Any] = CompiledRead(_tenant)
-
-
 def single_tenant(actor: Actor, action: str, requested: str | None) -> Tenant:
     """The tenant an actor acts in when creating something.
 
@@ -209,7 +199,7 @@ def single_tenant(actor: Actor, action: str, requested: str | None) -> Tenant:
         if not actor.can(action, actor.api_key.tenant_id):
             raise LookupError(f"This API key may not {action} here: its role, or its owner's current role in the tenant, "
                               "does not allow it.")
-        return _tenant_by_pk.get(actor.api_key.tenant_id)  # read fresh: its settings hold its guardrails
+        return Tenant.objects.get(pk=actor.api_key.tenant_id)  # read fresh: its settings hold its guardrails
     allowed = Tenant.objects.for_actor(actor, action).filter(is_active=True)
     if requested:
         tenant = allowed.filter(slug=requested).first()

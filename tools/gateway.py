@@ -22,7 +22,7 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Q
@@ -32,7 +32,6 @@ from audit.masking import mask_value, summarize_arguments
 from audit.models import ToolCallAudit, ToolCallStatus
 from audit.unit_of_work import StepAudit
 from config.buckets import bucket_store
-from config.compiled import new_with_defaults
 from runtime.documents import problems as document_problems
 from runtime.serde import without_nul
 from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus
@@ -426,7 +425,7 @@ class ToolGateway:
         sensitive = set(tool.sensitive_fields or []) if tool is not None else set()
         run = self.run
         arguments = s.arguments if s.args_hash else {"_raw": s.call.arguments[:500]}
-        return cast(ToolCallAudit, new_with_defaults(ToolCallAudit, {  # ToolCallAudit(...) without its __init__
+        return ToolCallAudit(**{
             "tenant_id": run.tenant_id,
             "run_id": run.pk,
             "agent_id": run.agent_id,
@@ -446,7 +445,7 @@ class ToolGateway:
             "latency_ms": latency_ms,
             "result_size": result_size,
             "idempotency_key": s.idempotency_key,
-        }))
+        })
 
     def _audit(self, s: _Call, outcome: ToolOutcome) -> ToolOutcome:
         latency_ms = int((time.perf_counter() - s.started) * 1000)

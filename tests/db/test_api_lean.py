@@ -1,5 +1,5 @@
-"""Issue #14, goal 2: the run reads are lean — they load only what they show, in one indexed query, and write their
-bodies out by hand — and answer exactly what DRF's generic serializers answered."""
+"""Issue #14, goal 2: the run reads are lean — they load only what they show, in one indexed query — and issue #51:
+a run's body and an event's are each declared once (agents/serializers.py) and every reader sends that body."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 
 from agents.api import NewestFirst
 from agents.models import Run, RunEvent, Session
-from agents.serializers import RUN_READ_FIELDS, RunEventSerializer, RunSerializer
+from agents.serializers import RunEventSerializer, RunSerializer, event_frames
 from tests.factories import World, make_user, make_world
 from tests.support.clients import bearer_client
 
@@ -36,30 +36,6 @@ def _runs(world: World, count: int) -> list[Run]:
     return [Run.objects.create(tenant=world.tenant, agent=world.agent, version=world.version, session=session,
                                input=f"question {i}", state={"messages": [{"role": "user", "content": "x" * 1000}]})
             for i in range(count)]
-
-
-def test_a_run_s_body_is_the_one_drf_s_serializer_wrote(world: World) -> None:
-    run, plain = _runs(world, 2)
-    resolver = make_user()
-    now = timezone.now()
-    Run.objects.filter(pk=run.pk).update(
-        status="finished", terminal_reason="final_answer", output="done", usage={"tokens": 12, "cost": "0.01"},
-        started_at=now - timedelta(seconds=3), finished_at=now, facts={"injection_flags": ["ignore previous"], "a": 1},
-        needs_attention=False, attention_reasons=[{"kind": "outcome_unknown", "step": 2}, None],
-        attention_resolved_at=now, attention_resolved_by=resolver, attention_resolution="checked")
-    request = APIClient().get("/").wsgi_request
-    for pk in (run.pk, plain.pk):
-        loaded = Run.objects.select_related("agent", "version", "attention_resolved_by").only(*RUN_READ_FIELDS).get(pk=pk)
-        serializer = RunSerializer(context={"request": request})
-        assert serializer.to_representation(loaded) == serializer.generic_representation(loaded)
-
-
-def test_an_event_s_body_is_the_one_drf_s_serializer_wrote(world: World) -> None:
-    (run,) = _runs(world, 1)
-    event = RunEvent.objects.create(tenant=world.tenant, run=run, seq=1, step=0, type="run.started", span_id="a" * 16,
-                                    payload={"x": [1, 2], "ünï": "côdé"}, at=timezone.now())
-    serializer = RunEventSerializer()
-    assert serializer.to_representation(event) == serializer.generic_representation(event)
 
 
 def test_the_run_list_reads_one_page_in_one_query_without_the_runs_state(world: World) -> None:
@@ -126,7 +102,7 @@ def test_one_run_is_read_in_one_query_and_a_foreign_or_malformed_id_is_a_404(wor
     (run,) = _runs(world, 1)
     other = make_world()
     (foreign,) = _runs(other, 1)
-    assert api.get(f"/api/v1/runs/{run.pk}").status_code == 200  # warm: the key, the compiled read
+    assert api.get(f"/api/v1/runs/{run.pk}").status_code == 200  # warm: the key
     with CaptureQueriesContext(connection) as queries:
         body = api.get(f"/api/v1/runs/{run.pk}").json()
     assert body["id"] == str(run.pk) and body["agent"] == world.agent.slug
@@ -147,38 +123,25 @@ def test_one_run_is_read_in_one_query_and_a_foreign_or_malformed_id_is_a_404(wor
     assert {root.get(f"/api/v1/runs/{pk}").status_code for pk in (run.pk, foreign.pk)} == {200}
 
 
-def test_a_page_of_runs_read_as_rows_answers_what_orm_instances_answer(world: World) -> None:
-    from agents.api import _RunsPage
-
+def test_the_runs_list_answers_the_run_serializer_s_body_for_each_run(world: World) -> None:
     api = _api(world)
     runs = _runs(world, 3)
     resolver = make_user()
-    Run.objects.filter(pk=runs[0].pk).update(attention_resolved_by=resolver, attention_resolved_at=timezone.now(),
-                                             usage={"tokens": 5}, facts={"k": ["ü"]})
+    now = timezone.now()
+    Run.objects.filter(pk=runs[0].pk).update(
+        status="finished", terminal_reason="final_answer", output="done", usage={"tokens": 12, "cost": "0.01"},
+        started_at=now - timedelta(seconds=3), finished_at=now, facts={"injection_flags": ["ignore previous"], "parent_run": "p"},
+        attention_reasons=[{"kind": "outcome_unknown", "step": 2}, None], attention_resolved_at=now,
+        attention_resolved_by=resolver, attention_resolution="checked")
     page = api.get("/api/v1/runs?limit=10").json()["results"]
     request = APIClient().get("/").wsgi_request
-    serializer = RunSerializer(context={"request": request})
-    loaded = Run.objects.select_related("agent", "version", "attention_resolved_by").only(*RUN_READ_FIELDS)
-    expected = {str(r.pk): serializer.generic_representation(r) for r in loaded.filter(tenant=world.tenant)}
+    loaded = Run.objects.select_related("agent", "version", "attention_resolved_by").filter(tenant=world.tenant)
+    expected = {str(r.pk): RunSerializer(r, context={"request": request}).data for r in loaded}
     assert {item["id"]: item for item in page} == expected
-    # the page is read as row dicts (no model instances): each column the value the ORM's instance holds
-    rows = _RunsPage([world.tenant.pk], (), ()).order_by("-created_at")[0:10]
-    if connection.vendor != "postgresql":  # not compiled (SQLite): the ORM's instances
-        assert [r.pk for r in rows] == [r.pk for r in loaded.filter(tenant=world.tenant).order_by("-created_at")]
-        return
-    assert all(isinstance(row, dict) for row in rows) and len(rows) == 3
-    for row in rows:
-        orm = loaded.get(pk=row["id"])
-        assert set(row) >= {"id", "tenant_id", "created_at", "facts", "agent__slug", "version__number",
-                            "attention_resolved_by__username"}
-        for name, value in row.items():
-            relation, _, field = name.partition("__")
-            related = getattr(orm, relation)
-            expected_value = (getattr(related, field) if related is not None else None) if field else getattr(orm, name)
-            assert value == expected_value, name
-    (row,) = [r for r in rows if r["id"] == runs[0].pk]
-    assert row["attention_resolved_by__username"] == resolver.username and row["agent__slug"] == world.agent.slug
-    assert serializer.to_representation(row) == serializer.generic_representation(loaded.get(pk=runs[0].pk))
+    (first,) = [item for item in page if item["id"] == str(runs[0].pk)]
+    assert first["attention_resolved_by"] == resolver.username and first["injection_flags"] == ["ignore previous"]
+    assert first["parent_run"] == "p" and first["finished_at"].endswith("Z")  # DRF's own date rendering, in UTC
+    assert api.get(f"/api/v1/runs/{runs[0].pk}").json() == first
 
 
 def _walk(api: APIClient, path: str) -> tuple[list[str], list[str]]:
@@ -198,9 +161,7 @@ def _walk(api: APIClient, path: str) -> tuple[list[str], list[str]]:
     return forward, backward + [r["id"] for r in pages[-1]["results"]]
 
 
-def test_the_runs_list_pages_read_by_compiled_queries_answer_what_the_orm_answers(world: World) -> None:
-    from agents.api import _runs_page
-
+def test_the_runs_list_pages_answer_what_the_orm_answers(world: World) -> None:
     api = _api(world)
     runs = _runs(world, 9)
     other = make_world("other-tenant")
@@ -224,10 +185,6 @@ def test_the_runs_list_pages_read_by_compiled_queries_answer_what_the_orm_answer
     with CaptureQueriesContext(connection) as queries:
         assert api.get(second + "&needs_attention=true").status_code == 200
     assert len([q for q in queries if 'FROM "agents_run"' in q["sql"]]) == 1
-    if connection.vendor == "postgresql":  # compiled once per shape, then only bound: no new shape for a new cursor
-        hits = _runs_page.cache_info().hits
-        assert api.get(second).status_code == 200
-        assert _runs_page.cache_info().hits == hits + 1
 
     # the other tenant's key sees its own four and none of these; a bad filter or cursor is a 400 naming it
     assert {r["id"] for r in _api(other).get("/api/v1/runs?limit=200").json()["results"]}.isdisjoint(ordered)
@@ -253,7 +210,7 @@ def test_a_forged_cursor_with_a_naive_time_reads_that_time_in_utc(world: World) 
     assert [r["id"] for r in page["results"]] == [str(old.pk)]
 
 
-def test_the_events_page_read_as_rows_answers_what_drf_wrote_for_the_orm_s_events(world: World) -> None:
+def test_the_events_page_answers_the_event_serializer_s_body_as_the_stream_sends_it(world: World) -> None:
     (run,) = _runs(world, 1)
     now = timezone.now()
     for seq in range(1, 6):
@@ -261,8 +218,8 @@ def test_the_events_page_read_as_rows_answers_what_drf_wrote_for_the_orm_s_event
                                 span_id=f"{seq:016x}", parent_span_id="" if seq == 1 else "0" * 16,
                                 payload={"n": seq, "ünï": ["côdé", None]}, at=now + timedelta(microseconds=seq))
     api = _api(world)
-    serializer = RunEventSerializer()
-    expected = [serializer.generic_representation(e) for e in RunEvent.objects.filter(run=run).order_by("seq")]
+    expected = RunEventSerializer(RunEvent.objects.filter(run=run).order_by("seq"), many=True).data
+    assert event_frames(RunEvent.objects.filter(run=run).order_by("seq")) == expected  # the stream's, the socket's
     first = api.get(f"/api/v1/runs/{run.pk}/events?after=0&limit=3").json()
     assert first["events"] == expected[:3] and first["has_more"] and first["next_after"] == 3
     rest = api.get(f"/api/v1/runs/{run.pk}/events?after=3&limit=3").json()
@@ -271,9 +228,3 @@ def test_the_events_page_read_as_rows_answers_what_drf_wrote_for_the_orm_s_event
         empty = api.get(f"/api/v1/runs/{run.pk}/events?after=5").json()
     assert empty["events"] == [] and empty["next_after"] == 5 and not empty["has_more"]
     assert len([q for q in queries if 'FROM "agents_runevent"' in q["sql"]]) == 1  # an empty page: one read
-    from agents.api import _events_after
-
-    rows = _events_after(3).dicts(run.pk, 0)  # the rows path the pages above took (on PostgreSQL; SQLite: instances)
-    assert (rows is not None) == (connection.vendor == "postgresql")
-    if rows is not None:
-        assert [serializer.to_representation(row) for row in rows] == expected[:4]

@@ -35,7 +35,7 @@ def test_a_second_tenants_lists_hold_none_of_the_firsts_rows(query: str) -> None
 
 
 def test_the_runs_list_without_filter_parameters_builds_no_filterset(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runs list reads its page with a compiled query (agents/api.py ``RunViewSet.list``); without any of
+    """The runs list is filtered by config/filters.py ``ListFilterBackend``; without any of
     RunFilter's parameters it skips the filterset too, and with one it still filters and still refuses a bad value."""
     import django_filters
 

@@ -1,8 +1,6 @@
 """A step's trace rows: how agents/store.py builds RunEvent objects, and what holds their references.
 
-``event_rows`` makes a dozen RunEvent objects a step without ``Model.__init__`` (its field loop and signals) while no
-``pre_init``/``post_init`` receiver is connected (config/compiled.py ``new_instance``); the objects must be what
-``RunEvent(...)`` makes. The trace
+``event_rows`` makes a dozen RunEvent objects a step through ``RunEvent(...)`` (its signals included). The trace
 tables' ``run`` and ``tenant`` are not database foreign keys (agents/models.py ``_TRACE_REFERENCE``): deleting a run
 through the ORM must still delete its events and messages.
 """

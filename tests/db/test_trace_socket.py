@@ -21,6 +21,7 @@ from django.db import transaction
 from agents import run_feeds
 from agents.consumers import RunEventsConsumer
 from agents.models import Run, RunEvent, RunStatus, Session
+from agents.serializers import event_frames
 from agents.store import event_rows, publish_after_commit, run_summary
 from config import live
 from runtime.types import Event
@@ -30,6 +31,11 @@ from tests.factories import World, make_world
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SECRET = "sk-live-0123456789abcdefghijABCDEFGHIJ"
+
+
+def _frame(row: RunEvent) -> dict[str, Any]:
+    """An event as the socket sends it (agents/serializers.py: one body for every reader)."""
+    return event_frames([row])[0]
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +82,7 @@ def _commit_elsewhere(run: Run, count: int) -> list[RunEvent]:
 
 
 def _message(rows: list[RunEvent], texts: list[str] | None = None) -> dict[str, Any]:
-    message: dict[str, Any] = {"type": "run.events", "events": [r.as_frame() for r in rows]}
+    message: dict[str, Any] = {"type": "run.events", "events": [_frame(r) for r in rows]}
     if texts is not None:
         message["texts"] = texts
     return message
@@ -148,25 +154,25 @@ def test_watchers_send_the_publishers_text_heal_a_gap_from_the_database_and_neve
     async def scenario() -> None:
         ws = await _open(world, run)
         # the backlog, from the database, encoded as the publisher would
-        assert await _texts(ws, 3) == [live.encode_frame(r.as_frame()) for r in backlog]
+        assert await _texts(ws, 3) == [live.encode_frame(_frame(r)) for r in backlog]
         layer = get_channel_layer()
         group = live.run_group(run.pk)
         # a repeated message: nothing is sent again
-        await layer.group_send(group, _message(backlog[-1:], [live.encode_frame(backlog[-1].as_frame())]))
+        await layer.group_send(group, _message(backlog[-1:], [live.encode_frame(event_frames([backlog[-1]])[0])]))
         # the message of seq 4 was lost on the way; seq 5's arrives: 4 and 5 come from the database, once each
         lost_and_next = await asyncio.to_thread(_commit_elsewhere, run, 2)
-        await layer.group_send(group, _message(lost_and_next[1:], [live.encode_frame(lost_and_next[1].as_frame())]))
+        await layer.group_send(group, _message(lost_and_next[1:], [live.encode_frame(event_frames([lost_and_next[1]])[0])]))
         assert [json.loads(t)["seq"] for t in await _texts(ws, 2)] == [4, 5]
         # a live frame goes out as the publisher's text, byte for byte (not encoded again per watcher)
         live_row = (await asyncio.to_thread(_commit_elsewhere, run, 1))[0]
-        marked = json.dumps({**live_row.as_frame(), "encoded": "by the publisher"})
+        marked = json.dumps({**_frame(live_row), "encoded": "by the publisher"})
         await layer.group_send(group, _message([live_row], [marked]))
         assert await ws.receive_from(timeout=5) == marked
         # a publisher that sent no texts (an older worker during a deploy) is still served
         old = (await asyncio.to_thread(_commit_elsewhere, run, 1))[0]
         await layer.group_send(group, _message([old]))
-        assert json.loads(await ws.receive_from(timeout=5)) == old.as_frame()
-        await layer.group_send(group, _message([old], [live.encode_frame(old.as_frame())]))
+        assert json.loads(await ws.receive_from(timeout=5)) == _frame(old)
+        await layer.group_send(group, _message([old], [live.encode_frame(_frame(old))]))
         assert await ws.receive_nothing(timeout=0.3)
         await ws.disconnect()
 
@@ -189,7 +195,7 @@ def test_live_frames_skip_the_per_message_thread_hop_other_messages_keep_it(monk
         hops.clear()
         rows = await asyncio.to_thread(_commit_elsewhere, run, 3)
         for row in rows:
-            await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(row.as_frame())]))
+            await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(_frame(row))]))
         assert [json.loads(t)["seq"] for t in await _texts(ws, 3)] == [1, 2, 3]
         assert hops == []
         await ws.send_json_to({"after": 2})  # a client's resend request still goes through Channels' dispatch
@@ -257,7 +263,7 @@ def test_the_watchers_of_a_run_in_one_process_share_one_feed_which_closes_with_t
         sockets = [await _open(world, run) for _ in range(3)] + [await _open(world, other)]
         assert len(_feeds_here()) == 2  # one per watched run, not one per socket
         row = (await asyncio.to_thread(_commit_elsewhere, run, 1))[0]
-        await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(row.as_frame())]))
+        await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(_frame(row))]))
         for ws in sockets[:3]:
             assert json.loads(await ws.receive_from(timeout=5))["seq"] == 1
         assert await sockets[3].receive_nothing(timeout=0.2)  # another run's socket gets nothing
@@ -279,7 +285,7 @@ def test_a_watcher_whose_inbox_overflowed_reads_the_dropped_frames_from_the_data
         rows = await asyncio.to_thread(_commit_elsewhere, run, 3)
         async with watcher._sending:  # the socket is busy: one message waits in its pump, one in its inbox, one is dropped
             for row in rows:
-                await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(row.as_frame())]))
+                await get_channel_layer().group_send(live.run_group(run.pk), _message([row], [live.encode_frame(_frame(row))]))
             await asyncio.sleep(0.2)
             assert watcher._inbox.qsize() == 1
         # the dropped message was the last one: no later message reveals the gap, the socket reads it once caught up
@@ -330,7 +336,7 @@ def test_a_socket_whose_gap_read_fails_is_closed_rather_left_open_without_frames
 
         monkeypatch.setattr("agents.consumers._events_after", broken)
         rows = await asyncio.to_thread(_commit_elsewhere, run, 2)  # seq 1's message is lost: a gap read is needed
-        await get_channel_layer().group_send(live.run_group(run.pk), _message(rows[1:], [live.encode_frame(rows[1].as_frame())]))
+        await get_channel_layer().group_send(live.run_group(run.pk), _message(rows[1:], [live.encode_frame(event_frames([rows[1]])[0])]))
         closed = await ws.receive_output(5)
         assert (closed["type"], closed["code"]) == ("websocket.close", 1011)
 
@@ -363,7 +369,7 @@ def test_a_frame_the_socket_cannot_read_gets_an_error_frame_and_the_socket_stays
         error = json.loads(await ws.receive_from(timeout=5))
         assert error["type"] == "error" and '{"after": 12}' in error["error"], error
         await ws.send_json_to({"after": 0})  # the socket still serves: a resend from the start
-        assert await _texts(ws, 2) == [live.encode_frame(r.as_frame()) for r in backlog]
+        assert await _texts(ws, 2) == [live.encode_frame(_frame(r)) for r in backlog]
         await ws.disconnect()
 
     asyncio.run(scenario())

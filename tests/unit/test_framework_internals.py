@@ -18,12 +18,10 @@ from collections.abc import Iterator
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOT_APP_CODE = {"tests", "bench", ".venv", "var", "node_modules"}
 
-#: KNOWN OFFENDERS, being removed in parallel work on issue #51 (path -> why it is still here). The integrator empties
-#: this after merging that work; nothing may be added to it. A listed file that no longer offends fails
+#: Known offenders (path -> why it is still here): none since issue #51 removed the handler fork and the compiled
+#: reads. Nothing may be added to it; a listed file that no longer offends fails
 #: ``test_the_allow_list_names_only_files_that_still_offend`` so the list cannot go stale.
-ALLOWED: dict[str, str] = {
-    "config/compiled.py": "querysets compiled past Model.__init__ with query_utils internals (engineer B removes it)",
-}
+ALLOWED: dict[str, str] = {}
 
 #: Django's connection state (``BaseDatabaseWrapper``): only ``transaction.atomic()``/``set_autocommit`` change it.
 CONNECTION_STATE = {"in_atomic_block", "needs_rollback", "autocommit", "savepoint_ids", "savepoint_state",
