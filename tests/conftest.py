@@ -43,8 +43,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> Iterator[None]:
-    """The test database, always created: the live-stack tests need it without using the ``db`` fixture."""
+def django_db_setup(django_test_environment: None, django_db_modify_db_settings: None,
+                    django_db_blocker: Any) -> Iterator[None]:
+    """The test database, always created: the live-stack tests need it without using the ``db`` fixture. Under
+    pytest-xdist each worker has its own (pytest-django's django_db_modify_db_settings suffixes the name: _gw0...)."""
     from django.test.utils import setup_databases, teardown_databases
 
     with django_db_blocker.unblock():
