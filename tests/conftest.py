@@ -29,21 +29,13 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.PASSWORD_HASHERS = [name.strip() for name in os.environ["PASSWORD_HASHERS"].split(",") if name.strip()]
 
 
-#: tests/db modules that read, wait on or empty state in Redis (with REDIS_URL one database for every xdist worker;
-#: the throttle tests empty it): one xdist group, so one worker runs them one after another.
-SHARED_REDIS = {"test_acceptance", "test_api_throttle", "test_health_workers", "test_key_cache", "test_open_stream_slots",
-                "test_periodic_jobs", "test_redis_layer", "test_run_list_resync", "test_skeleton", "test_store",
-                "test_trace_socket"}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "/integration/" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
         # Under `-n N --dist loadgroup` (make test) a module runs whole on one worker, in its order as serially,
         # and builds its module-scoped fixtures once rather than once on each worker its tests were spread over.
-        shared = item.path.parent.name == "db" and item.path.stem in SHARED_REDIS
-        item.add_marker(pytest.mark.xdist_group("shared-redis" if shared else str(item.path)))
+        item.add_marker(pytest.mark.xdist_group(str(item.path)))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
