@@ -17,7 +17,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 #: The composition root: it wires every layer together, so its imports go "up" by design (see .importlinter).
 ROOT_MODULES = ("config/urls.py", "config/asgi.py", "config/celery.py", "config/wsgi.py")
-APPS = ("runtime", "llm", "config", "tenants", "audit", "egress", "accounts", "tools", "approvals", "agents", "marketplace", "console")
+
+
+def _first_party_packages() -> tuple[str, ...]:
+    """INSTALLED_APPS' entries that are top-level packages here, read from config/settings.py (nothing imported), and
+    the plain packages beside them (config, runtime, llm, egress): never a hand-written list, which missed flows and
+    releases. tests/unit/test_project_packages.py holds this to Django's own app registry."""
+    tree = ast.parse((ROOT / "config" / "settings.py").read_text())
+    installed = next(ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                     and any(getattr(target, "id", None) == "INSTALLED_APPS" for target in node.targets))
+    apps = {name for name in installed if (ROOT / name / "__init__.py").is_file()}
+    plain = {path.parent.name for path in ROOT.glob("*/__init__.py") if path.parent.name != "tests"}
+    return tuple(sorted(apps | plain))
+
+
+APPS = _first_party_packages()
 
 
 def _app_of(module: str) -> str | None:

@@ -33,6 +33,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "/integration/" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+        # Under `-n N --dist loadgroup` (make test) a module runs whole on one worker, in its order as serially,
+        # and builds its module-scoped fixtures once rather than once on each worker its tests were spread over.
+        item.add_marker(pytest.mark.xdist_group(str(item.path)))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -43,8 +46,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> Iterator[None]:
-    """The test database, always created: the live-stack tests need it without using the ``db`` fixture."""
+def django_db_setup(django_test_environment: None, django_db_modify_db_settings: None,
+                    django_db_blocker: Any) -> Iterator[None]:
+    """The test database, always created: the live-stack tests need it without using the ``db`` fixture. Under
+    pytest-xdist each worker has its own (pytest-django's django_db_modify_db_settings suffixes the name: _gw0...)."""
     from django.test.utils import setup_databases, teardown_databases
 
     with django_db_blocker.unblock():

@@ -25,6 +25,9 @@ class World:
     version: AgentVersion
     key: ApiKey
     raw_key: str
+    #: The tenant's owner and approver: set by ``make_team`` (the shared ``world`` fixture), None from ``make_world``.
+    owner: Any = None
+    approver: Any = None
 
 
 def make_user(username: str | None = None, **extra: Any) -> Any:
@@ -48,6 +51,17 @@ def make_world(slug: str | None = None, *, model: str = "demo/planner", max_recu
     agent.save(update_fields=["current_version"])
     key, raw = tenant_services.create_api_key(tenant=tenant, name="test", owner=operator, role=Role.OPERATOR, actor=None)
     return World(tenant, operator, viewer, agent, version, key, raw)
+
+
+def make_team(slug: str | None = None) -> World:
+    """``make_world`` and the rest of the team: an owner and an approver (staff, as the others), so a tenant has one
+    member of every role."""
+    world = make_world(slug)
+    for role in (Role.OWNER, Role.APPROVER):
+        user = make_user(f"{world.tenant.slug}-{role}", is_staff=True)
+        tenant_services.set_membership(tenant=world.tenant, user=user, role=role, actor=None)
+        setattr(world, str(role), user)
+    return world
 
 
 def csrf_client(user: Any) -> Any:

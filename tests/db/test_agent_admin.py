@@ -15,11 +15,6 @@ from tests.factories import World, make_world
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def world() -> World:
-    return make_world()
-
-
 def _client(user: Any) -> Client:
     client = Client()
     client.force_login(user)

@@ -19,17 +19,12 @@ from audit.models import ToolCallAudit
 from audit.unit_of_work import StepAudit
 from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants.scoping import actor_for_api_key
-from tests.factories import World, make_world
+from tests.factories import World
 from tools.agent_exec import DEFAULT_PARAMETERS, MAX_AGENT_DEPTH
 from tools.gateway import AuditWrite, ToolGateway
 from tools.models import Tool, ToolKind
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 def _agent_tool(world: World, name: str = "ask_orders", slug: str = "order-assistant") -> Tool:

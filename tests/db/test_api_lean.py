@@ -22,11 +22,6 @@ from tests.support.clients import bearer_client
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def world() -> World:
-    return make_world()
-
-
 def _api(world: World) -> APIClient:
     return bearer_client(world.raw_key)
 

@@ -22,11 +22,6 @@ NOW = timezone.now().replace(microsecond=0)
 
 
 @pytest.fixture
-def world() -> World:
-    return make_world()
-
-
-@pytest.fixture
 def api(world: World) -> APIClient:
     return bearer_client(world.raw_key)
 

@@ -14,14 +14,9 @@ from agents.models import Run
 from config.body_limit import BodyLimit
 from config.parsers import MAX_JSON_DEPTH
 from marketplace.models import PluginInstall
-from tests.factories import World, make_world
+from tests.factories import World
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 def client_for(world: World) -> APIClient:

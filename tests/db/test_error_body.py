@@ -24,6 +24,7 @@ from config.errors import DomainError
 from marketplace.services import InvalidConfig, InvalidWeights, MarketplaceError, NotAllowed
 from tests.e2e.builders import make_run
 from tests.factories import make_world
+from tests.support.project import first_party_apps
 from tools.services import ToolRefused
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -133,8 +134,8 @@ def test_every_service_refusal_is_a_domain_error(refusal: type[Exception]) -> No
 
 
 def _api_modules() -> list[pathlib.Path]:
-    apps = ("accounts", "agents", "approvals", "audit", "console", "marketplace", "tenants", "tools")
-    return [path for app in apps for path in (ROOT / app).glob("*.py") if path.name == "api.py" or path.name.endswith("_api.py")]
+    return [path for app in first_party_apps() for path in (ROOT / app).glob("*.py")
+            if path.name == "api.py" or path.name.endswith("_api.py")]
 
 
 def test_no_api_module_translates_a_domain_error_by_hand() -> None:

@@ -15,7 +15,7 @@ from agents import services
 from agents.models import Run
 from flows.models import FlowNodeRun
 from tests.db.test_flow_runs import client_for, drain, make_flow, start
-from tests.factories import World, make_world
+from tests.factories import World
 
 pytestmark = pytest.mark.django_db
 
@@ -30,11 +30,6 @@ def switch_on(when: str) -> dict[str, Any]:
         {"id": "same", "kind": "tool", "tool": "query_logistics", "values": {"order_id": "O202411280001"}},
         {"id": "different", "kind": "tool", "tool": "query_logistics", "values": {"order_id": "O202411280001"}},
     ]}
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 def test_a_condition_whose_work_doubles_at_every_step_is_refused_at_save_naming_its_path(world: World) -> None:

@@ -28,11 +28,6 @@ from tools.services import install_python_tool
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def world() -> World:
-    return make_world()
-
-
 def _run(world: World, slug: str, capture: Any) -> Run:
     run_id = start(world, {"flow": slug, "input": {"order_id": ORDER}}).json()["id"]
     with capture(execute=True):

@@ -12,17 +12,12 @@ from agents.models import Run
 from flows.models import FlowNodeRun
 from runtime.scripted import ScriptedModel, say
 from tests.db.test_flow_runs import ORDER, drain, make_flow, start
-from tests.factories import World, make_world
+from tests.factories import World
 
 pytestmark = pytest.mark.django_db
 
 VERDICT = {"type": "object", "properties": {"refund": {"type": "boolean"}, "reason": {"type": "string", "maxLength": 40}},
            "required": ["refund", "reason"], "additionalProperties": False}
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 def flow(schema: dict[str, Any]) -> dict[str, Any]:

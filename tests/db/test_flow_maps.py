@@ -15,14 +15,9 @@ from audit.models import ToolCallAudit
 from flows.models import FlowNodeRun
 from flows.runner import call_id, execute_node
 from tests.db.test_flow_runs import ORDER, in_flight, make_flow, start
-from tests.factories import World, make_world
+from tests.factories import World
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 def mapped(**extra: Any) -> dict[str, Any]:

@@ -75,11 +75,6 @@ def drain(run: Run, *, reverse: bool = False) -> list[list[str]]:
     return waves
 
 
-@pytest.fixture
-def world() -> World:
-    return make_world()
-
-
 def start(world: World, body: dict[str, Any], **headers: str) -> Any:
     return client_for(world.raw_key).post("/api/v1/runs", body, format="json", **headers)
 

@@ -20,7 +20,7 @@ from audit.models import ToolCallAudit
 from audit.unit_of_work import StepAudit
 from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants.scoping import actor_for_api_key
-from tests.factories import World, make_world
+from tests.factories import World
 from tests.support.deployment import set_env
 from tools.gateway import AuditWrite, ToolGateway
 from tools.models import Tool, ToolCategory, ToolKind
@@ -60,11 +60,6 @@ def target() -> Iterator[str]:
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 def _run(world: World, **facts: Any) -> Any:

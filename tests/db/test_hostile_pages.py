@@ -24,11 +24,6 @@ NOT_ASCII = "²"
 DEEP = "[" * 5000 + "]" * 5000
 
 
-@pytest.fixture
-def world() -> World:
-    return make_world()
-
-
 def signed_in(user: Any) -> Client:
     client = Client()
     client.force_login(user)

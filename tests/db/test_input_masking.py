@@ -20,7 +20,7 @@ from agents.models import AgentVersion, Run, RunMessage, Session, Turn
 from audit.models import ConfigChange
 from runtime.scripted import ScriptedModel, say
 from runtime.types import ModelRequest, ModelResponse
-from tests.factories import World, make_world
+from tests.factories import World
 from tests.support.clients import bearer_client
 
 pytestmark = pytest.mark.django_db
@@ -28,11 +28,6 @@ pytestmark = pytest.mark.django_db
 CARD, PASSWORD, PHONE = "4111 1111 1111 1111", "hunter2secret", "13812345678"
 TEXT = f"my card is {CARD} and password: {PASSWORD}"
 MASKED = "my card is **** **** **** 1111 and password: ******"
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from accounts import services as tenant_services
 from tenants import keycache
 from tenants.auth import find_api_key
 from tenants.models import ApiKey, Membership, Role
-from tests.factories import World, make_world
+from tests.factories import World
 from tests.support.clients import bearer_client
 
 pytestmark = pytest.mark.django_db
@@ -33,11 +33,6 @@ def key_cache(settings: Any) -> Any:
     keycache._entries.clear()
     yield
     keycache._entries.clear()
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 def _api(world: World) -> APIClient:

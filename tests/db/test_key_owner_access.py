@@ -21,16 +21,11 @@ from tenants.auth import load_api_key
 from tenants.models import Membership, Role
 from tenants.scoping import actor_for_api_key, lower_role
 from tests.db.test_tools_api import HTTP_TOOL
-from tests.factories import World, make_world
+from tests.factories import World
 
 pytestmark = pytest.mark.django_db
 
 RUN = {"agent": "order-assistant", "input": "where is order O202411280001?"}
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 def _api(raw_key: str) -> APIClient:

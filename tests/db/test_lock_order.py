@@ -26,16 +26,11 @@ from audit.models import ToolCallAudit
 from config.batch import WriteBatch
 from flows import runner
 from tests.db.test_flow_runs import ORDER, client_for, drain, lookup, make_flow, start
-from tests.factories import World, make_world
+from tests.factories import World
 
 pytestmark = pytest.mark.django_db
 
 ON_POSTGRES = connection.vendor == "postgresql"
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 def _agent_run(world: World) -> str:

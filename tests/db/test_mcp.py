@@ -19,7 +19,7 @@ from audit.models import ConfigChange, ToolCallAudit
 from audit.unit_of_work import StepAudit
 from runtime.types import ToolCall, ToolContext, ToolStatus
 from tenants.scoping import actor_for_api_key, actor_for_user
-from tests.factories import World, make_world
+from tests.factories import World
 from tests.support.recording_sink import RecordingSink
 from tools.gateway import AuditWrite, ToolGateway
 from tools.mcp_import import McpServerError, import_mcp_tools, server_problems
@@ -28,11 +28,6 @@ from tools.models import Tool, ToolCategory, ToolKind
 pytestmark = pytest.mark.django_db
 
 TIME_SERVER = {"command": ["python", "-m", "mcp_server_time"]}
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 def _gateway(world: World, tools: list[Tool]) -> tuple[ToolGateway, list[AuditWrite], Any]:

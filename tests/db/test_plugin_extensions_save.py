@@ -26,7 +26,7 @@ from agents.models import AgentVersion, Run, Session
 from runtime.scripted import ScriptedModel, say
 from runtime.types import ModelRequest, ModelResponse
 from tenants.scoping import actor_for_user
-from tests.factories import World, make_world
+from tests.factories import World
 from tests.support import extension_dist
 from tests.support.clients import bearer_client
 
@@ -41,11 +41,6 @@ def fx_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     root = extension_dist.install(tmp_path, monkeypatch)
     yield root
     extension_dist.cleanup()
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 @pytest.fixture

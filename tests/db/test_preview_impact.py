@@ -35,11 +35,6 @@ pytestmark = pytest.mark.django_db
 TOOL = "query_order"
 
 
-@pytest.fixture
-def world() -> World:
-    return make_world()
-
-
 def _api(world: World) -> APIClient:
     return bearer_client(world.raw_key)
 

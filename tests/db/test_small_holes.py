@@ -14,16 +14,11 @@ from approvals.models import ApprovalRequest
 from tenants.models import Role
 from tenants.scoping import actor_for_api_key
 from tenants.ws_auth import origin_allowed
-from tests.factories import World, make_user, make_world
+from tests.factories import World, make_user
 
 pytestmark = pytest.mark.django_db
 
 TOKEN = "scrape-token-0123456789abcdef"
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 def test_metrics_need_the_token_when_one_is_configured(client: Any, settings: Any) -> None:

@@ -30,11 +30,6 @@ def _agent(world: World, slug: str, supervisor: dict[str, Any]) -> Agent:
     return agent
 
 
-@pytest.fixture
-def world() -> World:
-    return make_world()
-
-
 def _children(run: Run) -> list[Run]:
     return list(Run.objects.filter(tenant_id=run.tenant_id, facts__parent_run=str(run.pk)))
 

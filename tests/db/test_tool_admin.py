@@ -10,15 +10,10 @@ from django.test import Client
 from django.urls import reverse
 
 from audit.models import ConfigChange
-from tests.factories import World, make_world
+from tests.factories import World
 from tools.models import Tool, ToolCategory, ToolKind
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 def _client(user: Any) -> Client:

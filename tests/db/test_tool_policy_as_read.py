@@ -26,11 +26,6 @@ pytestmark = pytest.mark.django_db
 SESSIONS = [f"session-{i}" for i in range(60)]
 
 
-@pytest.fixture
-def world() -> World:
-    return make_world()
-
-
 def _decisions(world: World, name: str) -> tuple[list[tuple[bool, str]], list[tuple[bool, str]], int]:
     """(as read, by the policy read, statements the as-read decisions took) for every session."""
     [read] = list(callable_tools(world.tenant.pk).filter(name=name))

@@ -17,7 +17,6 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 import tests.support.tools  # noqa: F401 - registers test.note
-from accounts import services as tenant_services
 from agents import services as run_services
 from approvals.gate import ApprovalGate
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -29,9 +28,8 @@ from marketplace import installs as market_installs
 from marketplace import services as market
 from marketplace.catalog import PluginCatalog, PluginDeclarationError, PluginSpec, PluginTool
 from runtime.types import ToolCall, ToolContext, ToolStatus
-from tenants.models import Role
 from tenants.scoping import actor_for_api_key, actor_for_user
-from tests.factories import World, make_user, make_world
+from tests.factories import World
 from tests.support.clients import bearer_client
 from tools.gateway import ToolGateway
 from tools.models import Tool
@@ -41,11 +39,6 @@ pytestmark = pytest.mark.django_db
 
 REFUND = {"order_id": "O202411280001", "amount": "30.00", "reason": "the glass cup broke"}
 MESSAGE = "Must be a whole number of calls per minute from 1 to 100000, or empty for no limit"
-
-
-@pytest.fixture
-def world() -> World:
-    return make_world()
 
 
 @pytest.fixture
@@ -118,12 +111,6 @@ def test_the_admin_saves_a_limit_through_the_service_and_refuses_a_bad_one(world
 # -- a plugin's declared limit is a floor -------------------------------------------------------------------------
 
 
-def _owner(world: World) -> Any:
-    owner = make_user(f"{world.tenant.slug}-owner", is_staff=True)
-    tenant_services.set_membership(tenant=world.tenant, user=owner, role=Role.OWNER, actor=None)
-    return owner
-
-
 def _notes_catalog(version: str, limit: int | None) -> PluginCatalog:
     overrides = {"rate_limit_per_minute": limit} if limit is not None else {}
     plugins = PluginCatalog()
@@ -142,7 +129,7 @@ def test_a_plugin_declaring_a_bad_limit_is_refused_naming_the_tool(bad: Any) -> 
 
 def test_a_tenant_may_lower_a_plugins_limit_but_not_raise_or_remove_it(world: World, api: APIClient,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    owner = _owner(world)
+    owner = world.owner
     monkeypatch.setattr(market_installs, "catalog", _notes_catalog("1.0.0", 10))
     install = market.install_plugin(tenant=world.tenant, plugin_key="notes-desk", actor=actor_for_user(owner))
     tool = Tool.objects.get(tenant=world.tenant, name="note")
@@ -177,7 +164,7 @@ def test_a_tenant_may_lower_a_plugins_limit_but_not_raise_or_remove_it(world: Wo
 
 def test_a_plugin_without_a_limit_leaves_the_tenant_free(world: World, api: APIClient, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(market_installs, "catalog", _notes_catalog("1.0.0", None))
-    market.install_plugin(tenant=world.tenant, plugin_key="notes-desk", actor=actor_for_user(_owner(world)))
+    market.install_plugin(tenant=world.tenant, plugin_key="notes-desk", actor=actor_for_user(world.owner))
     assert Tool.objects.get(tenant=world.tenant, name="note").rate_limit_per_minute is None
     assert api.patch("/api/v1/tools/note", {"rate_limit_per_minute": 500}, format="json").status_code == 200
     assert api.patch("/api/v1/tools/note", {"rate_limit_per_minute": None}, format="json").status_code == 200

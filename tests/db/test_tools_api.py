@@ -28,11 +28,6 @@ HTTP_TOOL = {
 
 
 @pytest.fixture
-def world() -> World:
-    return make_world()
-
-
-@pytest.fixture
 def api(world: World) -> APIClient:
     world.tenant.settings = {"tool_secrets": ["SHOP"]}
     world.tenant.save(update_fields=["settings"])

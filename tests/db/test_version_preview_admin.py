@@ -27,11 +27,6 @@ pytestmark = pytest.mark.django_db
 TOOL = "query_order"
 
 
-@pytest.fixture
-def world() -> World:
-    return make_world()
-
-
 def _seed_calls(world: World, n: int = 3) -> Any:
     run = run_services.start_run(actor=actor_for_api_key(world.key), agent=world.agent, text="where is my order")
     for i in range(n):

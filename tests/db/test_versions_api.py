@@ -19,11 +19,6 @@ MESSAGES_HOOK = {"hooks": [{"name": "x", "kind": "set_state", "position": "befor
 
 
 @pytest.fixture
-def world() -> World:
-    return make_world()
-
-
-@pytest.fixture
 def api(world: World) -> APIClient:
     return bearer_client(world.raw_key)
 
