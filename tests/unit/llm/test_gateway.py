@@ -159,7 +159,7 @@ def test_local_rate_limit_waits_then_fails_with_a_clear_reason(fake: FakeOpenAI)
     gateway.complete(ask())
     started = time.monotonic()
     second = gateway.complete(ask())
-    assert 0.35 <= time.monotonic() - started < 1.0
+    assert 0.35 <= time.monotonic() - started < 3.0  # it waited its turn (the upper bound only catches a hang)
     assert second.trace[0]["rate_limit_wait_ms"] >= 350
 
     impatient = ModelGateway([limited], GatewayConfig(max_wait_seconds=0.1))

@@ -100,20 +100,20 @@ def bomb(k: int) -> str:
 @pytest.mark.parametrize("k", [29, 58])
 def test_comparing_values_built_by_repeating_the_data_stops_at_the_work_bound_naming_the_expression(k: int) -> None:
     expression = bomb(k)
-    began = time.perf_counter()
+    began = time.thread_time()  # this thread's CPU: the bound is on work, whatever else the machine runs
     with pytest.raises(ValueTooLarge) as caught:
         search(expression, {"input": {"a": [1], "b": [1]}})
-    assert time.perf_counter() - began < 0.5
+    assert time.thread_time() - began < 2.0  # unbounded, k=29 took 38 s and k=58 never ended
     said = str(caught.value)
     assert expression[:40] in said and f"more than the {expressions.MAX_WORK} steps of work" in said, said
 
 
 def test_contains_over_built_values_counts_its_comparisons() -> None:
     shared = "[input.a, input.b]" + " | [[@[0],@[0]],[@[1],@[1]]]" * 24
-    began = time.perf_counter()
+    began = time.thread_time()
     with pytest.raises(ValueTooLarge, match="steps of work"):
         search(f"{shared} | contains([@[0]], @[1])", {"input": {"a": [1], "b": [1]}})
-    assert time.perf_counter() - began < 0.5
+    assert time.thread_time() - began < 2.0
 
 
 def test_evaluating_an_expression_over_every_item_counts_even_when_it_makes_nothing() -> None:
@@ -132,9 +132,9 @@ def test_equality_steps_are_counted_without_comparing_and_stop_at_the_limit() ->
     b: Any = [1]
     for _ in range(60):  # 2 ** 60 leaves each, sharing their branches: a few dozen lists in memory
         a, b = [a, a], [b, b]
-    began = time.perf_counter()
+    began = time.thread_time()
     assert expressions.equality_steps(a, b, 1000) == 1001
-    assert time.perf_counter() - began < 0.1
+    assert time.thread_time() - began < 0.5
     assert expressions.equality_steps([1, 2, 3], [1, 2, 3], 1000) == 4
     assert expressions.equality_steps({"k": [1, 2]}, {"k": [1, 2]}, 1000) == 4
     assert expressions.equality_steps([1, 2], [1, 2, 3], 1000) == 1  # lengths differ: == looks no further
