@@ -86,6 +86,31 @@ def test_closing_a_channel_with_unacked_messages_after_the_connection_was_lost_r
         assert queue(again.channel()).get(no_ack=True) is not None
 
 
+def test_a_task_acknowledging_on_a_channel_closed_with_the_lost_connection_raises_nothing(own_redis: tuple) -> None:
+    # bench/faults.py, a worker's log: "Unrecoverable error: AttributeError('NoneType' object has no attribute
+    # 'client')" from kombu's Redis QoS.ack, when a task that ran through the outage finished on its closed channel
+    port, _, procs = own_redis
+    assert broker_patch.apply()
+    conn = kombu.Connection(f"redis://127.0.0.1:{port}/0")
+    queue = kombu.Queue("blip", routing_key="blip")
+    with conn.Producer() as producer:
+        for n in range(4):
+            producer.publish({"n": n}, routing_key="blip", declare=[queue])
+    channels, messages = [], []
+    for _ in range(2):
+        channel = conn.channel()
+        messages.append(queue(channel).get(no_ack=False))
+        channels.append(channel)
+    procs[0].terminate()
+    procs[0].wait(timeout=10)
+    conn.collect()
+    for channel in channels:
+        channel.close()
+    late = messages[1]  # its channel was closed without reaching Redis: kombu 5.7.0 raised AttributeError here
+    late.ack()
+    assert late.acknowledged
+
+
 def test_a_worker_on_redis_applies_the_patch_when_it_starts(monkeypatch: pytest.MonkeyPatch, settings: object) -> None:
     from config import celery as celery_app
     from config import dbroles
