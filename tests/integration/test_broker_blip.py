@@ -62,22 +62,30 @@ def test_the_patch_is_fenced_to_the_kombu_it_was_written_for() -> None:
     assert broker_patch.apply()
 
 
-def test_closing_a_channel_with_unacked_messages_after_the_connection_was_lost_raises_nothing(own_redis: tuple) -> None:
-    port, workdir, procs = own_redis
+def _unacked_through_an_outage(port: int, procs: list[subprocess.Popen[bytes]]) -> tuple[kombu.Queue, list, list]:
+    """Two channels each holding an unacknowledged message; then Redis stops and the connection is collected, as
+    Celery's consumer does with a lost connection. Returns the queue, the channels and their messages."""
     assert broker_patch.apply()
     conn = kombu.Connection(f"redis://127.0.0.1:{port}/0")
     queue = kombu.Queue("blip", routing_key="blip")
     with conn.Producer() as producer:
         for n in range(4):
             producer.publish({"n": n}, routing_key="blip", declare=[queue])
-    channels = []
+    channels, messages = [], []
     for _ in range(2):
         channel = conn.channel()
-        assert queue(channel).get(no_ack=False) is not None  # delivered, not acknowledged
+        messages.append(queue(channel).get(no_ack=False))  # delivered, not acknowledged
         channels.append(channel)
+    assert all(message is not None for message in messages)
     procs[0].terminate()  # the outage
     procs[0].wait(timeout=10)
-    conn.collect()  # what Celery's consumer does with the lost connection
+    conn.collect()
+    return queue, channels, messages
+
+
+def test_closing_a_channel_with_unacked_messages_after_the_connection_was_lost_raises_nothing(own_redis: tuple) -> None:
+    port, workdir, procs = own_redis
+    queue, channels, _ = _unacked_through_an_outage(port, procs)
     for channel in channels:
         channel.close()  # kombu 5.7.0 unpatched: AttributeError: 'NoneType' object has no attribute 'hostname'
     procs.append(_start(port, workdir))  # Redis is back: a new connection works as before
@@ -90,20 +98,7 @@ def test_a_task_acknowledging_on_a_channel_closed_with_the_lost_connection_raise
     # bench/faults.py, a worker's log: "Unrecoverable error: AttributeError('NoneType' object has no attribute
     # 'client')" from kombu's Redis QoS.ack, when a task that ran through the outage finished on its closed channel
     port, _, procs = own_redis
-    assert broker_patch.apply()
-    conn = kombu.Connection(f"redis://127.0.0.1:{port}/0")
-    queue = kombu.Queue("blip", routing_key="blip")
-    with conn.Producer() as producer:
-        for n in range(4):
-            producer.publish({"n": n}, routing_key="blip", declare=[queue])
-    channels, messages = [], []
-    for _ in range(2):
-        channel = conn.channel()
-        messages.append(queue(channel).get(no_ack=False))
-        channels.append(channel)
-    procs[0].terminate()
-    procs[0].wait(timeout=10)
-    conn.collect()
+    _, channels, messages = _unacked_through_an_outage(port, procs)
     for channel in channels:
         channel.close()
     late = messages[1]  # its channel was closed without reaching Redis: kombu 5.7.0 raised AttributeError here
