@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import json
 import logging
 import uuid
@@ -11,7 +10,9 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import transaction
+from django.db.models import Case, F, Q, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agents import attention, capacity, hooks
@@ -186,49 +187,18 @@ def cancel_run(*, actor: Actor, run: Run) -> Run:
 
 
 def acquire_lease(run_id: str, token: str) -> Run | None:
-    """Take the run for this worker, unless another holds a live lease or it is not runnable.
-
-    A lease left behind by a worker that died counts as a crash. One UPDATE whose text is built once (the ORM's
-    version, with its ``Coalesce`` and ``Case``, cost more to compile than to run), then the run with its tenant,
-    agent, version and session.
-    """
+    """Take the run for this worker, unless another holds a live lease or it is not runnable; then the run with its
+    tenant, agent, version and session. A lease left behind by a worker that died counts as a crash."""
     now = timezone.now()
-    meta = Run._meta
-    prep = {name: meta.get_field(name) for name in ("lease_expires_at", "started_at")}
-    with connection.cursor() as cursor:
-        cursor.execute(_acquire_sql(connection.vendor), [
-            token,
-            prep["lease_expires_at"].get_db_prep_value(now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS), connection),
-            RunStatus.RUNNING.value,
-            prep["started_at"].get_db_prep_value(now, connection),
-            meta.pk.get_db_prep_value(run_id, connection),
-            RunStatus.QUEUED.value,
-            RunStatus.RUNNING.value,
-            prep["lease_expires_at"].get_db_prep_value(now, connection),
-        ])
-        taken = cursor.rowcount
+    taken = (Run.objects.filter(pk=run_id, status__in=(RunStatus.QUEUED, RunStatus.RUNNING))
+             .filter(Q(lease_token="") | Q(lease_expires_at__lt=now))
+             .update(lease_token=token, lease_expires_at=now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS),
+                     status=RunStatus.RUNNING, started_at=Coalesce(F("started_at"), now),
+                     crash_count=Case(When(~Q(lease_token=""), then=F("crash_count") + 1), default=F("crash_count"),
+                                      output_field=Run._meta.get_field("crash_count"))))
     if not taken:
         return None
     return Run.objects.select_related("tenant", "agent", "version", "session").get(pk=run_id)
-
-
-@functools.cache
-def _acquire_sql(vendor: str) -> str:
-    """``filter(pk=…, status__in=[queued, running]).filter(Q(lease_token="") | Q(lease_expires_at__lt=now))
-    .update(lease_token=…, lease_expires_at=…, status=running, started_at=Coalesce(F("started_at"), now),
-    crash_count=Case(When(~Q(lease_token=""), then=F("crash_count") + 1), default=F("crash_count")))``."""
-    quote = connection.ops.quote_name
-    run = Run._meta
-
-    def col(name: str) -> str:
-        return quote(run.get_field(name).column)
-
-    token, expires, status, started, crashes = (col(n) for n in ("lease_token", "lease_expires_at", "status", "started_at",
-                                                                  "crash_count"))
-    return (f"UPDATE {quote(run.db_table)} SET {token} = %s, {expires} = %s, {status} = %s, "  # noqa: S608 (model names)
-            f"{started} = COALESCE({started}, %s), "
-            f"{crashes} = CASE WHEN {token} <> '' THEN {crashes} + 1 ELSE {crashes} END "
-            f"WHERE {quote(run.pk.column)} = %s AND {status} IN (%s, %s) AND ({token} = '' OR {expires} < %s)")
 
 
 def release_lease(run_id: Any, token: str) -> None:

@@ -138,6 +138,16 @@ class RunStream:
             self.ended = self.ended or frame["type"] == END_TYPE
         return out
 
+    def close(self) -> None:
+        """Called by Django when the response is closed, however the stream ended (a streaming response calls its
+        content's ``close``): a run that never joined starts all the same, the slot is given back."""
+        try:
+            if self.on_joined is not None:
+                self.on_joined()
+        finally:
+            if self.slot is not None:
+                self.slot.release()
+
     async def __aiter__(self) -> AsyncIterator[bytes]:
         """The stream's messages, while its slot's lease is renewed (tenants/open_streams.py; given back on close)."""
         keeper = asyncio.create_task(open_streams.keep(self.slot)) if self.slot is not None else None
@@ -216,13 +226,9 @@ def stream_response(run_id: Any, after: int, status: int = 200, headers: dict[st
     if it never started (a client gone before the first byte: the run starts all the same). ``slot`` (the caller's
     place among its open streams) is given back when the response is closed, however the stream ended."""
     response = StreamingHttpResponse(
-        RunStream(run_id, after, settings.SSE_KEEPALIVE_SECONDS, on_joined, slot).__aiter__(),
+        RunStream(run_id, after, settings.SSE_KEEPALIVE_SECONDS, on_joined, slot),
         content_type="text/event-stream", status=status,
     )
-    if on_joined is not None:
-        response._resource_closers.append(on_joined)
-    if slot is not None:
-        response._resource_closers.append(slot.release)
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # a proxy in front must not buffer the stream
     for name, value in (headers or {}).items():

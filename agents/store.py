@@ -114,16 +114,17 @@ _LOCKED_FIELDS = ("last_seq", "message_count", "step", "lease_token", "cancel_re
 
 
 def _lock_sql(with_head: bool) -> str:
-    """The run's row (and the tenant's audit chain head) locked and read, one statement; its text fixed."""
-    run, head = Run._meta, AuditChainHead._meta
-    columns = ", ".join(f'r."{run.get_field(name).column}"' for name in _LOCKED_FIELDS)
-    # Table and column names come from the models' metadata; the one value is a parameter.
+    """The run's row (and the tenant's audit chain head) locked and read, one statement; its text fixed.
+    PostgreSQL only (``FOR UPDATE OF``); names from the models' metadata, quoted by the backend; the one value a
+    parameter."""
+    q, run, head = connection.ops.quote_name, Run._meta, AuditChainHead._meta
+    columns = ", ".join(f"r.{q(run.get_field(name).column)}" for name in _LOCKED_FIELDS)
     if not with_head:
-        return f'SELECT {columns} FROM "{run.db_table}" r WHERE r."{run.pk.column}" = %s FOR UPDATE OF r'  # noqa: S608
+        return f"SELECT {columns} FROM {q(run.db_table)} r WHERE r.{q(run.pk.column)} = %s FOR UPDATE OF r"  # noqa: S608
     return (
-        f'SELECT {columns}, h."{head.get_field("seq").column}", h."{head.get_field("hash").column}" '  # noqa: S608
-        f'FROM "{run.db_table}" r JOIN "{head.db_table}" h ON h."{head.pk.column}" = r."{run.get_field("tenant").column}" '
-        f'WHERE r."{run.pk.column}" = %s FOR UPDATE OF r, h'
+        f"SELECT {columns}, h.{q(head.get_field('seq').column)}, h.{q(head.get_field('hash').column)} "  # noqa: S608
+        f"FROM {q(run.db_table)} r JOIN {q(head.db_table)} h ON h.{q(head.pk.column)} = r.{q(run.get_field('tenant').column)} "
+        f"WHERE r.{q(run.pk.column)} = %s FOR UPDATE OF r, h"
     )
 
 
@@ -146,15 +147,19 @@ def guard_sql(equal: tuple[str, ...], *, with_head: bool, uncancelled: bool = Fa
     head) locked, found only if they are as the committer last left them: the run's ``equal`` fields and the head's
     seq and hash equal to the parameters that follow the run's id, in that order; with ``uncancelled``, only while
     no cancel was asked. It selects ``cancel_requested``. Names from the models' metadata; every value a parameter."""
-    run, head = Run._meta, AuditChainHead._meta
-    sql = f'SELECT r."{run.get_field("cancel_requested").column}" FROM "{run.db_table}" r'  # noqa: S608
+    q, run, head = connection.ops.quote_name, Run._meta, AuditChainHead._meta
+
+    def r(name: str) -> str:
+        return f"r.{q(run.get_field(name).column)}"
+
+    sql = f"SELECT {r('cancel_requested')} FROM {q(run.db_table)} r"  # noqa: S608
     if with_head:
-        sql += f' JOIN "{head.db_table}" h ON h."{head.pk.column}" = r."{run.get_field("tenant").column}"'
-    sql += f' WHERE r."{run.pk.column}" = %s' + "".join(f' AND r."{run.get_field(name).column}" = %s' for name in equal)
+        sql += f" JOIN {q(head.db_table)} h ON h.{q(head.pk.column)} = {r('tenant')}"
+    sql += f" WHERE r.{q(run.pk.column)} = %s" + "".join(f" AND {r(name)} = %s" for name in equal)
     if uncancelled:
-        sql += f' AND NOT r."{run.get_field("cancel_requested").column}"'
+        sql += f" AND NOT {r('cancel_requested')}"
     if with_head:
-        sql += f' AND h."{head.get_field("seq").column}" = %s AND h."{head.get_field("hash").column}" = %s'
+        sql += f" AND h.{q(head.get_field('seq').column)} = %s AND h.{q(head.get_field('hash').column)} = %s"
     return sql + " FOR UPDATE OF r" + (", h" if with_head else "")
 
 
