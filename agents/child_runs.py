@@ -15,6 +15,7 @@ from django.db import transaction
 from agents import services
 from agents.engine import build_loop
 from agents.models import Agent, AgentKind, AgentVersion, Run, RunStatus
+from config.outages import dependency_down
 from runtime.types import TerminalReason
 from tenants.scoping import Actor
 from tools.agent_exec import MAX_AGENT_DEPTH, child_input
@@ -82,6 +83,8 @@ def _run_held(held: Run, token: str) -> Run:
         else:
             build_loop(held, token).run(child_id)
     except Exception as exc:
+        if dependency_down(exc) is not None:
+            raise  # the database or Redis, not the run: the supervisor's worker counts it a crash (agents/services.py)
         with transaction.atomic():
             current = Run.objects.select_for_update().get(pk=child_id)
             if current.status != RunStatus.FINISHED and current.lease_token == token:

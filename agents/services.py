@@ -25,6 +25,7 @@ from audit.masking import mask_text, mask_value
 from audit.services import record_change
 from config.batch import WriteBatch
 from config.errors import Conflict, Refused, only_fields
+from config.outages import dependency_down
 from runtime.approval_policy import OVERRIDE_FLAG, flagged
 from runtime.config import PolicyError, raw_input_patterns
 from runtime.flows import input_problems
@@ -205,6 +206,17 @@ def release_lease(run_id: Any, token: str) -> None:
     Run.objects.filter(pk=run_id, lease_token=token).update(lease_token="", lease_expires_at=None)
 
 
+def end_lease_now(run_id: Any, token: str) -> None:
+    """The lease runs out now, its token kept: the sweeper's next pass re-enqueues the run and taking it again counts
+    a crash (so a run that keeps failing this way ends as a crash loop). With the database still down nothing is
+    written and the lease runs out on its own (RUN_LEASE_SECONDS)."""
+    try:
+        Run.objects.filter(pk=run_id, lease_token=token).update(lease_expires_at=timezone.now())
+    except Exception as exc:
+        if dependency_down(exc) is None:
+            raise
+
+
 def admit(run_id: str, token: str, *, parked: int = 0) -> Run | None:
     """:func:`acquire_lease` within the tenant's bound on running work (agents/capacity.py): None when the run is not
     runnable here, or when its tenant is at its bound and the run was parked (its task comes back by itself).
@@ -261,7 +273,7 @@ def execute_run(run_id: str, *, in_place: bool = False, parked: int = 0) -> None
     if run is None:
         log.info("run %s is not runnable here (finished, waiting, leased by another worker, or parked)", run_id)
         return
-    ended = False
+    ended = interrupted = False
     try:
         if run.crash_count >= MAX_CRASHES:
             with transaction.atomic():
@@ -289,6 +301,12 @@ def execute_run(run_id: str, *, in_place: bool = False, parked: int = 0) -> None
         # every commit): nothing to release, and a finished run is never waiting.
         ended = run.status == RunStatus.FINISHED and not run.lease_token
     except Exception as exc:
+        if dependency_down(exc) is not None:
+            interrupted = True  # not the run's fault: a crash, resumed from its last committed step (issue #50)
+            log.warning("run %s: interrupted by %s (%s); resumed by the sweeper from its last committed step", run_id,
+                        dependency_down(exc), type(exc).__name__, exc_info=True)
+            end_lease_now(run_id, token)
+            return
         log.exception("run %s failed", run_id)
         with transaction.atomic():
             current = Run.objects.select_for_update().get(pk=run_id)
@@ -298,7 +316,7 @@ def execute_run(run_id: str, *, in_place: bool = False, parked: int = 0) -> None
                        else f"internal error: {type(exc).__name__}")
                 finish_without_worker(current, TerminalReason.ERROR, why)
     finally:
-        if not ended:
+        if not ended and not interrupted:
             release_lease(run_id, token)
     # A decision may have landed while this worker was still committing the pause: pick it up now. Only a waiting
     # run can be resumed, so a run that finished or is still queued costs one read here, not resume_run's four.
