@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from config.errors import Invalid
+from config.errors import Forbidden, Invalid, NotFound
 from tenants.scoping import Actor, acting
 
 
@@ -12,8 +12,8 @@ class MarketplaceError(Invalid):
     """A refused change (400); the message says what was wrong and what to do. ``field`` names the input at fault."""
 
 
-class NotAllowed(MarketplaceError):
-    """The actor's role does not allow it (403)."""
+class NotAllowed(MarketplaceError, Forbidden):
+    """The actor's role in the tenant does not allow it (403)."""
 
     code = "forbidden"
     status = 403
@@ -52,6 +52,10 @@ def acting_with_user(actor: Actor | None) -> tuple[Actor, Any]:
 
 
 def require(actor: Actor, action: str, tenant_id: int, doing: str) -> None:
+    """As ``Actor.require``: a tenant the actor has no role in is not found (a foreign object is a 404 everywhere); a
+    role without the action is refused, saying which roles may."""
     if not actor.can(action, tenant_id):
+        if not actor.is_superuser and tenant_id not in actor.roles:
+            raise NotFound("No such object.")
         role = {"own": "an owner", "operate": "an operator or owner", "approve": "an approver or owner"}.get(action, action)
         raise NotAllowed(f"Only {role} of this tenant may {doing}.")

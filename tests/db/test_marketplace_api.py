@@ -96,3 +96,30 @@ def test_release_weights_through_the_api() -> None:
     viewer_key = tenant_services.create_api_key(tenant=world.tenant, name="v", owner=world.viewer, role=Role.VIEWER, actor=None)[1]
     assert client_for(viewer_key).get(url).status_code == 200
     assert client_for(viewer_key).put(url, {"weights": {"1": 100}}, format="json").status_code == 403
+
+
+def test_a_foreign_tenant_s_install_is_not_found_by_every_service_a_role_elsewhere_is_refused() -> None:
+    """The one tenancy rule in the marketplace's services too (API, admin and commands call them): an actor with no role
+    in the install's tenant gets 404, never a 403 that confirms the install exists; a role without the action, 403."""
+    from config.errors import Forbidden, NotFound
+    from marketplace import installs
+    from tenants.scoping import actor_for_api_key
+
+    world, other = make_world(), make_world()
+    install = installs.install_plugin(tenant=world.tenant, plugin_key="order-desk", actor=actor_for_api_key(world.key))
+    foreign = actor_for_api_key(other.key)
+    for change in (installs.disable_plugin, installs.enable_plugin, installs.upgrade_plugin, installs.accept_consent,
+                   installs.uninstall_plugin):
+        with pytest.raises(NotFound):
+            change(install=install, actor=foreign)
+    with pytest.raises(NotFound):
+        installs.configure_plugin(install=install, config={}, actor=foreign)
+    with pytest.raises(NotFound):
+        installs.install_plugin(tenant=world.tenant, plugin_key="flight-desk", actor=foreign)
+    viewer = make_user(f"{world.tenant.slug}-reader")
+    tenant_services.set_membership(tenant=world.tenant, user=viewer, role=Role.VIEWER, actor=None)
+    from tenants.scoping import actor_for_user
+
+    with pytest.raises(Forbidden):
+        installs.disable_plugin(install=install, actor=actor_for_user(viewer))
+    assert PluginInstall.objects.get(pk=install.pk).status == install.status != "disabled"

@@ -10,6 +10,7 @@ from accounts import services as tenant_services
 from agents.models import Agent
 from agents.services import RunRefused, start_run
 from audit.models import ConfigChange
+from config.errors import NotFound
 from marketplace import installs, services
 from marketplace.access import resolvable_tools, tool_allowed_for
 from marketplace.catalog import AgentPreset, PluginCatalog, PluginSpec, PluginTool
@@ -231,9 +232,9 @@ def test_another_tenants_operator_cannot_install_or_change_an_install() -> None:
     owner = owner_of(mine.tenant)
     install = services.install_plugin(tenant=mine.tenant, plugin_key="flight-desk", actor=actor_for_user(owner))
 
-    with pytest.raises(services.NotAllowed):
+    with pytest.raises(NotFound):  # a foreign tenant's install is a 404, as everywhere
         services.install_plugin(tenant=mine.tenant, plugin_key="order-desk", actor=actor_for_user(theirs.operator))
-    with pytest.raises(services.NotAllowed):
+    with pytest.raises(NotFound):
         services.disable_plugin(install=install, actor=actor_for_user(theirs.operator))
     with pytest.raises(services.NotAllowed):
         services.install_plugin(tenant=mine.tenant, plugin_key="order-desk", actor=actor_for_user(mine.viewer))

@@ -12,6 +12,7 @@ from agents import services as agent_services
 from agents.models import AgentVersion, Run, RunStatus, Session
 from agents.services import start_run
 from audit.models import ConfigChange
+from config.errors import NotFound
 from marketplace import services
 from marketplace.access import tool_allowed_for
 from marketplace.models import ReleaseWeight
@@ -109,7 +110,7 @@ def test_weights_are_validated_and_audited() -> None:
         services.set_release_weights(agent=world.agent, weights={other.version: 100}, actor=actor_for_user(world.operator))
     with pytest.raises(services.InvalidWeights, match="v9 is not a version"):
         services.set_release_weights(agent=world.agent, weights={"v1": 91, "v9": 9}, actor=actor_for_user(world.operator))
-    with pytest.raises(services.NotAllowed):
+    with pytest.raises(NotFound):  # another tenant's agent: not found, as everywhere
         services.set_release_weights(agent=world.agent, weights={1: 100}, actor=actor_for_user(other.operator))
     assert not ReleaseWeight.objects.filter(agent=world.agent).exists()
 

@@ -17,6 +17,7 @@ from accounts import services as tenant_services
 from agents import services as agent_services
 from agents.models import AgentVersion, Run, RunStatus, Session
 from audit.models import ConfigChange
+from config.errors import NotFound
 from marketplace import services
 from marketplace.models import ReleaseGate, ReleaseWeight
 from releases import services as releases
@@ -134,7 +135,7 @@ def test_the_gate_service_validates_and_is_tenant_bound() -> None:
     with pytest.raises(services.MarketplaceError) as bad:
         services.set_release_gate(agent=world.agent, evaluation_set=theirs, actor=actor)
     assert bad.value.field == "evaluation_set"
-    with pytest.raises(services.MarketplaceError):  # another tenant's operator: not theirs to gate
+    with pytest.raises(NotFound):  # another tenant's operator: not theirs to gate, not even to know of
         services.set_release_gate(agent=world.agent, evaluation_set=golden, actor=actor_for_user(other.operator))
     _gate(world, golden)
     assert services.set_release_gate(agent=world.agent, evaluation_set=None, actor=actor) is None
