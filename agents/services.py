@@ -230,7 +230,9 @@ def admit(run_id: str, token: str, *, parked: int = 0) -> Run | None:
         tenant_id, status, held, expires, kind = found
         runnable = status in (RunStatus.QUEUED, RunStatus.RUNNING) and (not held or (expires is not None and expires < now))
         if runnable and kind != AgentKind.FLOW:  # a flow run only plans: its nodes are admitted (flows/runner.py)
-            tenant = Tenant.objects.select_for_update().only("max_running").get(pk=tenant_id)
+            # FOR NO KEY UPDATE, as everywhere (audit/chain.py): FOR UPDATE blocked the foreign-key checks of other
+            # runs' step commits, and with a flow's lock on the tenant that was a deadlock (bench/faults.py)
+            tenant = Tenant.objects.select_for_update(no_key=True).only("max_running").get(pk=tenant_id)
             now = timezone.now()  # after the lock: leases that lapsed while waiting for it no longer count
             if capacity.running_work(tenant_id, now, exclude=run_id) >= capacity.bound(tenant):
                 _park(run_id, now, parked)

@@ -135,3 +135,29 @@ def test_a_create_that_lost_a_deadlock_answers_a_retryable_503_that_does_not_say
     body = answer.json()
     assert "unavailable" not in body["detail"] and "conflict" in body["detail"], body
     assert body["error"]["code"] == "conflict_retry" and body["error"]["dependency"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(not ON_POSTGRES, reason="row locks and concurrent transactions: PostgreSQL (CI runs this file there)")
+def test_admitting_a_run_locks_its_tenant_without_blocking_other_commits_foreign_key_checks(world: World) -> None:
+    """Admitting a run (the tenant's bound on running work) locks the tenant's row; a concurrent commit of rows that
+    reference the tenant (an agent step's, checked at commit) must not wait for it. ``FOR UPDATE`` there made the step's
+    commit queue behind the admitter while a flow held the chain head the admitter's peers waited for: the fault
+    suite's last deadlocks (6 in 48 faults, 4 runs failed)."""
+    from django.test.utils import CaptureQueriesContext
+
+    from agents.models import Agent
+    from tests.support.concurrency import other_transaction
+
+    run_id = _agent_run(world)
+    with CaptureQueriesContext(connection) as queries:
+        assert services.admit(run_id, "token-a") is not None
+    lock = next(q["sql"] for q in queries if '"tenants_tenant"' in q["sql"] and " FOR " in q["sql"])
+    with other_transaction() as admitter:
+        admitter.execute(lock)  # the admitter's lock, held
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '2s'")
+            Agent.objects.create(tenant=world.tenant, slug="fk-check", name="fk check")  # checked at commit
+        admitter.rollback()
+    assert Agent.objects.filter(tenant=world.tenant, slug="fk-check").exists()
