@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from config.errors import Invalid
+from core.errors import Invalid
 from tenants.scoping import Actor, acting
 
 

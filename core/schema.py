@@ -3,7 +3,7 @@
 A drf-spectacular postprocessing hook, so no view repeats them: 400 (a field or parameter was wrong), 401 (no or a
 bad key), 403 (the role does not allow it), 404 (not found here; operations with a path parameter), 406 (an
 ``Accept`` the API cannot produce), 413 (a body over the limit), 415 (a body that is not JSON or a form), 429
-(throttled, with ``Retry-After``) and 503 (the database or Redis is down, with ``Retry-After``: config/outages.py).
+(throttled, with ``Retry-After``) and 503 (the database or Redis is down, with ``Retry-After``: core/outages.py).
 Codes a view documents itself are kept.
 """
 
@@ -20,7 +20,7 @@ UNAVAILABLE = "DependencyUnavailable"
 _ERROR_OBJECT: dict[str, Any] = {
     "type": "object",
     "description": (
-        "The one error object (config/errors.py): ``code`` is stable and machine-readable (invalid, not_found, "
+        "The one error object (core/errors.py): ``code`` is stable and machine-readable (invalid, not_found, "
         "forbidden, conflict, not_authenticated, throttled, ...), ``message`` says what was wrong and what is "
         "expected, ``field`` names the input at fault (a dotted path into the body, a query parameter or a header), "
         "or is null."
@@ -59,7 +59,7 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     },
     UNAVAILABLE: {
         "type": "object",
-        "description": "A dependency is down (config/outages.py); retry after Retry-After seconds, with the same Idempotency-Key.",
+        "description": "A dependency is down (core/outages.py); retry after Retry-After seconds, with the same Idempotency-Key.",
         "properties": {
             "detail": {"type": "string"},
             "error": {
