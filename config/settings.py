@@ -113,6 +113,9 @@ INSTALLED_APPS = [
     "guardian",
     "axes",  # login lockout (core/login_lockout.py)
     "channels",
+    # The roof (config/apps.py): the deployment checks and the PostgreSQL timestamp loader, wired before any app's
+    # ready() runs; and `manage.py serve`. Our apps follow, none of which imports it.
+    "config",
     "tenants",
     "agents",
     "tools",

@@ -21,7 +21,7 @@ ROOT_MODULES = ("config/urls.py", "config/asgi.py", "config/celery.py", "config/
 
 def _first_party_packages() -> tuple[str, ...]:
     """INSTALLED_APPS' entries that are top-level packages here, read from config/settings.py (nothing imported), and
-    the plain packages beside them (config, runtime, llm, egress): never a hand-written list, which missed flows and
+    the plain packages beside them (core, runtime, llm, egress): never a hand-written list, which missed flows and
     releases. tests/unit/test_project_packages.py holds this to Django's own app registry."""
     tree = ast.parse((ROOT / "config" / "settings.py").read_text())
     installed = next(ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
