@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-import core.schema  # noqa: F401  (registers the API key's security scheme with drf-spectacular)
+import tenants.schema  # noqa: F401  (registers the API key's security scheme with drf-spectacular)
 from config.health import healthz
 from console.metrics_view import metrics
 

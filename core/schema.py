@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
-
 ERROR = "Error"
 VALIDATION_ERROR = "ValidationError"
 UNAVAILABLE = "DependencyUnavailable"
@@ -118,16 +116,6 @@ def _described(response: dict[str, Any], status: str) -> str:
 def _has_path_parameter(path_item: dict[str, Any], operation: dict[str, Any]) -> bool:
     parameters = [*path_item.get("parameters", []), *operation.get("parameters", [])]
     return any(p.get("in") == "path" for p in parameters)
-
-
-class ApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[misc]
-    """``tenants.auth.ApiKeyAuthentication`` in the schema (registered when config.urls imports this module)."""
-
-    target_class = "tenants.auth.ApiKeyAuthentication"
-    name = "apiKey"
-
-    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
-        return {"type": "http", "scheme": "bearer", "description": "An API key of a tenant: Authorization: Bearer aok_..."}
 
 
 def document_error_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
