@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import record_change
-from config.errors import Conflict, Forbidden, Invalid, only_fields
+from core.errors import Conflict, Forbidden, Invalid, only_fields
 from tenants.models import MAX_RUNNING_LIMIT, ApiKey, Membership, Role, Tenant, hash_key
 from tenants.scoping import Actor, acting
 

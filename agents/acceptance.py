@@ -30,8 +30,8 @@ from prometheus_client import Counter
 
 from agents import services
 from agents.models import Agent, AgentVersion, Run, Session
-from config.errors import DomainError
-from config.outages import dependency_down
+from core.errors import DomainError
+from core.outages import dependency_down
 from tenants.scoping import Actor
 
 log = logging.getLogger(__name__)

@@ -15,10 +15,10 @@ from agents import services as agent_services
 from agents.erasure import ERASE_ACTION, ErasureRefused, erase_session
 from agents.flow_graph import render_svg
 from agents.models import Agent, AgentKind, AgentVersion, Flow, FlowVersion, Run, RunEvent, Session
-from config.documents import DocumentWidget
-from config.errors import DomainError
-from config.numbers import number_or_text
-from config.parsers import loads_bounded
+from core.documents import DocumentWidget
+from core.errors import DomainError
+from core.numbers import number_or_text
+from core.parsers import loads_bounded
 from llm.pricing import DEMO_PRICE_LABEL, demo_price_text, is_demo_price
 from runtime.documents import DocumentError, parse
 from runtime.flows import FlowDefinition

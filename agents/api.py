@@ -36,8 +36,8 @@ from agents.serializers import (
     RunSerializer,
     VersionPreviewSerializer,
 )
-from config.api import CursorPages
-from config.filters import ListFilterBackend
+from core.api import CursorPages
+from core.filters import ListFilterBackend
 from tenants import open_streams
 from tenants.api import TenantScopedViewSet
 from tools.serializers import PreviewImpactResultSerializer

@@ -38,7 +38,7 @@ from agents.models import Run, RunEvent
 from audit.masking import mask_text
 from audit.models import ToolCallAudit, ToolCallStatus
 from audit.services import record_change
-from config.errors import Refused
+from core.errors import Refused
 from runtime.types import Event
 from tenants.scoping import Actor
 

@@ -15,7 +15,7 @@ from django.db import transaction
 from agents import services
 from agents.engine import build_loop
 from agents.models import Agent, AgentKind, AgentVersion, Run, RunStatus
-from config.outages import dependency_down
+from core.outages import dependency_down
 from runtime.types import TerminalReason
 from tenants.scoping import Actor
 from tools.agent_exec import MAX_AGENT_DEPTH, child_input

@@ -14,7 +14,7 @@ from channels.db import database_sync_to_async
 from agents import run_feeds
 from agents.models import Run, RunEvent
 from agents.serializers import event_frames
-from config import live
+from core import live
 from tenants import open_streams
 from tenants.feeds import HeartbeatConsumer, stop_tasks
 from tenants.scoping import ANONYMOUS, Actor
@@ -150,7 +150,7 @@ class RunEventsConsumer(HeartbeatConsumer):
                 await self.close(code=1011)
 
     async def _resync_later(self, delay: float) -> None:
-        """What was committed while the publisher did not know this socket yet (config/live.py ``resync_after``)."""
+        """What was committed while the publisher did not know this socket yet (core/live.py ``resync_after``)."""
         await asyncio.sleep(delay)
         async with self._sending:
             await self._backfill()

@@ -56,7 +56,7 @@ from approvals.models import ApprovalDecision, ApprovalRequest
 from audit.masking import mask_text
 from audit.models import ConfigChange, ToolCallAudit
 from audit.services import record_change
-from config.errors import Conflict
+from core.errors import Conflict
 from tenants.scoping import Actor
 
 #: The tenant action erasing needs. ``own``, not ``operate``: erasure is irreversible and destroys the trace of what

@@ -1,4 +1,4 @@
-"""``/runs`` and ``/sessions`` query parameters (config/filters.py)."""
+"""``/runs`` and ``/sessions`` query parameters (core/filters.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import django_filters
 
 from agents.models import Run, Session
-from config.filters import TrueFalse
+from core.filters import TrueFalse
 
 
 class RunFilter(django_filters.FilterSet):

@@ -42,7 +42,7 @@ from agents.providers import (
 )
 from agents.run_deltas import RunDeltas
 from agents.run_policy import policy_for
-from config.buckets import bucket_store
+from core.buckets import bucket_store
 from llm import GatewayConfig, ModelGateway, ModelInfo, ProviderConfig, ProviderError, RateLimit
 from llm.breaker import CircuitBreaker
 from llm.openai_client import split_model

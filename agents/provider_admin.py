@@ -12,7 +12,7 @@ from django.http import HttpRequest
 from agents import provider_services as services
 from agents.models import Provider
 from agents.providers import check_api_key, check_fields, check_headers, granted_secrets, key_status, masked_headers
-from config.remote_waits import RemoteCallsBusy
+from core.remote_waits import RemoteCallsBusy
 from tenants.admin_mixins import TenantScopedAdmin
 from tenants.scoping import actor_for_user
 

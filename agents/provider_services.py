@@ -25,8 +25,8 @@ from agents.providers import (
     secret_reference,
 )
 from audit.services import record_change
-from config.errors import Forbidden, Invalid
-from config.remote_waits import remote_wait
+from core.errors import Forbidden, Invalid
+from core.remote_waits import remote_wait
 from llm import ConnectionCheck, ModelGateway
 from tenants.models import Tenant
 from tenants.scoping import Actor
@@ -162,7 +162,7 @@ def delete_provider(*, actor: Actor, provider: Provider) -> None:
 
 def check_connection(*, actor: Actor, provider: Provider) -> ConnectionCheck:
     """List the provider's models with its stored settings; a readable verdict, never an exception (but
-    :class:`~config.remote_waits.RemoteCallsBusy` when the tenant already has its share of such calls under way)."""
+    :class:`~core.remote_waits.RemoteCallsBusy` when the tenant already has its share of such calls under way)."""
     _authorise(actor, provider.tenant_id)
     try:
         config = provider_config(provider)  # everything read from the database before the wait

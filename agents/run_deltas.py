@@ -3,7 +3,7 @@
 The model gateway (pure, in ``llm/``) calls a :class:`~llm.streaming.DeltaListener` for each attempt on a
 streaming provider; this one masks the text with :class:`~audit.stream_masking.StreamMasker` (the same
 patterns as the trace, never releasing part of a secret split across pieces) and publishes what may be
-released through :func:`config.live.publish_run_delta`. Nothing here is stored: the final message is
+released through :func:`core.live.publish_run_delta`. Nothing here is stored: the final message is
 committed with its step as always.
 
 Frame: ``{"type": "message.delta", "step": n, "attempt": k, "offset": i, "text": "..."}``. ``offset`` is
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from audit.stream_masking import StreamMasker
-from config import live
+from core import live
 from runtime.types import ModelRequest
 
 STREAMED_TASKS = frozenset({"act"})  # the loop's own calls; not summaries or other helper calls

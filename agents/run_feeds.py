@@ -18,7 +18,7 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
-from config import live
+from core import live
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class RunFeed:
         await self._leave_group()
 
     async def _refresh(self) -> None:
-        """Renew the membership while the feed lives (config/live.py ``refresh_membership``): the layer drops one not
+        """Renew the membership while the feed lives (core/live.py ``refresh_membership``): the layer drops one not
         renewed within its group_expiry, as it drops a killed process's. A failed renewal ends the feed as a failed
         read does, so its sockets close and their clients resume by seq, rather than silently stop receiving."""
         try:

@@ -11,7 +11,7 @@ from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from agents.models import Agent, AgentKind, AgentVersion, Run, RunEvent
-from config.documents import document_field
+from core.documents import document_field
 from runtime.flows import FlowDefinition
 from runtime.policy_document import Policy
 from runtime.state import LLM_CALL_COUNT, LOOP_DETECTION, MESSAGES, SESSION_MODEL_CALLS, SESSION_USAGE

@@ -23,9 +23,9 @@ from approvals.decisions import cancel_for_run, resume_run
 from approvals.policy import FLOOR_OVERRIDE_ACTION, floor_for, loosening, recorded_overrides
 from audit.masking import mask_text, mask_value
 from audit.services import record_change
-from config.batch import WriteBatch
-from config.errors import Conflict, Refused, only_fields
-from config.outages import dependency_down
+from core.batch import WriteBatch
+from core.errors import Conflict, Refused, only_fields
+from core.outages import dependency_down
 from runtime.approval_policy import OVERRIDE_FLAG, flagged
 from runtime.config import PolicyError, raw_input_patterns
 from runtime.flows import input_problems
@@ -97,7 +97,7 @@ def start_run(*, actor: Actor, agent: Agent, text: str, session: Session | None 
     # a version may keep named patterns raw (an audited opt-in); cards and secrets are always masked.
     raw = raw_input_patterns(version.policy)
     text, facts = mask_text(text, keep=raw), mask_value(facts or {}, keep=raw)
-    # The new session's row and the run's in one statement on PostgreSQL (config/batch.py): no insert SQL compiled
+    # The new session's row and the run's in one statement on PostgreSQL (core/batch.py): no insert SQL compiled
     # per request. A second run with the idempotency key raises IntegrityError here, as a create would.
     batch = WriteBatch()
     if session is None:

@@ -18,7 +18,7 @@ from agents.api import NewestFirst
 from agents.erasure import ERASE_ACTION, erase_session
 from agents.filters import SessionFilter
 from agents.models import Run, Session, Turn
-from config.filters import ListFilterBackend
+from core.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
 
 #: A session's detail lists at most this many of its turns and of its runs (the latest); the counts say how many in all.

@@ -14,7 +14,7 @@ client. Every ``KEEPALIVE_SECONDS`` without a frame a comment line is sent, and 
 for anything a dropped message carried (e.g. the run's last step).
 
 Held open: a stream is an async iterator sent from the event loop by Django's ASGI handler, and its request's
-synchronous work runs on the process's one stream thread (config/stream_thread.py), so while it waits it holds no
+synchronous work runs on the process's one stream thread (core/stream_thread.py), so while it waits it holds no
 thread, only its place in the run's feed and a slot among the caller's and the tenant's open
 streams (tenants/open_streams.py: taken by the view, a 429 past the bound; renewed here; given back when the
 response is closed). Its reads of the database are short calls on that thread, each giving its connection back.
@@ -38,7 +38,7 @@ from django.http import StreamingHttpResponse
 from agents import run_feeds
 from agents.models import Run, RunEvent, RunStatus
 from agents.serializers import event_frames
-from config import live
+from core import live
 from tenants import open_streams
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ of a run and a step that marks the run for an operator take the locked way.
 Locks follow ``audit/chain.py``'s one order (the run's row, the tenant's, the chain head): a step locks its run's row
 and the chain head, never the tenant's row; its rows' foreign keys to the tenant are checked at commit with a KEY
 SHARE lock, which a flow's ``FOR NO KEY UPDATE`` of the tenant does not block. A step whose commit loses a deadlock
-or a serialization failure anyway is committed again (``config/conflicts.py``), not turned into a failed run.
+or a serialization failure anyway is committed again (``core/conflicts.py``), not turned into a failed run.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from agents.serializers import event_frames
 from audit.masking import mask_text, mask_value
 from audit.models import AuditChainHead
 from audit.unit_of_work import StepAudit
-from config import live
-from config.batch import WriteBatch
-from config.conflicts import retried
+from core import live
+from core.batch import WriteBatch
+from core.conflicts import retried
 from runtime.protocols import Checkpoint, StepAck, StepRecord
 from runtime.types import Event, Phase, Usage
 
@@ -208,7 +208,7 @@ class DjangoRunStore:
         """The step's writes in one transaction: in ONE statement when this store committed the run's previous step
         and the step neither ends the run nor marks it for attention (:meth:`_commit_guarded`); else the run's row
         (and chain head) locked and read first, then the writes (:meth:`_commit_locked`). A commit that lost a
-        deadlock or serialization failure wrote nothing: it is made again, the locked way (``config/conflicts.py``)."""
+        deadlock or serialization failure wrote nothing: it is made again, the locked way (``core/conflicts.py``)."""
         writes, tries = self.audit.pending, []
 
         def commit() -> StepAck:
@@ -323,7 +323,7 @@ class DjangoRunStore:
             reasons = attention.reasons_for_writes(self.audit.pending, at=now)
             events = _with_attention_events(record.events, reasons, self.audit.pending)
             wrote_audit = len(self.audit) > 0
-            # The step's writes go out together: one statement on PostgreSQL (config/batch.py).
+            # The step's writes go out together: one statement on PostgreSQL (core/batch.py).
             batch, rows, changes = self._step_writes(record, events, now, locked["last_seq"], locked["message_count"], head)
             finished = record.phase == Phase.FINISHED
             if reasons:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from agents import services
-from config.joblock import job_lock
+from core.joblock import job_lock
 
 
 @shared_task(name="agents.execute_run", acks_late=True, ignore_result=True)

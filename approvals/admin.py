@@ -18,9 +18,9 @@ from django.utils.html import format_html
 
 from approvals import channels, decisions, edits
 from approvals.models import ApprovalRequest, Delivery, NotificationChannel, NotifyEvent
-from config.numbers import whole_number
-from config.parsers import BoundedJSONField
-from config.remote_waits import RemoteCallsBusy
+from core.numbers import whole_number
+from core.parsers import BoundedJSONField
+from core.remote_waits import RemoteCallsBusy
 from tenants.admin_mixins import TenantScopedAdmin
 from tenants.scoping import actor_for_user
 

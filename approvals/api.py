@@ -13,8 +13,8 @@ from rest_framework.response import Response
 from approvals import decisions
 from approvals.filters import ApprovalFilter
 from approvals.models import ApprovalRequest
-from config.api import CursorPages
-from config.filters import ListFilterBackend
+from core.api import CursorPages
+from core.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
 
 

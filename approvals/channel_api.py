@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from approvals import channels
 from approvals.models import ChannelKind, NotificationChannel
-from config.api import CursorPages
+from core.api import CursorPages
 from tenants.api import TenantScopedViewSet
 
 

@@ -25,8 +25,8 @@ from django.db import transaction
 
 from approvals.models import ChannelKind, NotificationChannel, NotifyEvent
 from audit.services import record_change
-from config.errors import Forbidden, Invalid
-from config.remote_waits import remote_wait
+from core.errors import Forbidden, Invalid
+from core.remote_waits import remote_wait
 from egress.guard import EgressDenied, check_url
 from tenants.models import Tenant
 from tenants.scoping import Actor
@@ -143,8 +143,8 @@ def _address(target: str) -> tuple[str, str, int | None] | None:
 @contextmanager
 def addresses_checked(tenant_id: int | None, kind: Any, target: Any) -> Iterator[None]:
     """Resolve a webhook target's host now, in one of the tenant's remote-call slots and holding no database connection
-    (config/remote_waits.py), for the checks made within the block, in the transaction that saves the channel.
-    Raises :class:`~config.remote_waits.RemoteCallsBusy` when the tenant has its share of such calls under way."""
+    (core/remote_waits.py), for the checks made within the block, in the transaction that saves the channel.
+    Raises :class:`~core.remote_waits.RemoteCallsBusy` when the tenant has its share of such calls under way."""
     known = _AHEAD.get() or {}
     address = _address(target) if kind in WEBHOOKS and isinstance(target, str) else None
     if address is None or address in known:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from config import live
+from core import live
 from tenants.feeds import TenantFeedConsumer
 
 

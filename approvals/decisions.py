@@ -13,8 +13,8 @@ from django.utils import timezone
 from approvals import edits, metrics
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 from audit.services import record_change
-from config import live
-from config.errors import DomainError
+from core import live
+from core.errors import DomainError
 from runtime.approval_policy import DEFAULT_APPROVER_ROLES
 from tenants.scoping import Actor
 from tools import handlers

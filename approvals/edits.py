@@ -14,7 +14,7 @@ from typing import Any
 from approvals.models import ApprovalRequest
 from approvals.policy import floor_for, rule_for, version_policy
 from audit.masking import mask_value
-from config.errors import Invalid
+from core.errors import Invalid
 from tools.arguments import arguments_hash, parse_arguments
 
 

@@ -1,11 +1,11 @@
-"""``/approvals`` query parameters (config/filters.py)."""
+"""``/approvals`` query parameters (core/filters.py)."""
 
 from __future__ import annotations
 
 import django_filters
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from config.filters import OneOf
+from core.filters import OneOf
 
 
 class ApprovalFilter(django_filters.FilterSet):

@@ -22,7 +22,7 @@ from approvals.decisions import may_decide
 from approvals.models import ApprovalRequest
 from audit.masking import is_sensitive_key, normalize_key
 from audit.services import record_change
-from config.errors import Forbidden, Invalid, NotFound
+from core.errors import Forbidden, Invalid, NotFound
 from tenants.scoping import Actor
 
 PERMISSION = "approvals.reveal_sensitive_fields"

@@ -7,7 +7,7 @@ from celery import shared_task
 from django.db import transaction
 
 from approvals import decisions, notify
-from config.joblock import job_lock
+from core.joblock import job_lock
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from django.views.decorators.http import require_POST
 from approvals import decisions, edits, reveal
 from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.masking import mask_value
-from config.errors import Forbidden, Invalid, NotFound
-from config.parsers import loads_bounded
+from core.errors import Forbidden, Invalid, NotFound
+from core.parsers import loads_bounded
 from tenants.scoping import actor_for_user
 
 

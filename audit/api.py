@@ -11,8 +11,8 @@ from rest_framework.response import Response
 
 from audit.filters import ConfigChangeFilter, ToolCallFilter
 from audit.models import ConfigChange, ToolCallAudit
-from config.api import CursorPages
-from config.filters import ListFilterBackend
+from core.api import CursorPages
+from core.filters import ListFilterBackend
 from tenants.api import TenantScopedViewSet
 
 

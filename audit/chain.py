@@ -14,7 +14,7 @@ excludes another of its kind (a flow's tenant-wide node bound is decided under i
 ``FOR KEY SHARE`` that PostgreSQL's foreign-key check of a new row referencing the tenant takes, at commit (Django's
 constraints are deferred). A step holding the chain head checks its audit rows' keys to the tenant when it commits; a
 ``FOR UPDATE`` on the tenant taken before the head made the two wait for each other. A deadlock or serialization
-failure left anyway is retried by the step or completion that lost it (``config/conflicts.py``).
+failure left anyway is retried by the step or completion that lost it (``core/conflicts.py``).
 
 A tool-call row's digest covers ``HASHED_FIELDS`` and its time, and, when the row has any,
 ``attempt_call_ids`` (every id the model gave the call; a crash-resumed write has two or more). Rows
@@ -38,7 +38,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.models import AuditChainHead, ConfigChainHead, ConfigChange, ToolCallAudit
-from config.batch import WriteBatch
+from core.batch import WriteBatch
 
 HASHED_FIELDS = (
     "tenant_id",
@@ -116,7 +116,7 @@ def write_sealed(writes: list[Any], tenant_id: int, batch: WriteBatch | None = N
     ``writes`` are gateway AuditWrite items: a new row, or the completion of a ``started`` row. The chain
     head is locked (and read) here, in one statement; the sealed rows are computed in Python and their
     writes (rows, completed ``started`` rows, the head) go into ``batch`` when given, the step's other
-    writes' single statement (config/batch.py), else are sent here. ``head``: the head as the caller already
+    writes' single statement (core/batch.py), else are sent here. ``head``: the head as the caller already
     read it under a lock held by this transaction (the run store locks it with the run row), else it is locked here.
     """
     own = batch is None

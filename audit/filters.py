@@ -1,4 +1,4 @@
-"""``/audit/tool-calls`` and ``/audit/changes`` query parameters (config/filters.py)."""
+"""``/audit/tool-calls`` and ``/audit/changes`` query parameters (core/filters.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import django_filters
 
 from audit.models import ConfigChange, ToolCallAudit, ToolCallStatus
-from config.filters import IdFilter, OneOf, Since, Until
+from core.filters import IdFilter, OneOf, Since, Until
 
 
 class _Window(django_filters.FilterSet):

@@ -12,7 +12,7 @@ from typing import Any
 
 from audit.chain import write_sealed
 from audit.models import AuditChainHead
-from config.batch import WriteBatch
+from core.batch import WriteBatch
 
 
 class StepAudit:

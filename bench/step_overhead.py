@@ -240,7 +240,7 @@ def measure_run(world: World, history_messages: int) -> tuple[float, list[Slice]
         finally:
             meter.slices[-1].commit_seconds += time.perf_counter() - started
 
-    from config.batch import WriteBatch
+    from core.batch import WriteBatch
 
     real_execute, real_guarded = WriteBatch.execute, WriteBatch.execute_guarded
 

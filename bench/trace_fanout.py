@@ -10,7 +10,7 @@ phase, one child process holding the websocket viewers (so viewers and publisher
 What it does per phase: a fresh run (ours) or group (peer); N viewers connect (ours: ``/ws/runs/<id>/?after=0``
 with an API key; peer: ``/ws/peer/<group>/``) and say ready; then this process publishes events at ``--rate``
 per second for ``--duration`` seconds, one committed step each, through the production path: the RunEvent row
-and the run's ``last_seq`` in one transaction, ``agents.store.publish_after_commit`` (``config.live``) after
+and the run's ``last_seq`` in one transaction, ``agents.store.publish_after_commit`` (``core.live``) after
 commit. The peer's events are committed the same way (same database work) and then sent with a plain
 ``group_send`` of the same frames. Latency of a frame = its receive time in a viewer − the moment its
 transaction committed (both ``time.time()`` on this machine). Lost = seqs a viewer never got; duplicated =

@@ -19,15 +19,15 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from agents.routing import websocket_urlpatterns  # noqa: E402
-from config.admission import AdmissionLimit  # noqa: E402
-from config.body_limit import BodyLimit  # noqa: E402
-from config.stream_thread import StreamThread  # noqa: E402
 from console.routing import websocket_urlpatterns as console_websocket_urlpatterns  # noqa: E402
+from core.admission import AdmissionLimit  # noqa: E402
+from core.body_limit import BodyLimit  # noqa: E402
+from core.stream_thread import StreamThread  # noqa: E402
 from tenants.ws_auth import WebsocketAuthMiddleware  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        # uvicorn has no body limit; past MAX_CONCURRENT_REQUESTS in progress, a 503 before Django (config/admission.py)
+        # uvicorn has no body limit; past MAX_CONCURRENT_REQUESTS in progress, a 503 before Django (core/admission.py)
         "http": AdmissionLimit(BodyLimit(StreamThread(django_asgi_app), limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE),
                                limit=settings.MAX_CONCURRENT_REQUESTS),
         "websocket": WebsocketAuthMiddleware(URLRouter(websocket_urlpatterns + console_websocket_urlpatterns)),

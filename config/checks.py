@@ -22,7 +22,7 @@ def metrics_token_set(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
 
 @register(Tags.database)
 def no_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    """A request waiting on a tenant's server gives its database connection back first (config/remote_waits.py), which
+    """A request waiting on a tenant's server gives its database connection back first (core/remote_waits.py), which
     it cannot do inside a transaction: ATOMIC_REQUESTS would hold one open across every view, and the connection with it."""
     return [Error(
         f"DATABASES[{alias!r}] has ATOMIC_REQUESTS on: a request waiting on a tenant's server (an MCP import, a provider "

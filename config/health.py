@@ -13,9 +13,9 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
-from config import outages
 from config.celery import app
 from config.workers import WORKER_BEAT_SECONDS, seen_workers
+from core import outages
 
 
 def _timed(check: Any) -> dict[str, Any]:

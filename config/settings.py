@@ -63,7 +63,7 @@ else:
     # more than DB_POOL_MAX_SIZE and none is opened per request or per task. The sizing rule is in the README:
     # server processes x DB_POOL_MAX_SIZE + worker processes x DB_POOL_MAX_SIZE <= max_connections - reserve.
     # A request that cannot get a connection within DB_POOL_TIMEOUT seconds (or finds DB_POOL_MAX_WAITING requests
-    # already queued) is answered 503 with Retry-After (config/outages.py), never a database error.
+    # already queued) is answered 503 with Retry-After (core/outages.py), never a database error.
     # Django's pool needs CONN_MAX_AGE=0: "closing" a connection returns it to the pool.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # with the pool: each connection is checked as it is lent out
@@ -76,7 +76,7 @@ else:
     DATABASES["default"].setdefault("OPTIONS", {}).update(server_side_binding=True,
                                                           prepare_threshold=DB_PREPARE_THRESHOLD)
     # A statement, or a wait for a lock, past its bound is cut by PostgreSQL and the request answered 503 with
-    # Retry-After (config/outages.py) instead of holding its pooled connection for as long as the lock is held.
+    # Retry-After (core/outages.py) instead of holding its pooled connection for as long as the lock is held.
     # Requests are short; worker tasks get the WORKER_ bounds (config/celery.py sets them on a worker's connections).
     # 0: no bound.
     DB_STATEMENT_TIMEOUT_SECONDS = env_float("DB_STATEMENT_TIMEOUT_SECONDS", 15.0, minimum=0.0)
@@ -111,8 +111,11 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "guardian",
-    "axes",  # login lockout (config/login_lockout.py)
+    "axes",  # login lockout (core/login_lockout.py)
     "channels",
+    # The roof (config/apps.py): the deployment checks and the PostgreSQL timestamp loader, wired before any app's
+    # ready() runs; and `manage.py serve`. Our apps follow, none of which imports it.
+    "config",
     "tenants",
     "agents",
     "tools",
@@ -132,7 +135,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "config.outages.OutageMiddleware",  # a view failing on a database or Redis outage answers 503 + Retry-After
+    "core.outages.OutageMiddleware",  # a view failing on a database or Redis outage answers 503 + Retry-After
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -162,7 +165,7 @@ TEMPLATES = [
 ]
 
 AUTHENTICATION_BACKENDS = [
-    "config.login_lockout.LoginLockoutBackend",  # first: refuses locked-out logins before any password check
+    "core.login_lockout.LoginLockoutBackend",  # first: refuses locked-out logins before any password check
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
@@ -182,14 +185,14 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "/accounts/login/"  # the console's session login (templates/registration/login.html)
 LOGIN_REDIRECT_URL = "/console/runs/"  # after login, the run list
 
-# Brute-force limit on both login pages (django-axes; the policy is explained in config/login_lockout.py):
+# Brute-force limit on both login pages (django-axes; the policy is explained in core/login_lockout.py):
 # a username is locked out from one address after AXES_FAILURE_LIMIT failures, for AXES_COOLOFF_MINUTES.
 AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 10, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15, minimum=1))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
-AXES_LOCKOUT_CALLABLE = "config.login_lockout.lockout_response"
-AXES_CLIENT_IP_CALLABLE = "config.login_lockout.client_ip"
+AXES_LOCKOUT_CALLABLE = "core.login_lockout.lockout_response"
+AXES_CLIENT_IP_CALLABLE = "core.login_lockout.client_ip"
 #: Behind a trusted reverse proxy only: the header carrying the client's address (e.g. X-Forwarded-For, X-Real-IP).
 CLIENT_IP_HEADER = env_header("CLIENT_IP_HEADER")
 
@@ -258,7 +261,7 @@ if PROMETHEUS_MULTIPROC_DIR:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = PROMETHEUS_MULTIPROC_DIR
 
 # --- API ----------------------------------------------------------------------------------
-#: The largest request body (bytes) any endpoint accepts; larger is a 413 at the ASGI edge (config/body_limit.py) and in Django.
+#: The largest request body (bytes) any endpoint accepts; larger is a 413 at the ASGI edge (core/body_limit.py) and in Django.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BODY_BYTES", 2_621_440, minimum=65_536)
 
 #: Seconds a server process may reuse an API key it looked up (tenants/keycache.py), as long as nothing deciding any
@@ -269,17 +272,17 @@ if EMBEDDED and API_KEY_CACHE_SECONDS:
     raise ImproperlyConfigured("API_KEY_CACHE_SECONDS needs REDIS_URL: its invalidation stamp must reach every process.")
 
 REST_FRAMEWORK = {
-    # Bodies bounded in size (DATA_UPLOAD_MAX_MEMORY_SIZE), JSON also in nesting depth (config/parsers.py).
-    "DEFAULT_PARSER_CLASSES": ["config.parsers.JSONParser", "config.parsers.FormParser", "config.parsers.MultiPartParser"],
+    # Bodies bounded in size (DATA_UPLOAD_MAX_MEMORY_SIZE), JSON also in nesting depth (core/parsers.py).
+    "DEFAULT_PARSER_CLASSES": ["core.parsers.JSONParser", "core.parsers.FormParser", "core.parsers.MultiPartParser"],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "tenants.auth.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "config.api.exception_handler",
+    "EXCEPTION_HANDLER": "core.api.exception_handler",
     "DEFAULT_RENDERER_CLASSES": [
-        "config.renderers.FastJSONRenderer",  # orjson; the same document as DRF's JSONRenderer (config/renderers.py)
+        "core.renderers.FastJSONRenderer",  # orjson; the same document as DRF's JSONRenderer (core/renderers.py)
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -299,7 +302,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     # Every operation documents the errors the API answers with (400, 401, 403, 404, 413, 415, 429) and their body.
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "config.schema.document_error_responses"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "core.schema.document_error_responses"],
     # Runs and a session's runs share one status enum, named here (several components have a field "status").
     "ENUM_NAME_OVERRIDES": {"RunStatusEnum": "agents.models.RunStatus", "ReplayModelModeEnum": "releases.models.ModelMode"},
 }
@@ -312,7 +315,7 @@ REDIS_CONNECT_TIMEOUT = env_int("REDIS_CONNECT_TIMEOUT", 5, minimum=1)
 #: Every open websocket gets ``{"type": "heartbeat"}`` this often (0 = off); clients use it to detect a dead connection.
 WS_HEARTBEAT_SECONDS = env_int("WS_HEARTBEAT_SECONDS", 20, minimum=0)
 #: A worker reuses who watches a run (its trace, the tenant's run list) for up to this many seconds instead of reading
-#: it at every step (config/redis_layer.py); a new watcher's join is announced to every worker, which then reads again
+#: it at every step (core/redis_layer.py); a new watcher's join is announced to every worker, which then reads again
 #: at once. Watchers also read the database once this long after they joined (for a lost announcement). 0: read at
 #: every step, no second read.
 LIVE_MEMBERS_TTL_SECONDS = env_float("LIVE_MEMBERS_TTL_SECONDS", 1.0, minimum=0.0)
@@ -324,14 +327,14 @@ if LIVE_MEMBERS_TTL_SECONDS > 10:
     raise ImproperlyConfigured(f"LIVE_MEMBERS_TTL_SECONDS must be at most 10 (a new watcher may wait that long for the "
                                f"events sent just before it joined), got {LIVE_MEMBERS_TTL_SECONDS}.")
 if EMBEDDED:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "config.channel_layers.EmbeddedChannelLayer", "CONFIG": {"capacity": 1000}}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "core.channel_layers.EmbeddedChannelLayer", "CONFIG": {"capacity": 1000}}}
 else:
     # redis-py times out socket reads after 5 s by default — exactly the channel layer's blocking read (BZPOPMIN,
     # 5 s), so an idle consumer's read raised TimeoutError and its socket was dropped every 5 s. The layer's
     # connections wait longer than its own blocking read; keepalive and health checks still catch dead peers.
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "config.redis_layer.RedisLayer",
+            "BACKEND": "core.redis_layer.RedisLayer",
             "CONFIG": {
                 "hosts": [{
                     "address": REDIS_URL,
@@ -356,7 +359,7 @@ else:
     # Shared by every server process, so a key's budget is one budget however many processes serve it.
     CACHES = {
         "default": {
-            "BACKEND": "config.cache.RedisCache",  # Django's, reusing its redis-py client (config/cache.py)
+            "BACKEND": "core.cache.RedisCache",  # Django's, reusing its redis-py client (core/cache.py)
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": "agentops",
             "OPTIONS": {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT, "socket_timeout": REDIS_CONNECT_TIMEOUT},
@@ -405,7 +408,7 @@ TENANT_PARK_MAX_SECONDS = env_float("TENANT_PARK_MAX_SECONDS", 4.0, minimum=TENA
 #: before it counts as dead.
 FLOW_NODE_LEASE_GRACE_SECONDS = env_int("FLOW_NODE_LEASE_GRACE_SECONDS", 30, minimum=1)
 #: A step commit, flow completion or flow decision that lost a deadlock or serialization failure is run again at most
-#: this many times (config/conflicts.py) before the error counts.
+#: this many times (core/conflicts.py) before the error counts.
 DB_CONFLICT_RETRIES = env_int("DB_CONFLICT_RETRIES", 5, minimum=0)
 #: Runs longer than this in input are refused at the API.
 RUN_INPUT_MAX_CHARS = env_int("RUN_INPUT_MAX_CHARS", 20_000, minimum=100)
@@ -485,7 +488,7 @@ DEMO_API_KEY = env_str("DEMO_API_KEY", "")
 # --- manage.py serve ---
 SERVE_HOST = env_str("HOST", "127.0.0.1")
 SERVE_PORT = env_port("PORT", 8000)
-#: HTTP requests in progress per server process; the next is answered 503 with Retry-After at once (config/admission.py).
+#: HTTP requests in progress per server process; the next is answered 503 with Retry-After at once (core/admission.py).
 #: 0: no limit. Beyond the pool's DB_POOL_MAX_SIZE, requests only wait for a connection; keep it a small multiple, and
 #: below DB_POOL_MAX_SIZE + DB_POOL_MAX_WAITING. It bounds the work queued in a process in time: 48 requests at the
 #: few ms of CPU a request costs under load (bench/api_load.py, docs/decisions/server-layout.md) is ≈0.2-0.3 s of
@@ -538,7 +541,7 @@ TOOL_BULKHEAD_SIZE = env_int("TOOL_BULKHEAD_SIZE", 4, minimum=1)
 #: At most this many of one model turn's tool calls under way at once (runtime AgentConfig.tool_calls_at_once).
 TOOL_CALLS_AT_ONCE = env_int("TOOL_CALLS_AT_ONCE", 8, minimum=1)
 #: Requests of one tenant waiting on a server it chose (MCP imports, provider tests, webhook DNS) at once, across every server
-#: process; the next is a 429 with Retry-After. Such a request holds no database connection meanwhile (config/remote_waits.py).
+#: process; the next is a 429 with Retry-After. Such a request holds no database connection meanwhile (core/remote_waits.py).
 REMOTE_CALLS_PER_TENANT = env_int("REMOTE_CALLS_PER_TENANT", 2, minimum=1)
 
 # --- Logging ------------------------------------------------------------------------------

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-import config.schema  # noqa: F401  (registers the API key's security scheme with drf-spectacular)
+import tenants.schema  # noqa: F401  (registers the API key's security scheme with drf-spectacular)
 from config.health import healthz
 from console.metrics_view import metrics
 
@@ -24,7 +24,7 @@ urlpatterns = [
     path("metrics", metrics, name="prometheus-django-metrics"),
 ]
 
-# Under /api/ errors raised outside the API's views (no route matched, a refused request) are JSON too (config/api.py).
-handler400 = "config.api.bad_request"
-handler404 = "config.api.not_found"
-handler500 = "config.api.server_error"
+# Under /api/ errors raised outside the API's views (no route matched, a refused request) are JSON too (core/api.py).
+handler400 = "core.api.bad_request"
+handler404 = "core.api.not_found"
+handler500 = "core.api.server_error"

@@ -8,6 +8,3 @@ class ConsoleConfig(AppConfig):
 
     name = "console"
     verbose_name = "Console"
-
-    def ready(self) -> None:
-        from config import checks  # noqa: F401 - registers the deployment checks (the composition root's, loaded once apps are)

@@ -19,12 +19,12 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agents.models import ACTIVE_STATUSES, Run
-from config import live
 from console import queries
+from core import live
 from tenants.feeds import TenantFeedConsumer
 from tenants.scoping import ANONYMOUS, Actor
 
-#: The most runs a socket's one resync sends (config/live.py ``resync_after``): the newest first.
+#: The most runs a socket's one resync sends (core/live.py ``resync_after``): the newest first.
 RESYNC_ROWS = 200
 
 
@@ -63,7 +63,7 @@ class RunListConsumer(TenantFeedConsumer):
     def group_for(self, tenant_id: int) -> str:
         return live.tenant_runs_group(tenant_id)
 
-    resyncs = True  # the publisher may not have known this socket for a moment after it joined (config/live.py)
+    resyncs = True  # the publisher may not have known this socket for a moment after it joined (core/live.py)
 
     async def before_joining(self, tenant_ids: list[int]) -> Any:
         return await _clock_and_active(tenant_ids)

@@ -12,7 +12,7 @@ from typing import Any
 import django_filters
 
 from agents.models import Run, RunStatus
-from config.filters import DayField, IdNumber, OneOf
+from core.filters import DayField, IdNumber, OneOf
 from runtime.types import TerminalReason
 
 TERMINAL_REASONS = [r.value for r in TerminalReason]

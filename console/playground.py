@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agents import acceptance, services
 from agents.models import Agent, AgentKind, AgentVersion
-from config.numbers import whole_number
+from core.numbers import whole_number
 from tenants.scoping import Actor, actor_for_user
 
 INPUT_MAX_CHARS = 20_000

@@ -18,8 +18,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from agents.models import Agent, AgentVersion, Run
-from config.errors import DomainError
-from config.numbers import number_or_text, whole_number
+from core.errors import DomainError
+from core.numbers import number_or_text, whole_number
 from releases import diffs, services
 from releases.models import EvaluationSet, MissPolicy, ModelMode, ReplayBatch
 from tenants.scoping import Actor, actor_for_user

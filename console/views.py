@@ -23,9 +23,9 @@ from agents import attention
 from agents.models import RunEvent, Session
 from agents.serializers import event_frames
 from audit.models import ToolCallAudit
-from config.numbers import whole_number
 from console import queries
 from console.flow_view import flow_context
+from core.numbers import whole_number
 from tenants.scoping import Actor, actor_for_user
 
 TRACE_BACKLOG = 1000

@@ -23,7 +23,7 @@ unknown and the completion marks the run for an operator (``agents/attention.py`
 
 Locks: the run's row, its tenant's (``FOR NO KEY UPDATE``), the tenant's audit chain head, in that order (the one
 order of ``audit/chain.py``). A completion or decision that loses a deadlock or serialization failure anyway is
-made again (``config/conflicts.py``): the nodes' work is kept, never turned into a failed run.
+made again (``core/conflicts.py``): the nodes' work is kept, never turned into a failed run.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from approvals.gate import ApprovalGate
 from audit.masking import mask_text, mask_value
 from audit.models import AuditChainHead
 from audit.unit_of_work import StepAudit, forget_keys
-from config.batch import WriteBatch
-from config.conflicts import is_conflict, retried
+from core.batch import WriteBatch
+from core.conflicts import is_conflict, retried
 from flows.models import FlowNodeRun, NodeStatus
 from runtime.flows import (
     MAP_MAX_ITEMS,
@@ -293,7 +293,7 @@ def _append(run: Run, events: list[Event]) -> list[RunEvent]:
 
 
 class Writes:
-    """The writes of one :func:`advance` transaction, sent together when it ends (``config/batch.py``: one statement
+    """The writes of one :func:`advance` transaction, sent together when it ends (``core/batch.py``: one statement
     on PostgreSQL): nodes' completions and starts, their audit rows, the run's events and its own row. The run's
     counters (``last_seq``, ``step``) are kept on the locked run in memory and written once.
 

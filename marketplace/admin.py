@@ -14,7 +14,7 @@ from django.contrib import admin, messages
 from django.http import HttpRequest
 
 from agents.admin import AgentAdmin
-from config.documents import DocumentWidget
+from core.documents import DocumentWidget
 from marketplace import services
 from marketplace.admin_inlines import OBSERVED_WINDOW, ReleaseWeightInline
 from marketplace.catalog import catalog

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from config.errors import Forbidden, Invalid, NotFound
+from core.errors import Forbidden, Invalid, NotFound
 from tenants.scoping import Actor, acting
 
 

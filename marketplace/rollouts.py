@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from agents.models import Agent, AgentVersion, Run, RunStatus
 from audit.services import record_change
-from config.numbers import whole_number
+from core.numbers import whole_number
 from marketplace import gate
 from marketplace.errors import (
     InvalidWeights,

@@ -5,7 +5,7 @@ from typing import Any
 from rest_framework import serializers
 
 from agents.models import Agent
-from config.documents import document_field
+from core.documents import document_field
 from marketplace.gate import describe as describe_gate
 from marketplace.gate_checks import ReplayCheck
 from marketplace.models import Plugin, PluginInstall, ReleaseGuard, ReleaseWeight

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from config.joblock import job_lock
+from core.joblock import job_lock
 from marketplace.services import check_release_guards
 
 

@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from agents.admin import ReadOnlyAdmin
-from config.errors import DomainError
+from core.errors import DomainError
 from releases import diffs, services
 from releases.models import EvaluationSet, EvaluationSetRun, ReplayBatch, ReplayRun
 from tenants.admin_mixins import TenantScopedInline

@@ -11,8 +11,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from agents.models import Agent, AgentVersion
-from config.api import CursorPages
-from config.errors import Invalid
+from core.api import CursorPages
+from core.errors import Invalid
 from releases import services
 from releases.models import BatchStatus, EvaluationSet, MissPolicy, ModelMode, ReplayBatch
 from tenants.api import TenantScopedViewSet

@@ -18,7 +18,7 @@ from django.utils.dateparse import parse_datetime
 from agents.models import Agent, AgentKind, AgentVersion, Run, RunStatus
 from audit.masking import mask_text
 from audit.services import record_change
-from config.errors import Conflict, Invalid
+from core.errors import Conflict, Invalid
 from releases import diffs, metrics, recording
 from releases.flow_replay import replay_flow
 from releases.models import BatchStatus, EvaluationSet, EvaluationSetRun, MissPolicy, ModelMode, ReplayBatch, ReplayRun, ReplayShard

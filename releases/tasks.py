@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from config.joblock import job_lock
+from core.joblock import job_lock
 
 
 @shared_task(name="releases.replay_shard", acks_late=True, ignore_result=True)

@@ -19,8 +19,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.http import HttpRequest, HttpResponseRedirect
 
-from config.errors import DomainError
-from config.parsers import BoundedJSONField
+from core.errors import DomainError
+from core.parsers import BoundedJSONField
 from tenants.models import Membership
 from tenants.scoping import Actor, actor_for_user
 

@@ -9,11 +9,8 @@ class TenantsConfig(AppConfig):
         from django.contrib.auth import get_user_model
         from django.db.models.signals import post_delete, post_save
 
-        from config import pg_timestamps
         from tenants import keycache
         from tenants.models import ApiKey, Membership, Tenant
-
-        pg_timestamps.connect()  # PostgreSQL in UTC: psycopg's compiled timestamp loader on every new connection
 
         # Whatever decides an API key's access changed: every process's cached keys are void (tenants/keycache.py).
         for model in (ApiKey, Membership, Tenant, get_user_model()):

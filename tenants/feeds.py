@@ -15,8 +15,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from config import live
-from config.parsers import loads_bounded
+from core import live
+from core.parsers import loads_bounded
 from tenants.models import Tenant
 from tenants.scoping import ANONYMOUS, Actor
 
@@ -104,7 +104,7 @@ class TenantFeedConsumer(HeartbeatConsumer):
 
     tenant_action = "view"
     groups_joined: list[str]
-    #: Its groups are published with members read up to a moment ago (config/live.py ``resync_after``): then
+    #: Its groups are published with members read up to a moment ago (core/live.py ``resync_after``): then
     #: :meth:`resync` is called once, that long after joining, with what :meth:`before_joining` returned.
     resyncs = False
     _resync: asyncio.Task[None] | None = None
@@ -138,7 +138,7 @@ class TenantFeedConsumer(HeartbeatConsumer):
             self._resync = loop.create_task(self.close_on_error(lambda: self._resync_later(delay, before), "could not resync"))
 
     async def _renew_memberships(self) -> None:
-        """Renew the socket's memberships while it lives (config/live.py ``refresh_membership``): the layer drops one
+        """Renew the socket's memberships while it lives (core/live.py ``refresh_membership``): the layer drops one
         not renewed within its group_expiry, as it drops a killed process's. If a renewal fails the socket closes
         (1011, :meth:`close_on_error`), and the page reconnects, rather than stay open and silently stop receiving."""
         while True:

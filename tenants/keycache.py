@@ -32,7 +32,7 @@ from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import models, transaction
 
-from config.outages import REDIS, dependency_down
+from core.outages import REDIS, dependency_down
 from tenants.models import ApiKey, Tenant
 
 log = logging.getLogger(__name__)

@@ -148,7 +148,7 @@ class RedisStore:
     def from_url(cls, url: str) -> RedisStore:
         import redis
 
-        # Short scripts only: a tight read timeout, so a hung Redis fails the request fast (a 503, config/outages.py).
+        # Short scripts only: a tight read timeout, so a hung Redis fails the request fast (a 503, core/outages.py).
         return cls(redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=30))
 
     def take(self, token: str, keys: list[str], bounds: list[int], lease: float) -> int:

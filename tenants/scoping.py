@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
-from config.errors import Forbidden, NotFound
+from core.errors import Forbidden, NotFound
 
 if TYPE_CHECKING:
     from tenants.models import ApiKey, Tenant

@@ -5,7 +5,7 @@ read on every request rather than frozen on the class as DRF does, so a changed 
 spends one unit of the caller's API-wide budget and, when its view names one for the action
 (``throttle_scopes = {"create": "run_create"}``), one of that action's budget.
 
-Each budget is a token bucket of the process's bucket store (``config/buckets.py``, the one the model and tool
+Each budget is a token bucket of the process's bucket store (``core/buckets.py``, the one the model and tool
 gateways' rate limits use): a rate of ``N/min`` holds ``N`` requests and refills ``N`` a minute. Both buckets are
 taken at once, all or nothing — a refused request spends nothing — in **one Redis round trip** (an atomic script on
 Redis's clock, so every server process shares one budget and concurrent requests never lose each other's count);
@@ -28,14 +28,14 @@ from typing import Any
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
-from config.buckets import bucket_store
-from config.outages import REDIS, dependency_down
+from core.buckets import bucket_store
+from core.outages import REDIS, dependency_down
 from llm.ratelimit import Bucket, LocalBucketStore
 from tenants.models import ApiKey
 
 log = logging.getLogger(__name__)
 
-#: Where budgets go while Redis is down (config/outages.py), and how long before Redis is tried again.
+#: Where budgets go while Redis is down (core/outages.py), and how long before Redis is tried again.
 _OUTAGE_STORE = LocalBucketStore()
 OUTAGE_RETRY_SECONDS = 5.0
 _redis_down_until = 0.0

@@ -6,8 +6,8 @@ from django.contrib import admin
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from config.documents import DocumentWidget
-from config.numbers import number_or_text
+from core.documents import DocumentWidget
+from core.numbers import number_or_text
 from runtime import approval_policy
 from tenants.admin_mixins import TenantScopedAdmin
 from tools import decisions, handlers, kinds, services

@@ -11,9 +11,9 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from config.api import CursorPages
-from config.filters import ListFilterBackend
-from config.numbers import whole_number
+from core.api import CursorPages
+from core.filters import ListFilterBackend
+from core.numbers import whole_number
 from tenants.api import TenantScopedViewSet
 from tools import handlers, kinds, services
 from tools.arguments import parse_arguments

@@ -1,10 +1,10 @@
-"""``/tools`` query parameters (config/filters.py)."""
+"""``/tools`` query parameters (core/filters.py)."""
 
 from __future__ import annotations
 
 import django_filters
 
-from config.filters import OneOf, TrueFalse
+from core.filters import OneOf, TrueFalse
 from tools.models import Tool, ToolKind
 
 

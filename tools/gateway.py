@@ -31,7 +31,7 @@ from django.utils import timezone
 from audit.masking import mask_value, summarize_arguments
 from audit.models import ToolCallAudit, ToolCallStatus
 from audit.unit_of_work import StepAudit
-from config.buckets import bucket_store
+from core.buckets import bucket_store
 from runtime.documents import problems as document_problems
 from runtime.serde import without_nul
 from runtime.types import ToolCall, ToolContext, ToolOutcome, ToolStatus

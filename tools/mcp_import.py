@@ -42,7 +42,7 @@ from django.conf import settings
 from django.db import transaction
 
 from audit.services import record_change
-from config.remote_waits import remote_wait
+from core.remote_waits import remote_wait
 from egress.async_guard import guarded_async_client
 from egress.guard import TENANT_ANSWER_BYTES, EgressDenied, allow_list_problems, check_url
 from tenants.scoping import Actor, acting
@@ -401,7 +401,7 @@ def import_mcp_tools(tenant: Any, server: dict[str, Any], actor: Actor | None, *
         raise McpServerError(f"The prefix {prefix!r} may only use letters, digits, _ and - (at most 32 characters).")
     timeout = float(server.get("timeout", DEFAULT_TIMEOUT))
     # Outside any transaction, holding no database connection, in one of the tenant's few slots: it starts or reaches
-    # a server the tenant chose, which may take its time (config/remote_waits.py).
+    # a server the tenant chose, which may take its time (core/remote_waits.py).
     with remote_wait(tenant.pk, seconds=timeout * 2, what="the import of the MCP server's tools"):
         specs = list_server_tools(server)
     wanted = set(only) if only is not None else None

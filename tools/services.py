@@ -7,7 +7,7 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import record_change
-from config.errors import Refused
+from core.errors import Refused
 from runtime import approval_policy
 from tenants.scoping import Actor, acting
 from tools import handlers, rate_limits

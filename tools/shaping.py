@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.numbers import whole_number
+from core.numbers import whole_number
 
 __all__ = ["DEFAULT_SIZE_CAP", "NOT_PROVIDED", "ShapedResult", "apply_whitelist", "render_summary", "shape_result"]
 

@@ -396,7 +396,7 @@ def test_outages_are_told_from_other_errors_by_class_and_cause() -> None:
     import redis.exceptions
     from django.db import IntegrityError, InterfaceError, OperationalError
 
-    from config.outages import dependency_down
+    from core.outages import dependency_down
 
     assert dependency_down(OperationalError("gone")) == dependency_down(InterfaceError("closed")) == "database"
     assert dependency_down(redis.exceptions.TimeoutError()) == "redis"

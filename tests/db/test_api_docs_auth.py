@@ -43,7 +43,7 @@ def test_without_the_api_key_scheme_the_generation_fails_on_its_warnings(
     from drf_spectacular.extensions import OpenApiAuthenticationExtension
     from drf_spectacular.management.commands.spectacular import SchemaGenerationError
 
-    from config.schema import ApiKeyScheme
+    from tenants.schema import ApiKeyScheme
 
     registry = [ext for ext in OpenApiAuthenticationExtension._registry if ext is not ApiKeyScheme]
     monkeypatch.setattr(OpenApiAuthenticationExtension, "_registry", registry)

@@ -1,4 +1,4 @@
-"""Issue #12: the API's query-parameter filters are django-filter FilterSets (config/filters.py + each app's).
+"""Issue #12: the API's query-parameter filters are django-filter FilterSets (core/filters.py + each app's).
 
 A bad value is a 400 naming the parameter and saying what is expected (a ``%`` in it included: django-filter
 formats its messages), filters run on the tenant-scoped rows only, and the OpenAPI schema lists them.

@@ -16,8 +16,8 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 from accounts import services as tenant_services
-from config import buckets
 from config.env import env_rate
+from core import buckets
 from tenants import throttles
 from tests.factories import World, make_world
 from tests.support.clients import bearer_client

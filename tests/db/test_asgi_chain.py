@@ -2,7 +2,7 @@
 docs/decisions/server-layout.md), and nothing the chain enforces got lost: sessions still need CSRF on the API, the
 CSP and other security headers are still set, metrics still count API requests, API keys and tenancy still decide; a
 request's request_started, view and request_finished run on one thread; an event stream's on the process's one stream
-thread (config/stream_thread.py), whatever the number of streams."""
+thread (core/stream_thread.py), whatever the number of streams."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from agents.models import Run
-from config.body_limit import BodyLimit
-from config.parsers import MAX_JSON_DEPTH
+from core.body_limit import BodyLimit
+from core.parsers import MAX_JSON_DEPTH
 from marketplace.models import PluginInstall
 from tests.factories import World
 

@@ -13,7 +13,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.test import Client, RequestFactory, override_settings
 
-from config.login_lockout import client_ip
+from core.login_lockout import client_ip
 from tests.factories import World, make_world
 
 pytestmark = pytest.mark.django_db

@@ -14,7 +14,8 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from agents import services
-from config import dbroles, outages
+from config import dbroles
+from core import outages
 from tenants.scoping import Actor
 from tests.factories import make_world
 

@@ -1,4 +1,4 @@
-"""Issue #12: one DomainError family, mapped to HTTP once (config.api), in one error body for every API error.
+"""Issue #12: one DomainError family, mapped to HTTP once (core.api), in one error body for every API error.
 
 Every error answers ``{"error": {"code", "message", "field"}}`` (plus DRF's keys for older clients); the services'
 refusals are DomainErrors, and no API module catches one to translate it by hand.
@@ -20,7 +20,7 @@ from agents.models import RunStatus
 from agents.provider_services import ProviderInvalid, ProviderRefused
 from agents.services import RunRefused, VersionLocked
 from approvals.decisions import ApprovalRefused
-from config.errors import DomainError
+from core.errors import DomainError
 from marketplace.services import InvalidConfig, InvalidWeights, MarketplaceError, NotAllowed
 from tests.e2e.builders import make_run
 from tests.factories import make_world
@@ -139,7 +139,7 @@ def _api_modules() -> list[pathlib.Path]:
 
 
 def test_no_api_module_translates_a_domain_error_by_hand() -> None:
-    """The map is in config.api, once: an ``except`` naming a refusal in an API module is a second map."""
+    """The map is in core.api, once: an ``except`` naming a refusal in an API module is a second map."""
     names = {cls.__name__ for cls in REFUSALS} | {"DomainError"}
     offenders = []
     modules = _api_modules()

@@ -88,7 +88,7 @@ def test_an_inline_wave_writes_its_nodes_in_the_same_statements_however_wide_on_
     world: World, django_capture_on_commit_callbacks: Any, settings: Any
 ) -> None:
     """A wave's completions, audit rows, events and the next decision's writes go out as one statement (runner.Writes,
-    config/batch.py), so ten nodes in a wave cost what two do. PostgreSQL only (CI's database suite): on SQLite each
+    core/batch.py), so ten nodes in a wave cost what two do. PostgreSQL only (CI's database suite): on SQLite each
     write is a statement of its own, which the test above bounds."""
     if connection.vendor != "postgresql":
         pytest.skip("one statement per commit is PostgreSQL's (data-modifying CTEs); SQLite sends each write alone")

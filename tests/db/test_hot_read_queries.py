@@ -100,6 +100,6 @@ def test_a_run_creation_costs_a_fixed_number_of_statements(world: World) -> None
         answer: Any = api.post("/api/v1/runs", body, format="json")
     assert answer.status_code == 202
     # the acting tenant, the agent with its tenant and version, the release reads (preset, weights), then the
-    # session's and the run's rows: in one statement on PostgreSQL (config/batch.py) in a savepoint, three on SQLite
+    # session's and the run's rows: in one statement on PostgreSQL (core/batch.py) in a savepoint, three on SQLite
     expected = 7 if connection.vendor == "postgresql" else 8
     assert _statements(queries) == expected, [q["sql"][:120] for q in queries]

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from accounts import services
-from config.errors import Conflict
+from core.errors import Conflict
 from tenants.models import Membership, Role
 from tests.factories import make_user, make_world
 from tests.support.concurrency import other_transaction, waits_for

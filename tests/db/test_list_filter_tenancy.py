@@ -1,4 +1,4 @@
-"""Issue #14: lists asked for without filter parameters skip django-filter (config/filters.py). Attacked with a second
+"""Issue #14: lists asked for without filter parameters skip django-filter (core/filters.py). Attacked with a second
 tenant's key: with and without parameters, a list holds only the key's tenant's rows."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def test_a_second_tenants_lists_hold_none_of_the_firsts_rows(query: str) -> None
 
 
 def test_the_runs_list_without_filter_parameters_builds_no_filterset(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runs list is filtered by config/filters.py ``ListFilterBackend``; without any of
+    """The runs list is filtered by core/filters.py ``ListFilterBackend``; without any of
     RunFilter's parameters it skips the filterset too, and with one it still filters and still refuses a bad value."""
     import django_filters
 

@@ -23,7 +23,7 @@ from agents.models import Run, RunEvent
 from agents.store import _LOCK_SQL as AGENT_STEP_LOCK
 from audit.chain import lock_head
 from audit.models import ToolCallAudit
-from config.batch import WriteBatch
+from core.batch import WriteBatch
 from flows import runner
 from tests.db.test_flow_runs import ORDER, client_for, drain, lookup, make_flow, start
 from tests.factories import World

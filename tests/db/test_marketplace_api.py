@@ -101,7 +101,7 @@ def test_release_weights_through_the_api() -> None:
 def test_a_foreign_tenant_s_install_is_not_found_by_every_service_a_role_elsewhere_is_refused() -> None:
     """The one tenancy rule in the marketplace's services too (API, admin and commands call them): an actor with no role
     in the install's tenant gets 404, never a 403 that confirms the install exists; a role without the action, 403."""
-    from config.errors import Forbidden, NotFound
+    from core.errors import Forbidden, NotFound
     from marketplace import installs
     from tenants.scoping import actor_for_api_key
 

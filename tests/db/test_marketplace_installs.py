@@ -10,7 +10,7 @@ from accounts import services as tenant_services
 from agents.models import Agent
 from agents.services import RunRefused, start_run
 from audit.models import ConfigChange
-from config.errors import NotFound
+from core.errors import NotFound
 from marketplace import installs, services
 from marketplace.access import resolvable_tools, tool_allowed_for
 from marketplace.catalog import AgentPreset, PluginCatalog, PluginSpec, PluginTool

@@ -12,7 +12,7 @@ from agents import services as agent_services
 from agents.models import AgentVersion, Run, RunStatus, Session
 from agents.services import start_run
 from audit.models import ConfigChange
-from config.errors import NotFound
+from core.errors import NotFound
 from marketplace import services
 from marketplace.access import tool_allowed_for
 from marketplace.models import ReleaseWeight

@@ -29,7 +29,7 @@ from approvals import decisions as approvals
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.tasks import expire_approvals_task
 from audit.models import ConfigChange
-from config.joblock import beat_interval, job_lock
+from core.joblock import beat_interval, job_lock
 from marketplace import rollouts as release
 from marketplace.models import ReleaseWeight
 from marketplace.tasks import check_release_guards_task

@@ -19,7 +19,7 @@ from django.db import connection
 from django.db.utils import OperationalError
 from rest_framework.test import APIClient
 
-from config import outages
+from core import outages
 from tenants.models import Tenant
 from tests.factories import make_world
 

@@ -1,4 +1,4 @@
-"""config/redis_layer.py: the publisher's synchronous group send delivers exactly what channels_redis's own
+"""core/redis_layer.py: the publisher's synchronous group send delivers exactly what channels_redis's own
 ``group_send`` delivers, to the stock layer's consumers, on a real Redis (REDIS_URL)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from channels_redis.core import RedisChannelLayer
 
-from config.redis_layer import GROUP_SEND_LUA, RedisLayer
+from core.redis_layer import GROUP_SEND_LUA, RedisLayer
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if not REDIS_URL and os.environ.get("CI", "").lower() == "true":
@@ -82,7 +82,7 @@ def test_a_channel_at_capacity_drops_the_message_as_group_send_does(caplog: pyte
     layer = _layer(capacity=1)
     channel = f"full-{uuid.uuid4().hex}"
     asyncio.run(layer.group_add("g", channel))
-    with caplog.at_level(logging.INFO, logger="config.redis_layer"):
+    with caplog.at_level(logging.INFO, logger="core.redis_layer"):
         layer.send_groups([("g", {"type": "x.one", "n": 1}), ("g", {"type": "x.one", "n": 2})])
     assert "1 of 1 channels over capacity in group g" in caplog.text
 
@@ -223,7 +223,7 @@ def test_a_feed_renews_its_membership_unannounced_and_a_killed_processs_member_e
 def test_a_member_is_dropped_as_soon_as_it_is_older_than_group_expiry_not_up_to_a_second_later() -> None:
     """The expiry cut-off is not truncated to whole seconds (which kept a member up to 1 s past ``group_expiry`` and made
     the renewal test above flaky): with the clock at .05 past a second, a member 3.02 s old in a 3 s group is gone."""
-    from config import redis_layer
+    from core import redis_layer
 
     layer = _layer(group_expiry=3)
     now = float(int(time.time())) + 0.05

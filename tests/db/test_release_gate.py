@@ -17,7 +17,7 @@ from accounts import services as tenant_services
 from agents import services as agent_services
 from agents.models import AgentVersion, Run, RunStatus, Session
 from audit.models import ConfigChange
-from config.errors import NotFound
+from core.errors import NotFound
 from marketplace import services
 from marketplace.models import ReleaseGate, ReleaseWeight
 from releases import services as releases

@@ -1,5 +1,5 @@
 """Issue #49, hole 2: a request waiting on a server a tenant chose holds no database connection, and a tenant has at
-most REMOTE_CALLS_PER_TENANT such requests under way (config/remote_waits.py).
+most REMOTE_CALLS_PER_TENANT such requests under way (core/remote_waits.py).
 
 The servers are slow on purpose (tests/support/slow_remote.py): each holds its callers until the test opens its gate,
 and the test looks at the waiting requests' connections (and, on PostgreSQL, the pool) meanwhile."""
@@ -17,7 +17,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from approvals.models import NotificationChannel
-from config.remote_waits import remote_wait
+from core.remote_waits import remote_wait
 from tenants.models import Tenant
 from tests.factories import World, make_world
 from tests.support.clients import bearer_client

@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 from agents import services
 from agents.models import AgentVersion, Run, RunEvent, RunMessage, Session
 from audit.models import ToolCallAudit
-from config.errors import DomainError
+from core.errors import DomainError
 from marketplace.builtin import order_desk
 from releases import services as releases
 from releases.models import EvaluationSet, ReplayBatch, ReplayRun

@@ -1,6 +1,6 @@
 """The console run list's socket reads the database once after joining (console/consumers.py ``resync``).
 
-The publisher may use the tenant's run-list members as read up to ``members_ttl`` ago (config/redis_layer.py), so a
+The publisher may use the tenant's run-list members as read up to ``members_ttl`` ago (core/redis_layer.py), so a
 summary committed right after a page's socket joined may not have been sent to it. That long after joining, the
 socket sends the rows of the runs that were active when it joined or were created since, as they are now; of its
 own tenants only.
@@ -19,8 +19,8 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from agents.models import Run, RunStatus, Session
-from config import live
 from console.consumers import RunListConsumer
+from core import live
 from tenants.scoping import actor_for_user
 from tests.factories import World, make_world
 
@@ -98,7 +98,7 @@ def test_the_list_socket_reads_the_runs_that_changed_since_it_joined_of_its_tena
 
 def test_the_list_socket_renews_its_memberships_and_closes_when_it_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
     """tenants/feeds.py: a tenant feed renews each of its groups every third of the layer's group_expiry (a member
-    not renewed is dropped: config/redis_layer.py); a renewal that fails closes the socket (1011) so the page
+    not renewed is dropped: core/redis_layer.py); a renewal that fails closes the socket (1011) so the page
     reconnects, instead of leaving it open and silent."""
     monkeypatch.setattr(live, "resync_after", lambda: None)
     monkeypatch.setattr(live, "refresh_every", lambda layer: 0.2)

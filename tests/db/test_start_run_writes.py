@@ -1,5 +1,5 @@
 """``agents.services.start_run``'s writes: the new session's row and the run's, sent as one statement on PostgreSQL
-(config/batch.py), with what a ``create()`` gave the caller; a repeated idempotency key still fails the insert."""
+(core/batch.py), with what a ``create()`` gave the caller; a repeated idempotency key still fails the insert."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from agents.store import DjangoRunStore
 from agents.sweeper import stranded_runs, sweep_runs
 from audit.models import ToolCallAudit
 from audit.unit_of_work import StepAudit
-from config.batch import WriteBatch
+from core.batch import WriteBatch
 from runtime.protocols import StepRecord
 from runtime.scripted import ScriptedModel, call, say
 from runtime.types import Event, ModelRequest, ModelResponse, Phase, Usage
@@ -145,7 +145,7 @@ class WriteMeter:
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         self.queries += 1
-        # a step's writes are one "WITH w0 AS (INSERT …) … UPDATE …" statement on PostgreSQL (config/batch.py)
+        # a step's writes are one "WITH w0 AS (INSERT …) … UPDATE …" statement on PostgreSQL (core/batch.py)
         if sql.lstrip()[:6].upper() in ("INSERT", "UPDATE", "WITH W") and params:
             for row in params if many else [params]:
                 self.written += sum(_size(p) for p in row)
@@ -220,7 +220,7 @@ def test_queries_and_bytes_per_step_do_not_grow_with_the_conversation(world: Wor
     if connection.vendor == "postgresql":
         # a tool step is the tool's policy read, then its transaction: the run row and the audit chain head
         # locked in one statement, and every write of the step (events, message, sealed audit row, chain
-        # head, checkpoint) in one statement (config/batch.py). (Inside the test's own transaction the step's
+        # head, checkpoint) in one statement (core/batch.py). (Inside the test's own transaction the step's
         # is a savepoint: SAVEPOINT and RELEASE are two statements more, where a worker has BEGIN and COMMIT.)
         assert short_queries[0] == 3 + 2, short
     # and write about the same bytes (messages are appended, never re-saved), while step 1 (which

@@ -2,7 +2,7 @@
 enqueued, so a delta the worker publishes the instant it starts reaches the client (deltas are not stored).
 
 The real view, stream and channel layer; the worker is replaced by a ``deliver`` that publishes, at once, the first
-delta (offset 0) and the run's last event through ``config.live`` as the worker does, after noting whether the
+delta (offset 0) and the run's last event through ``core.live`` as the worker does, after noting whether the
 stream was already in the run's feed.
 """
 
@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from agents import acceptance, run_feeds
 from agents.models import Run, RunStatus
-from config import live
+from core import live
 from tests.factories import World, make_world
 
 pytestmark = pytest.mark.django_db

@@ -17,7 +17,7 @@ from django.utils import timezone
 from accounts import services as tenant_services
 from agents import services
 from agents.models import Run, RunStatus
-from config.errors import Forbidden, Invalid
+from core.errors import Forbidden, Invalid
 from tenants.models import Tenant
 from tenants.scoping import actor_for_api_key, actor_for_user
 from tests.factories import World, make_user, make_world

@@ -23,7 +23,7 @@ from agents.consumers import RunEventsConsumer
 from agents.models import Run, RunEvent, RunStatus, Session
 from agents.serializers import event_frames
 from agents.store import event_rows, publish_after_commit, run_summary
-from config import live
+from core import live
 from runtime.types import Event
 from tenants.scoping import actor_for_api_key
 from tests.factories import World, make_world
@@ -54,7 +54,7 @@ def fresh_channel_layer() -> Any:
 @pytest.fixture(autouse=True)
 def no_resync(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests pin which way each frame comes (live, or from the database for a gap); a socket's one resync
-    (config/live.py ``resync_after``; the Redis layer's members_ttl) would race them. Its own tests turn it on."""
+    (core/live.py ``resync_after``; the Redis layer's members_ttl) would race them. Its own tests turn it on."""
     monkeypatch.setattr(live, "resync_after", lambda: None)
 
 
@@ -237,7 +237,7 @@ def test_the_publisher_encodes_each_masked_frame_once_in_seq_order(monkeypatch: 
 
 
 def test_a_step_nobody_watches_is_not_framed_but_still_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    """When the layer knows that nobody watches the run nor the tenant's list (config/live.py ``unwatched``), the
+    """When the layer knows that nobody watches the run nor the tenant's list (core/live.py ``unwatched``), the
     step is neither framed nor handed to the publisher; its metrics are still counted, from the committed rows."""
     world = make_world()
     run = _run(world)
@@ -378,7 +378,7 @@ def test_a_frame_the_socket_cannot_read_gets_an_error_frame_and_the_socket_stays
 def test_what_was_committed_while_the_publisher_did_not_know_the_socket_arrives_by_its_resync_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The publisher may use a run's members as read up to ``members_ttl`` ago (config/redis_layer.py): a step it
+    """The publisher may use a run's members as read up to ``members_ttl`` ago (core/redis_layer.py): a step it
     committed then was not sent to a socket that had just joined. That long after joining, the socket reads the
     database once more: the step arrives, in order, and its late live message is not sent again."""
     monkeypatch.setattr(live, "resync_after", lambda: 0.5)

@@ -1,4 +1,4 @@
-"""config/batch.py: what a WriteBatch insert stores is what ``bulk_create`` stores, value for value.
+"""core/batch.py: what a WriteBatch insert stores is what ``bulk_create`` stores, value for value.
 
 On PostgreSQL an insert is one statement with the rows as one JSON parameter, read back into each column by the
 server (``jsonb_populate_recordset``); on SQLite it is ``bulk_create``. Both databases run these tests (CI runs the
@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agents.models import Run, RunEvent, RunStatus, Session
-from config.batch import WriteBatch, _json_insert
+from core.batch import WriteBatch, _json_insert
 from releases.models import ReplayBatch
 from tests.factories import World, make_world
 
@@ -197,7 +197,7 @@ def test_a_one_row_update_looks_its_row_up_by_index_and_many_rows_share_one_text
 
 
 def test_a_rows_values_are_read_from_the_instance_and_auto_now_still_applies(world: World) -> None:
-    from config.batch import _plain_save
+    from core.batch import _plain_save
 
     assert _plain_save(RunEvent._meta.get_field("at"))  # a DateTimeField without auto_now: read as it is
     assert not _plain_save(Session._meta.get_field("updated_at"))  # auto_now: pre_save decides, as bulk_create

@@ -19,7 +19,7 @@ def first_party_apps() -> list[str]:
 
 
 def first_party_packages() -> list[str]:
-    """The apps and the plain packages they are built on (config, runtime, llm, egress): every top-level package
-    of the repository but the tests."""
+    """The apps (the roof, config, among them) and the plain packages they are built on (core, runtime, llm,
+    egress): every top-level package of the repository but the tests."""
     plain = [path.parent.name for path in ROOT.glob("*/__init__.py") if path.parent.name != "tests"]
     return sorted(set(first_party_apps()) | set(plain))

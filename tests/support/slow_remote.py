@@ -4,7 +4,7 @@
 first request (``initialize``) until ``gate`` is set; ``GatedHttp``: a plain HTTP server answering every request with
 ``body`` once the gate is set (an OpenAI-compatible provider's ``/models``, for its "test connection"). Both count
 the callers waiting (``arrived``), so a test acts while they wait: that is when a request must hold no database
-connection (config/remote_waits.py).
+connection (core/remote_waits.py).
 
 ``Request`` makes one request on its own thread, as a server process would, and keeps that thread's database
 connection object, so a test can look at it while the request waits (``holds_connection``).

@@ -6,8 +6,8 @@ import asyncio
 import json
 from typing import Any
 
-from config import outages
-from config.admission import AdmissionLimit
+from core import outages
+from core.admission import AdmissionLimit
 
 
 class Held:

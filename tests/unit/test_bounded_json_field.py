@@ -1,4 +1,4 @@
-"""The admin's JSON form field (config.parsers.BoundedJSONField): the API body's bounds, and otherwise Django's own."""
+"""The admin's JSON form field (core.parsers.BoundedJSONField): the API body's bounds, and otherwise Django's own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from django import forms
 from django.forms.fields import JSONString
 
-from config.parsers import MAX_JSON_DEPTH, BoundedJSONField
+from core.parsers import MAX_JSON_DEPTH, BoundedJSONField
 
 WITHIN = ['{"a": [1, 2.5, null, "x"]}', "[1, 2]", '"text"', "1.5", "17", "null", "true", '{"emoji": "\\ud83d\\ude00"}', "{}"]
 

@@ -10,7 +10,7 @@ README.md and every Markdown file under docs/ are checked for two kinds of refer
   repository that git does not ignore (so `agents/store.py`, `tests/db/`, `.ci/run` and `bench/README.md` are checked;
   `/console/runs/`, `var/screenshots/x.png`, `http://…`, `tools/kinds/<kind>.py` and `python manage.py …` are not).
   A line suffix (`agents/models.py:148`), a pytest node id (`tests/db/test_x.py::test_y`) and an attribute after a
-  module (`config/documents.document_field`) name the file they start with.
+  module (`core/documents.document_field`) name the file they start with.
 
 Fenced code blocks are examples, not references, and are skipped. The decision records' index must name every
 record in docs/decisions/ (as a link, or as its slug in backticks while the record is being written elsewhere).
@@ -105,7 +105,7 @@ def named_path(span: str, top: set[str]) -> str | None:
 def path_exists(path: str, root: Path) -> bool:
     if (root / path).exists():
         return True
-    # `config/documents.document_field`: a module and an attribute of it.
+    # `core/documents.document_field`: a module and an attribute of it.
     head, _, last = path.rpartition("/")
     module = last.split(".", 1)[0]
     return bool(module) and "." in last and (root / head / f"{module}.py").exists()

@@ -1,4 +1,4 @@
-"""Issue #14: the API's responses encoded by orjson are the same bytes DRF's JSONRenderer wrote (config/renderers.py)."""
+"""Issue #14: the API's responses encoded by orjson are the same bytes DRF's JSONRenderer wrote (core/renderers.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from django.utils.translation import gettext_lazy
 from rest_framework.renderers import JSONRenderer
 from rest_framework.utils.serializer_helpers import ReturnDict, ReturnList
 
-from config.renderers import FastJSONRenderer
+from core.renderers import FastJSONRenderer
 
 UTC = dt.UTC
 SAME = [

@@ -1,4 +1,4 @@
-"""config/fastjson.py: the same compact text as the standard library for JSON-shaped data, and its fallback."""
+"""core/fastjson.py: the same compact text as the standard library for JSON-shaped data, and its fallback."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from config import fastjson
+from core import fastjson
 
 
 def _stdlib(value: Any) -> str:

@@ -1,4 +1,4 @@
-"""Issue #14: a list asked for without any of its filters' parameters skips django-filter (config/filters.py
+"""Issue #14: a list asked for without any of its filters' parameters skips django-filter (core/filters.py
 ``ListFilterBackend``) — and gets exactly what the filterset would have given; with a parameter the filterset runs."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from agents.models import Run
 from agents.session_api import SessionViewSet
 from approvals.api import ApprovalViewSet
 from audit.api import ConfigChangeViewSet, ToolCallAuditViewSet
-from config.filters import ListFilterBackend, parameters
+from core.filters import ListFilterBackend, parameters
 from tools.api import ToolViewSet
 
 VIEWSETS = [RunViewSet, SessionViewSet, ApprovalViewSet, ToolCallAuditViewSet, ConfigChangeViewSet]
@@ -108,7 +108,7 @@ def test_an_action_on_one_object_is_never_filtered() -> None:
 def test_a_view_with_filterset_fields_is_filtered_and_grows_no_cache() -> None:
     """django-filter builds a new filterset class per call for ``filterset_fields``: caching per class would grow by
     one entry a request, so such a view takes django-filter's path, and still filters."""
-    from config import filters
+    from core import filters
 
     queryset = Run.objects.all()
     view = SimpleNamespace(action="list", filterset_fields=["status"])

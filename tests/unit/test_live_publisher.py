@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from config import live
+from core import live
 
 
 def test_batches_are_sent_in_submission_order_by_one_thread_and_a_failed_one_is_dropped() -> None:

@@ -2,9 +2,9 @@
 (``django.core.handlers.base.BaseHandler``: the ASGI and WSGI handlers) to replace a step of its request lifecycle;
 what is ours wraps the handler as plain ASGI middleware (config/asgi.py, docs/decisions/server-layout.md).
 
-``config`` (where the server is composed) is imported and its classes inspected; every other module of the project is
-read, not imported (some modules change the process when imported, e.g. a tool's isolated child), for a class whose
-bases name a Django handler."""
+``config`` (where the server is composed) and ``core`` (the ASGI middleware it stacks) are imported and their classes
+inspected; every other module of the project is read, not imported (some modules change the process when imported,
+e.g. a tool's isolated child), for a class whose bases name a Django handler."""
 
 from __future__ import annotations
 
@@ -25,16 +25,19 @@ LIFECYCLE = {"__call__", "handle", "get_response", "get_response_async", "load_m
 
 def _project_packages() -> list[str]:
     names = {config.name.split(".")[0] for config in apps.get_app_configs() if (ROOT / config.name.split(".")[0]).is_dir()}
-    return sorted(names | {"config"})
+    return sorted(names | set(COMPOSED))
 
 
 HANDLERS = {"BaseHandler", "ASGIHandler", "WSGIHandler"}
+#: The packages imported whole: the roof, where the server is composed, and the cellar its middleware comes from.
+COMPOSED = ("config", "core")
 
 
-def _import_config() -> None:
-    root = importlib.import_module("config")
-    for module in pkgutil.walk_packages(root.__path__, prefix="config."):
-        importlib.import_module(module.name)
+def _import_composed() -> None:
+    for package in COMPOSED:
+        root = importlib.import_module(package)
+        for module in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
+            importlib.import_module(module.name)
 
 
 def _handler_subclasses_in_source(package: str) -> list[str]:
@@ -57,8 +60,8 @@ def _subclasses(cls: type) -> set[type]:
 
 def test_no_project_module_subclasses_a_django_handler_to_replace_its_lifecycle() -> None:
     packages = _project_packages()
-    assert "config" in packages and "agents" in packages, packages
-    _import_config()
+    assert {"config", "core", "agents"} <= set(packages), packages
+    _import_composed()
     forks = sorted(f"{cls.__module__}.{cls.__qualname__} restates {sorted(LIFECYCLE & set(vars(cls)))}"
                    for cls in _subclasses(BaseHandler)
                    if cls.__module__.split(".")[0] in packages and LIFECYCLE & set(vars(cls)))

@@ -32,6 +32,6 @@ def test_each_process_kind_is_restarted_whenever_it_exits(name: str, command: st
 def test_the_server_command_the_unit_runs_accepts_its_options() -> None:
     from django.core.management import load_command_class
 
-    parser = load_command_class("agents", "serve").create_parser("manage.py", "serve")
+    parser = load_command_class("config", "serve").create_parser("manage.py", "serve")
     options = parser.parse_args(["--no-worker", "--port", "8000"])
     assert options.port == 8000

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from config.remote_waits import RemoteCallsBusy
+from core.remote_waits import RemoteCallsBusy
 from tenants.models import Tenant
 from tools.mcp_import import McpServerError, import_mcp_tools
 

@@ -9,7 +9,7 @@ was a savepoint, rolled back alone; when the enclosing one is aborted, the error
 
 The one lock order that keeps deadlocks away in the first place is described in ``audit/chain.py``.
 Exceptions are matched by their classes' module and name through ``raise ... from`` causes (Django wraps psycopg's
-error in its own ``OperationalError``), as ``config/outages.py`` does, so no driver is imported here.
+error in its own ``OperationalError``), as ``core/outages.py`` does, so no driver is imported here.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """API-wide error shape: every error says what was wrong and what is expected; never a bare 500 (an outage is a 503).
 
-One body for every error the API answers (config/errors.py)::
+One body for every error the API answers (core/errors.py)::
 
     {"error": {"code": "invalid", "message": "...", "field": "agent"}, "agent": ["..."]}
 
 ``error`` is the contract; DRF's keys beside it (``detail``, or the fields at fault) stay for older clients. The
-services' :class:`~config.errors.DomainError` refusals are mapped here, once; no view catches them.
+services' :class:`~core.errors.DomainError` refusals are mapped here, once; no view catches them.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from config import outages
-from config.errors import DomainError
-from config.parsers import too_big_message
+from core import outages
+from core.errors import DomainError
+from core.parsers import too_big_message
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
 
 def server_error(request: HttpRequest) -> HttpResponse:
     """``handler500``: under ``/api/`` the API's JSON error, elsewhere the page; a dependency that is down (raised
-    outside any view, e.g. in a middleware) is the 503 of ``config/outages.py``."""
+    outside any view, e.g. in a middleware) is the 503 of ``core/outages.py``."""
     outage = outages.outage_response(request, sys.exc_info()[1])  # called while Django handles the exception
     if outage is not None:
         return outage

@@ -3,15 +3,13 @@
 A drf-spectacular postprocessing hook, so no view repeats them: 400 (a field or parameter was wrong), 401 (no or a
 bad key), 403 (the role does not allow it), 404 (not found here; operations with a path parameter), 406 (an
 ``Accept`` the API cannot produce), 413 (a body over the limit), 415 (a body that is not JSON or a form), 429
-(throttled, with ``Retry-After``) and 503 (the database or Redis is down, with ``Retry-After``: config/outages.py).
+(throttled, with ``Retry-After``) and 503 (the database or Redis is down, with ``Retry-After``: core/outages.py).
 Codes a view documents itself are kept.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
 ERROR = "Error"
 VALIDATION_ERROR = "ValidationError"
@@ -20,7 +18,7 @@ UNAVAILABLE = "DependencyUnavailable"
 _ERROR_OBJECT: dict[str, Any] = {
     "type": "object",
     "description": (
-        "The one error object (config/errors.py): ``code`` is stable and machine-readable (invalid, not_found, "
+        "The one error object (core/errors.py): ``code`` is stable and machine-readable (invalid, not_found, "
         "forbidden, conflict, not_authenticated, throttled, ...), ``message`` says what was wrong and what is "
         "expected, ``field`` names the input at fault (a dotted path into the body, a query parameter or a header), "
         "or is null."
@@ -59,7 +57,7 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     },
     UNAVAILABLE: {
         "type": "object",
-        "description": "A dependency is down (config/outages.py); retry after Retry-After seconds, with the same Idempotency-Key.",
+        "description": "A dependency is down (core/outages.py); retry after Retry-After seconds, with the same Idempotency-Key.",
         "properties": {
             "detail": {"type": "string"},
             "error": {
@@ -118,16 +116,6 @@ def _described(response: dict[str, Any], status: str) -> str:
 def _has_path_parameter(path_item: dict[str, Any], operation: dict[str, Any]) -> bool:
     parameters = [*path_item.get("parameters", []), *operation.get("parameters", [])]
     return any(p.get("in") == "path" for p in parameters)
-
-
-class ApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[misc]
-    """``tenants.auth.ApiKeyAuthentication`` in the schema (registered when config.urls imports this module)."""
-
-    target_class = "tenants.auth.ApiKeyAuthentication"
-    name = "apiKey"
-
-    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
-        return {"type": "http", "scheme": "bearer", "description": "An API key of a tenant: Authorization: Bearer aok_..."}
 
 
 def document_error_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:

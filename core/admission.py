@@ -4,7 +4,7 @@ Django runs each request of the ASGI server in a thread of its own, and uvicorn 
 capacity, hundreds of threads take turns on one core, each holding (or waiting for) one of the pool's connections,
 and every request slows down until all of them time out (issue #14: p50 of 11 s). Here, at the edge, a request beyond
 the limit is refused before Django sees it — no thread, no query, no middleware — with ``Retry-After`` and the API's
-error body (``config/outages.py``: ``dependency`` is ``server``). ``/healthz`` and ``/metrics`` are never refused (a
+error body (``core/outages.py``: ``dependency`` is ``server``). ``/healthz`` and ``/metrics`` are never refused (a
 probe must see the process as alive under load), nor websockets (they hold no thread while idle); an event stream
 (SSE) stops counting once its headers are sent, for the same reason.
 """
@@ -15,8 +15,8 @@ import json
 import logging
 from typing import Any
 
-from config import outages
-from config.body_limit import App, Receive, Scope, Send
+from core import outages
+from core.body_limit import App, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The Redis channel layer: channels_redis's, plus one synchronous send of several group messages.
 
-The publisher thread (config/live.py) sends each committed step's two messages (the run's watchers, the tenant's
+The publisher thread (core/live.py) sends each committed step's two messages (the run's watchers, the tenant's
 run list). channels_redis's ``group_send`` takes two round trips per group even when nobody watches (drop expired
 members, read the members), through redis-py's asyncio client: four round trips and about 0.4 ms of CPU a step,
 which the committing thread felt through the GIL. :meth:`RedisLayer.send_groups` does the same work with the
@@ -15,7 +15,7 @@ read at most once per ``members_ttl`` seconds (``LIVE_MEMBERS_TTL_SECONDS``; ``c
 group's remembered members as soon as it hears it, so a new watcher gets the next message live; while the listener is
 not subscribed nothing is remembered. A join whose word is lost all the same (or one that raced a read) may miss
 what is sent until the members are read again: the watchers of those groups read the database once more that long
-after joining (``config.live.resync_after``), so every committed event still reaches them, in order, once. Groups
+after joining (``core.live.resync_after``), so every committed event still reaches them, in order, once. Groups
 whose watchers do not resync (approvals) are sent uncached.
 
 It reads these of the layer (channels-redis is pinned in requirements.txt; tests/db/test_redis_layer.py fails when

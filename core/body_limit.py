@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from config.parsers import too_big_message
+from core.parsers import too_big_message
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

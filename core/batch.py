@@ -38,7 +38,7 @@ from django.conf import settings
 from django.db import connections
 from django.db.models import DateField, DateTimeField, Field, JSONField, Model, QuerySet
 
-from config import fastjson
+from core import fastjson
 
 
 class WriteBatch:

@@ -3,9 +3,9 @@
 With PostgreSQL or Redis unreachable, a request fails with the driver's connection error. This module says which
 dependency that was (:func:`dependency_down`) and answers for every entry point, in one shape:
 
-- the API: ``config.api.exception_handler`` (DRF catches a view's exceptions before any middleware sees them);
+- the API: ``core.api.exception_handler`` (DRF catches a view's exceptions before any middleware sees them);
 - every other view (console, approvals, admin, ``/healthz``): :class:`OutageMiddleware`'s ``process_exception``;
-- anything raised in a middleware: ``config.api.server_error`` (``handler500``, when ``DEBUG`` is off).
+- anything raised in a middleware: ``core.api.server_error`` (``handler500``, when ``DEBUG`` is off).
 
 The body is the API's error shape plus a machine-readable part::
 
@@ -18,7 +18,7 @@ A database that is up but whose connection pool is exhausted (every pooled conne
 503 for ``database``, with a message saying so and a shorter ``Retry-After``.
 A request that lost a deadlock or a serialization failure to a concurrent one (the database is up; nothing of the
 request was written) is a 503 too, with code ``conflict_retry``, no ``dependency`` and a message that says so, never
-that the database is down (``config/conflicts.py``).
+that the database is down (``core/conflicts.py``).
 Pages that are not the API get a short HTML page with the same status and header.
 
 Exceptions are matched by their classes' module and name (through ``raise ... from`` causes), so neither redis nor
@@ -34,7 +34,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 from django.utils.html import escape
 
-from config.conflicts import is_conflict
+from core.conflicts import is_conflict
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ DATABASE_BUSY = "database_busy"
 #: (DB_STATEMENT_TIMEOUT_SECONDS, DB_LOCK_TIMEOUT_SECONDS): contention, not an outage.
 DATABASE_SLOW = "database_slow"
 #: Not a dependency either: this server process already has MAX_CONCURRENT_REQUESTS requests in progress
-#: (config/admission.py refuses the next one before Django sees it).
+#: (core/admission.py refuses the next one before Django sees it).
 SERVER_BUSY = "server_busy"
 #: Not an outage: the database rolled this request's transaction back in favour of a concurrent one (a deadlock, a
 #: serialization failure); the same request again normally succeeds.

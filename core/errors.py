@@ -1,4 +1,4 @@
-"""The one family of domain errors. Services raise these; the API maps them to HTTP once (config.api).
+"""The one family of domain errors. Services raise these; the API maps them to HTTP once (core.api).
 
 Every API error answers with ``{"error": {"code": ..., "message": ..., "field": ...}}`` and ``status``:
 ``code`` is stable and machine-readable, ``message`` says what was wrong and what is expected,

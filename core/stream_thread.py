@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import ThreadSensitiveContext
 
-from config.body_limit import App, Receive, Scope, Send
+from core.body_limit import App, Receive, Scope, Send
 
 STREAM_PATH = re.compile(r"^/api/v1/runs/[^/]+/stream/?$")
 

@@ -31,7 +31,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connections
 
-from config.errors import DomainError
+from core.errors import DomainError
 
 log = logging.getLogger(__name__)
 

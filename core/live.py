@@ -20,7 +20,7 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 
-from config import fastjson
+from core import fastjson
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class _Publisher:
     layer is down) new ones are dropped: the events are committed, and viewers backfill from the database
     whenever they see a gap in ``seq``.
 
-    A batch is a plain callable (the Redis layer's synchronous ``send_groups``, config/redis_layer.py: no event
+    A batch is a plain callable (the Redis layer's synchronous ``send_groups``, core/redis_layer.py: no event
     loop between the committing thread and Redis) or one returning a coroutine (any other layer), which runs on
     the thread's own event loop, the same one for the thread's life.
     """
@@ -115,7 +115,7 @@ RESYNC_MARGIN_SECONDS = 0.25
 
 def resync_after() -> float | None:
     """Seconds after joining a run's group (or the tenant's run list) when a watcher reads the database once more:
-    the publisher may use members read up to ``members_ttl`` before a send (config/redis_layer.py), so a watcher that
+    the publisher may use members read up to ``members_ttl`` before a send (core/redis_layer.py), so a watcher that
     joined in between was not sent what was committed until then. None: every send reads the members (no resync)."""
     ttl = float(getattr(get_channel_layer(), "members_ttl", 0.0) or 0.0)
     return ttl + RESYNC_MARGIN_SECONDS if ttl > 0 else None
@@ -127,7 +127,7 @@ def refresh_every(layer: Any) -> float:
 
 
 async def refresh_membership(layer: Any, group: str, channel: str) -> None:
-    """Renew ``channel``'s membership of ``group`` (config/redis_layer.py ``group_refresh``; ``group_add`` elsewhere)."""
+    """Renew ``channel``'s membership of ``group`` (core/redis_layer.py ``group_refresh``; ``group_add`` elsewhere)."""
     refresh = getattr(layer, "group_refresh", None) or layer.group_add
     await refresh(group, channel)
 
@@ -139,7 +139,7 @@ def _send(groups_and_messages: list[tuple[str, dict[str, Any]]], *, cached: bool
         return
 
     send_groups = getattr(layer, "send_groups", None)
-    if send_groups is not None:  # config/redis_layer.py: one synchronous pipeline for all the groups
+    if send_groups is not None:  # core/redis_layer.py: one synchronous pipeline for all the groups
         _publisher.submit(lambda: send_groups(groups_and_messages, cached=cached))
         return
 
@@ -152,14 +152,14 @@ def _send(groups_and_messages: list[tuple[str, dict[str, Any]]], *, cached: bool
 
 def unwatched(run_id: Any, tenant_id: int) -> bool:
     """Whether a step's publish would reach nobody, as the layer knows already without asking Redis (nobody watches
-    the run nor the tenant's run list: config/redis_layer.py ``nobody_in``); False whenever it does not know. Then the
+    the run nor the tenant's run list: core/redis_layer.py ``nobody_in``); False whenever it does not know. Then the
     step is not framed at all: a watcher who joined meanwhile gets it from the database (``resync_after``)."""
     nobody_in = getattr(get_channel_layer(), "nobody_in", None)
     return bool(nobody_in is not None and nobody_in((run_group(run_id), tenant_runs_group(tenant_id))))
 
 
 def encode_frame(frame: dict[str, Any]) -> str:
-    """A frame's websocket text: compact JSON (config/fastjson.py), as the trace socket and the event stream send it."""
+    """A frame's websocket text: compact JSON (core/fastjson.py), as the trace socket and the event stream send it."""
     return fastjson.dumps(frame)
 
 
