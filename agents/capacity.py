@@ -6,7 +6,7 @@ lease rows, never kept in a counter that could leak: a run counts while a worker
 its row is running with a live lease. A killed worker's place is free again when its lease expires.
 
 Admission is decided under the tenant's row lock (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite's IMMEDIATE
-transactions serialize writers), the lock the flow runner decides its node starts under (``flows/runner.py``, which
+transactions serialize writers), the lock the flow runner decides its node starts under (``flows/runner.py``; ``flows/store.py``
 counts the tenant's runs here too), so two workers never both take the tenant's last place.
 
 A run over its tenant's bound is parked, not failed: its task ends at once and puts it back on the queue in

@@ -16,9 +16,11 @@ from django.utils import timezone
 from agents import services
 from agents.models import Run, RunEvent
 from audit.models import ToolCallAudit
-from flows import runner
+from flows import commit, nodes, runner, store
 from flows.models import FlowNodeRun
+from flows.nodes import tool as tool_node
 from flows.runner import advance, call_id
+from runtime.types import Event
 from tests.db.test_flow_runs import ORDER, desk, lookup, make_flow, start
 from tests.factories import World, make_world
 from tools.models import Tool
@@ -87,7 +89,7 @@ def test_an_inline_wave_costs_one_statement_per_node_more(world: World, django_c
 def test_an_inline_wave_writes_its_nodes_in_the_same_statements_however_wide_on_postgresql(
     world: World, django_capture_on_commit_callbacks: Any, settings: Any
 ) -> None:
-    """A wave's completions, audit rows, events and the next decision's writes go out as one statement (runner.Writes,
+    """A wave's completions, audit rows, events and the next decision's writes go out as one statement (store.Writes,
     core/batch.py), so ten nodes in a wave cost what two do. PostgreSQL only (CI's database suite): on SQLite each
     write is a statement of its own, which the test above bounds."""
     if connection.vendor != "postgresql":
@@ -110,7 +112,7 @@ def test_a_wave_reads_the_rows_again_when_another_writer_changed_the_run_meanwhi
     (here: the sweeper restarted a node of the wave, new token, its event appended), the commit reads the rows again
     and drops that node's result instead of finishing it over the other's lease."""
     make_flow(world, {**desk(), "inline": True}, slug="raced")
-    real = runner._attempts
+    real = nodes.attempts
 
     def restarted_meanwhile(run: Any, flow: Any, node: Any, row: Any, *args: Any, **kwargs: Any) -> Any:
         if node.id == "big":
@@ -119,10 +121,10 @@ def test_a_wave_reads_the_rows_again_when_another_writer_changed_the_run_meanwhi
             with transaction.atomic():
                 FlowNodeRun.objects.filter(run_id=run.pk, node_id="big").update(lease_token="someone-else", attempt=2)
                 locked = Run.objects.select_for_update().get(pk=run.pk)
-                runner._append(locked, [runner.Event("flow.node.started", {"node": "big", "attempt": 2})])
+                store.append(locked, [Event("flow.node.started", {"node": "big", "attempt": 2})])
         return real(run, flow, node, row, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "_attempts", restarted_meanwhile)
+    monkeypatch.setattr(nodes, "attempts", restarted_meanwhile)
     run = _run(world, "raced", django_capture_on_commit_callbacks)
     big = FlowNodeRun.objects.get(run=run, node_id="big")
     assert (big.status, big.lease_token) == ("running", "someone-else"), "the other's lease stands"
@@ -137,21 +139,21 @@ def test_a_wave_that_dies_restarts_its_nodes_and_never_reruns_a_committed_one(
     world: World, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_flow(world, {**desk(), "inline": True}, slug="dies")
-    real = runner._attempts
+    real = nodes.attempts
 
     def dies_at_done(run: Any, flow: Any, node: Any, row: Any, *args: Any, **kwargs: Any) -> Any:
         if node.id == "done":
             raise RuntimeError("the worker died here")
         return real(run, flow, node, row, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "_attempts", dies_at_done)
+    monkeypatch.setattr(nodes, "attempts", dies_at_done)
     run = _run(world, "dies", django_capture_on_commit_callbacks)
     assert run.status == "running"
     rows = {r.node_id: r for r in FlowNodeRun.objects.filter(run=run)}
     assert rows["done"].status == "running" and rows["done"].lease_token, "the dead wave's node keeps its lease"
     assert not ToolCallAudit.objects.filter(run_id=run.pk, call_id=call_id(run.pk, "done")).exists(), \
         "nothing of the dead wave was committed"
-    monkeypatch.setattr(runner, "_attempts", real)
+    monkeypatch.setattr(nodes, "attempts", real)
     FlowNodeRun.objects.filter(run=run, node_id="done").update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
     with django_capture_on_commit_callbacks(execute=True):
         advance(run.pk)  # what the sweeper does for a run whose node's lease expired
@@ -211,13 +213,13 @@ def test_a_refused_call_in_a_side_by_side_wave_fails_only_its_node(world: World,
     _meeting_flow(world, 2, "refused", [off, broken])
     Tool.objects.filter(tenant=world.tenant, name="sum_order_totals").update(enabled=False)
 
-    class FailsToBegin(runner.ToolGateway):
+    class FailsToBegin(tool_node.ToolGateway):
         def start(self, call: Any, ctx: Any) -> Any:
             if call.name == "query_logistics":  # the "broken" node's tool
                 raise RuntimeError("could not begin")
             return super().start(call, ctx)
 
-    monkeypatch.setattr(runner, "ToolGateway", FailsToBegin)
+    monkeypatch.setattr(tool_node, "ToolGateway", FailsToBegin)
     run = _run(world, "refused", django_capture_on_commit_callbacks)
     assert run.terminal_reason == "final_answer", run.error
     rows = {r.node_id: r for r in FlowNodeRun.objects.filter(run=run)}
@@ -239,7 +241,7 @@ def test_each_wave_sees_a_kill_switch_flipped_after_the_wave_before(world: World
 
     make_flow(world, {"nodes": [lookup("a"), {**lookup("b", ["a"]), "on_error": "continue"}], "inline": True},
               slug="two-waves")
-    real_complete = runner._complete
+    real_complete = commit.complete
     flipped: list[bool] = []
 
     def complete_then_switch_off(*args: Any, **kwargs: Any) -> Any:
@@ -249,7 +251,7 @@ def test_each_wave_sees_a_kill_switch_flipped_after_the_wave_before(world: World
                              actor=actor_for_user(world.operator))
         return real_complete(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "_complete", complete_then_switch_off)
+    monkeypatch.setattr(commit, "complete", complete_then_switch_off)
     run = _run(world, "two-waves", django_capture_on_commit_callbacks)
     rows = {r.node_id: r for r in FlowNodeRun.objects.filter(run=run)}
     assert rows["a"].status == "done"

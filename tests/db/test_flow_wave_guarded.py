@@ -1,4 +1,4 @@
-"""An inline flow's wave commits in ONE statement when it can (flows/runner.py ``_complete_guarded``): decided from the
+"""An inline flow's wave commits in ONE statement when it can (flows/commit.py ``complete_guarded``): decided from the
 run and node rows the wave's own transaction left, its writes happen only if the run's row (and the tenant's audit
 chain head, for audit rows) is still as that transaction left it, checked under their locks; the statement is sent in
 a real transaction (``transaction.atomic()``), never with Django's connection state flipped. A decision that needs
@@ -18,7 +18,7 @@ from agents import services
 from agents.models import Run, RunEvent
 from audit.chain import lock_head, verify_tenant, write_sealed
 from audit.models import ToolCallAudit
-from flows import runner
+from flows import commit, nodes, store
 from flows.models import FlowNodeRun
 from tests.db.test_flow_runs import ORDER, lookup, make_flow, start
 from tests.factories import World, make_world
@@ -46,7 +46,7 @@ def _execute(monkeypatch: pytest.MonkeyPatch, run_id: str, before: dict[str, Any
     """Run the flow; returns how each commit of a completion went ("locked" or "guarded"), in order. ``before``: node
     id -> what to do (as another writer) while that node runs."""
     ways: list[str] = []
-    real_lock, real_guarded, real_attempts = runner._lock, runner._complete_guarded, runner._attempts
+    real_lock, real_guarded, real_attempts = store.lock, commit.complete_guarded, nodes.attempts
 
     def lock(*args: Any, **kwargs: Any) -> Any:
         ways.append("locked")
@@ -61,9 +61,9 @@ def _execute(monkeypatch: pytest.MonkeyPatch, run_id: str, before: dict[str, Any
             before[row.node_id]()
         return real_attempts(run, flow, node, row, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "_lock", lock)
-    monkeypatch.setattr(runner, "_complete_guarded", guarded)
-    monkeypatch.setattr(runner, "_attempts", attempts)
+    monkeypatch.setattr(store, "lock", lock)
+    monkeypatch.setattr(commit, "complete_guarded", guarded)
+    monkeypatch.setattr(nodes, "attempts", attempts)
     services.execute_run(run_id)
     return ways
 
@@ -106,7 +106,7 @@ def test_a_guarded_wave_commits_in_a_real_transaction_that_nested_atomic_and_on_
     run_id = start(world, {"flow": "guarded", "input": {"order_id": ORDER}}).json()["id"]
     seen: list[tuple[bool, bool, bool]] = []
     committed: list[str] = []
-    real = runner._complete_guarded
+    real = commit.complete_guarded
 
     def observed(*args: Any, **kwargs: Any) -> Any:
         with transaction.atomic():  # what a library's code does: a savepoint inside the wave's transaction
@@ -114,7 +114,7 @@ def test_a_guarded_wave_commits_in_a_real_transaction_that_nested_atomic_and_on_
         transaction.on_commit(lambda: committed.append("wave"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "_complete_guarded", observed)
+    monkeypatch.setattr(commit, "complete_guarded", observed)
     services.execute_run(run_id)
     assert seen and all(s == (True, False, True) for s in seen), seen
     assert len(committed) == 2, committed  # the two guarded waves' (the fan-out's try sent nothing: rolled back)

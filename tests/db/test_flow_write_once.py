@@ -20,7 +20,7 @@ from agents import services
 from agents.models import Run, RunEvent
 from audit.chain import verify_tenant
 from audit.models import ToolCallAudit
-from flows import runner
+from flows import commit
 from flows.models import FlowNodeRun
 from flows.runner import call_id, execute_node
 from tests.db.test_flow_runs import in_flight, make_flow, start
@@ -64,7 +64,7 @@ def world() -> World:
 
 def _lose_the_first_completion(monkeypatch: pytest.MonkeyPatch) -> None:
     """The node runs (its write reaches the target), then its worker dies before the completion commits."""
-    complete = runner._complete
+    complete = commit.complete
     lost: list[bool] = []
 
     def dies_once(*args: Any, **kwargs: Any) -> None:
@@ -73,7 +73,7 @@ def _lose_the_first_completion(monkeypatch: pytest.MonkeyPatch) -> None:
             raise WorkerDied
         complete(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "_complete", dies_once)
+    monkeypatch.setattr(commit, "complete", dies_once)
 
 
 def _retry_after_the_lease_expired(run_id: str, node_id: str) -> None:

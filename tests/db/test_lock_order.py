@@ -24,7 +24,7 @@ from agents.store import _LOCK_SQL as AGENT_STEP_LOCK
 from audit.chain import lock_head
 from audit.models import ToolCallAudit
 from core.batch import WriteBatch
-from flows import runner
+from flows import store
 from tests.db.test_flow_runs import ORDER, client_for, drain, lookup, make_flow, start
 from tests.factories import World
 
@@ -55,7 +55,7 @@ def test_a_flow_completion_and_an_agent_step_of_one_tenant_take_their_locks_with
 
     def flow_completion_locks() -> bool:
         with transaction.atomic():
-            found, head = runner._lock(flow_run, with_head=True)
+            found, head = store.lock(flow_run, with_head=True)
             return found and head is not None
 
     with other_transaction() as step:
