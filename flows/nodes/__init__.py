@@ -13,6 +13,7 @@ from typing import Any
 
 from agents.models import Run
 from audit.unit_of_work import StepAudit
+from core.outages import dependency_down
 from flows.models import FlowNodeRun, NodeStatus
 from flows.nodes import agent, llm, switch, tool
 from flows.nodes.base import Attempt, NodeFailed, NodeWaits, Wave
@@ -75,6 +76,10 @@ def _attempt(a: Attempt, started: tool.Started | None, *, item: bool) -> tuple[s
     except NodeFailed as exc:
         return NodeStatus.FAILED, None, str(exc)
     except Exception as exc:
+        if dependency_down(exc) is not None:
+            # the database or Redis failed under the node, not the node: its row keeps its lease, which runs out, and
+            # the node is started again (a write it began is found by its call key, flows/nodes/tool.py) (issue #50)
+            raise
         log.exception("flow run %s: node %s failed", a.run.pk, a.row_id)
         return NodeStatus.FAILED, None, f"internal error: {type(exc).__name__}"
 

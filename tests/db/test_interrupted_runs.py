@@ -90,3 +90,38 @@ def test_an_error_of_the_run_s_own_still_ends_it(queued: Any, monkeypatch: pytes
     run = Run.objects.get(pk=queued.pk)
     assert (run.status, run.terminal_reason, run.error) == (RunStatus.FINISHED, "error", "internal error: ValueError")
     assert not run.lease_token
+
+
+def test_a_flow_node_whose_database_went_away_starts_again_and_does_not_fail_the_flow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node's row keeps its lease (not ``failed: internal error: OperationalError``); once the lease runs out the
+    run's next advance starts the node again and the flow finishes; an error of the node's own still fails it."""
+    import datetime as dt
+
+    from flows import nodes
+    from flows.models import FlowNodeRun
+    from flows.runner import execute_node
+    from tests.db.test_flow_runs import ORDER, drain, in_flight, lookup, make_flow, start
+
+    world = make_world()
+    make_flow(world, {"nodes": [lookup("a")]})
+    run_id = start(world, {"flow": "desk", "input": {"order_id": ORDER}}).json()["id"]
+    services.execute_run(run_id)
+    run = Run.objects.get(pk=run_id)
+    (node, token), = in_flight(run)
+    real = nodes.tool.run
+
+    def gone(*args: Any, **kwargs: Any) -> Any:
+        raise _database_gone()
+
+    monkeypatch.setattr(nodes.tool, "run", gone)
+    with pytest.raises(OperationalError):
+        execute_node(run_id, node, token)
+    row = FlowNodeRun.objects.get(run=run, node_id="a")
+    assert (row.status, row.lease_token, row.error) == ("running", token, "")
+
+    monkeypatch.setattr(nodes.tool, "run", real)
+    FlowNodeRun.objects.filter(pk=row.pk).update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    services.execute_run(run_id)  # the sweeper re-enqueues the run: its advance starts the node again
+    drain(run)
+    assert run.terminal_reason == "final_answer", run.error
+    assert FlowNodeRun.objects.get(run=run, node_id="a").attempt == 2
