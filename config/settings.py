@@ -358,13 +358,15 @@ LIVE_WATCHED: dict[str, object] | None = None if EMBEDDED else {
 if EMBEDDED:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "agentops"}}
 else:
-    # Shared by every server process, so a key's budget is one budget however many processes serve it.
+    # Shared by every server process (the API key cache's access stamp, periodic-job locks). django-redis: one redis-py
+    # client per server, reused by every call, where Django's own backend builds one per call (about 0.13 ms of CPU
+    # each, docs/decisions/cache-backend.md); keys and values read and written as Django's own backend does.
     CACHES = {
         "default": {
-            "BACKEND": "config.cache.RedisCache",  # Django's, reusing its redis-py client (config/cache.py)
+            "BACKEND": "django_redis.cache.RedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": "agentops",
-            "OPTIONS": {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT, "socket_timeout": REDIS_CONNECT_TIMEOUT},
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": REDIS_CONNECT_TIMEOUT, "SOCKET_TIMEOUT": REDIS_CONNECT_TIMEOUT},
         }
     }
 
