@@ -99,8 +99,8 @@ def test_the_list_socket_reads_the_runs_that_changed_since_it_joined_of_its_tena
 
 def test_the_list_socket_renews_its_memberships_and_closes_when_it_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
     """tenants/feeds.py: a tenant feed renews each of its groups every third of the layer's group_expiry (a member
-    not renewed is dropped, by the layer and by the watched-groups registry: config/live.py); a renewal that fails closes the socket (1011) so the page
-    reconnects, instead of leaving it open and silent."""
+    not renewed is dropped, by the layer and by the watched-groups registry: config/live.py); a renewal that fails
+    closes the socket (1011) so the page reconnects, instead of leaving it open and silent."""
     monkeypatch.setattr(live, "resync_after", lambda: None)
     monkeypatch.setattr(live, "refresh_every", lambda layer: 0.2)
     renewed: list[tuple[str, str]] = []

@@ -13,6 +13,7 @@ count, and a failure lists every offence it found as ``path:line: what``.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib
 import inspect
@@ -97,7 +98,7 @@ def _is_library(dotted: str) -> bool:
     return bool(dotted) and "." in dotted and top not in STDLIB and top not in first_party()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _library_class(dotted: str) -> type | None:
     """The class a dotted name names (imported), or None when it cannot be imported here."""
     parts = dotted.split(".")
@@ -115,7 +116,7 @@ def _library_class(dotted: str) -> type | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library_privates(dotted: str) -> frozenset[str]:
     """The private attribute names (one leading underscore) a library class and its library bases define or set on
     ``self``: what a first-party subclass must neither read nor assign."""
@@ -127,10 +128,8 @@ def library_privates(dotted: str) -> frozenset[str]:
         if klass.__module__.split(".", 1)[0] in STDLIB or klass.__module__.split(".", 1)[0] in first_party():
             continue
         names.update(n for n in vars(klass) if n.startswith("_") and not n.startswith("__"))
-        try:
+        with contextlib.suppress(OSError, TypeError):  # no source (a compiled class)
             names.update(re.findall(r"\bself\.(_[A-Za-z0-9]\w*)", inspect.getsource(klass)))
-        except (OSError, TypeError):
-            pass
     return frozenset(n for n in names if not n.startswith("__"))
 
 
