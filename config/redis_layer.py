@@ -157,7 +157,8 @@ class WatchedGroups:
         if remember and self._listening and self._epoch == epoch:
             known_now = self._known
             if len(known_now) >= MAX_REMEMBERED:
-                known_now = self._known = {g: k for g, k in known_now.items() if now - k[0] < self.ttl}
+                # list(): one step under the GIL, so the listener's pop cannot change the dict while it is read
+                known_now = self._known = {g: k for g, k in list(known_now.items()) if now - k[0] < self.ttl}
             for group, count in zip(unknown, counts, strict=True):
                 known_now[group] = (now, bool(count))
             if self._epoch != epoch or not self._listening:  # the listener heard something meanwhile: not kept

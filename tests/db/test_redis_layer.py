@@ -272,6 +272,18 @@ def test_nobody_in_says_a_send_would_send_nothing_only_while_that_is_known() -> 
     assert not _registry(ttl=0).nobody_in(groups)  # ttl 0: every send asks
 
 
+def test_what_a_process_remembers_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One answer per recently published run: past ``MAX_REMEMBERED`` the stale ones are dropped at the next read."""
+    registry = _registry(ttl=30)
+    _subscribed(registry)
+    monkeypatch.setattr(redis_layer, "MAX_REMEMBERED", 5)
+    registry.watched([f"run.{n}" for n in range(5)])
+    assert len(registry._known) == 5
+    registry._known = {group: (when - 60, watched) for group, (when, watched) in registry._known.items()}  # aged
+    registry.watched(["run.new"])
+    assert set(registry._known) == {"run.new"}
+
+
 def test_a_forked_child_starts_with_nothing_of_its_parents() -> None:
     """A forked worker process has neither the parent's client nor its listener: it must not trust what the parent
     remembered (no listener of its own hears joins for it yet), and it asks Redis with a client of its own."""
