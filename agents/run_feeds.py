@@ -7,7 +7,8 @@ received, buffered and dispatched once per watcher (channels_redis: a receive lo
 handed to every local watcher's inbox. A watcher drains its inbox in its own task, so a slow client
 only delays itself; a full inbox drops the message, and the watcher heals the gap from the database
 by ``seq`` when the next one arrives, exactly as when the channel layer drops a message at capacity.
-The last watcher to leave closes the feed and leaves the group.
+The last watcher to leave closes the feed and leaves the group. Joining and leaving also record the feed in the
+watched-groups registry (core/redis_layer.py, through core/live.py): publishers send only to watched runs.
 
 Feeds belong to the event loop that opened them (a server process has one).
 """
@@ -48,7 +49,7 @@ class RunFeed:
             # The default prefix: channels_redis reads all of a process's channels through one receive loop on one
             # key per prefix ("specific.<process>!"), served by whichever receiver holds its lock.
             self.channel = await self.layer.new_channel()
-            await self.layer.group_add(self.group, self.channel)
+            await live.join_group(self.layer, self.group, self.channel)  # and says so to the publishers (core/live.py)
         except BaseException as exc:
             _forget(self)
             if isinstance(exc, asyncio.CancelledError):
@@ -90,9 +91,10 @@ class RunFeed:
         await self._leave_group()
 
     async def _refresh(self) -> None:
-        """Renew the membership while the feed lives (core/live.py ``refresh_membership``): the layer drops one not
-        renewed within its group_expiry, as it drops a killed process's. A failed renewal ends the feed as a failed
-        read does, so its sockets close and their clients resume by seq, rather than silently stop receiving."""
+        """Renew the membership while the feed lives (core/live.py ``refresh_membership``: the layer's and the
+        watched-groups registry's): both drop one not renewed within the group expiry, as they drop a killed process's.
+        A failed renewal ends the feed as a failed read does, so its sockets close and their clients resume by seq,
+        rather than silently stop receiving."""
         try:
             while True:
                 await asyncio.sleep(live.refresh_every(self.layer))
@@ -105,7 +107,7 @@ class RunFeed:
     async def _leave_group(self) -> None:
         if self.channel:
             try:
-                await self.layer.group_discard(self.group, self.channel)
+                await live.leave_group(self.layer, self.group, self.channel)
             except Exception:
                 log.info("could not leave %s (it expires on its own)", self.group, exc_info=True)
 

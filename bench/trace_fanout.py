@@ -201,6 +201,7 @@ def commit_event(run: Any, i: int, committed: dict[int, float], peer: tuple[Peer
     from django.db import transaction
 
     from agents.models import Run, RunEvent
+    from agents.serializers import event_frames
     from agents.store import event_rows, publish_after_commit, run_summary
     from runtime.types import Event
 
@@ -221,7 +222,7 @@ def commit_event(run: Any, i: int, committed: dict[int, float], peer: tuple[Peer
         if peer is None:
             publish_after_commit(run, rows, run_summary(run))
         else:
-            frames = [r.as_frame() for r in rows]
+            frames = event_frames(rows)
             publisher, group = peer
             transaction.on_commit(lambda: publisher.send(group, frames))
 
@@ -390,7 +391,9 @@ def main() -> None:
     env.update(DATABASE_URL=db_url, REDIS_URL=redis_url, DEBUG="false", HTTPS_ONLY="false", SECRET_KEY=secret,
                AGENTOPS_VAR_DIR=str(logdir), LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="config.settings",
                PROMETHEUS_MULTIPROC_DIR=str(logdir / "prometheus"), AGENTOPS_QUEUE=f"agentops-bench-trace-{os.getpid()}",
-               API_THROTTLE_RATE="off", RUN_CREATE_THROTTLE_RATE="off")
+               API_THROTTLE_RATE="off", RUN_CREATE_THROTTLE_RATE="off",
+               # every viewer holds one of the API key's open streams (tenants/open_streams.py)
+               MAX_OPEN_STREAMS_PER_KEY=str(MAX_VIEWERS), MAX_OPEN_STREAMS_PER_TENANT=str(MAX_VIEWERS))
     (logdir / "prometheus").mkdir()
     os.environ.update(env)
     import django

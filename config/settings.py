@@ -314,10 +314,10 @@ REDIS_SOCKET_TIMEOUT = env_int("REDIS_SOCKET_TIMEOUT", 30, minimum=10)
 REDIS_CONNECT_TIMEOUT = env_int("REDIS_CONNECT_TIMEOUT", 5, minimum=1)
 #: Every open websocket gets ``{"type": "heartbeat"}`` this often (0 = off); clients use it to detect a dead connection.
 WS_HEARTBEAT_SECONDS = env_int("WS_HEARTBEAT_SECONDS", 20, minimum=0)
-#: A worker reuses who watches a run (its trace, the tenant's run list) for up to this many seconds instead of reading
-#: it at every step (core/redis_layer.py); a new watcher's join is announced to every worker, which then reads again
-#: at once. Watchers also read the database once this long after they joined (for a lost announcement). 0: read at
-#: every step, no second read.
+#: A worker reuses whether anyone watches a run (its trace, the tenant's run list) for up to this many seconds instead
+#: of asking at every step (core/redis_layer.py); a new watcher's join is announced to every worker, which then asks
+#: again at once. Watchers also read the database once this long after they joined (for a lost announcement). 0: ask
+#: at every step, no second read.
 LIVE_MEMBERS_TTL_SECONDS = env_float("LIVE_MEMBERS_TTL_SECONDS", 1.0, minimum=0.0)
 #: A websocket's channel-layer membership (a watched run's feed, a tenant's run list or approvals) is renewed every third
 #: of this many seconds while it lives; one not renewed for this long (a killed server process's) is dropped at the
@@ -334,7 +334,7 @@ else:
     # connections wait longer than its own blocking read; keepalive and health checks still catch dead peers.
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "core.redis_layer.RedisLayer",
+            "BACKEND": "channels_redis.core.RedisChannelLayer",  # as shipped; its public group_send (core/live.py)
             "CONFIG": {
                 "hosts": [{
                     "address": REDIS_URL,
@@ -347,22 +347,29 @@ else:
                 "expiry": 60,
                 "group_expiry": LIVE_GROUP_EXPIRY_SECONDS,
                 "prefix": "agentops",
-                "members_ttl": LIVE_MEMBERS_TTL_SECONDS,
             },
         }
     }
+#: Who watches which live group, in keys of our own beside the channel layer's (core/redis_layer.py): a step nobody
+#: watches is neither framed nor sent. None (embedded mode): every step is sent, which costs no round trip there.
+LIVE_WATCHED: dict[str, object] | None = None if EMBEDDED else {
+    "url": REDIS_URL, "prefix": "agentops", "ttl": LIVE_MEMBERS_TTL_SECONDS, "expiry": LIVE_GROUP_EXPIRY_SECONDS,
+    "socket_timeout": REDIS_CONNECT_TIMEOUT, "socket_connect_timeout": REDIS_CONNECT_TIMEOUT,
+}
 
 # --- Cache (API rate-limit counters, periodic-job locks) -----------------------------------
 if EMBEDDED:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "agentops"}}
 else:
-    # Shared by every server process, so a key's budget is one budget however many processes serve it.
+    # Shared by every server process (the API key cache's access stamp, periodic-job locks). django-redis: one redis-py
+    # client per server, reused by every call, where Django's own backend builds one per call (about 0.13 ms of CPU
+    # each, docs/decisions/cache-backend.md); keys and values read and written as Django's own backend does.
     CACHES = {
         "default": {
-            "BACKEND": "core.cache.RedisCache",  # Django's, reusing its redis-py client (core/cache.py)
+            "BACKEND": "django_redis.cache.RedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": "agentops",
-            "OPTIONS": {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT, "socket_timeout": REDIS_CONNECT_TIMEOUT},
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": REDIS_CONNECT_TIMEOUT, "SOCKET_TIMEOUT": REDIS_CONNECT_TIMEOUT},
         }
     }
 

@@ -10,6 +10,7 @@ consumer, which backfills from the database whenever it sees a gap in ``seq``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
@@ -20,7 +21,7 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 
-from core import fastjson
+from core import fastjson, redis_layer
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,10 @@ class _Publisher:
     layer is down) new ones are dropped: the events are committed, and viewers backfill from the database
     whenever they see a gap in ``seq``.
 
-    A batch is a plain callable (the Redis layer's synchronous ``send_groups``, core/redis_layer.py: no event
-    loop between the committing thread and Redis) or one returning a coroutine (any other layer), which runs on
-    the thread's own event loop, the same one for the thread's life.
+    A batch is a plain callable (it may ask the watched-groups registry, core/redis_layer.py, with its
+    synchronous client) that may return a coroutine (the channel layer's public ``group_send`` for each group
+    someone watches), which runs on the thread's own event loop, the same one for the thread's life (channels_redis
+    keeps a connection pool per event loop: the publisher's is made once).
     """
 
     MAX_QUEUED = 10_000
@@ -109,15 +111,17 @@ def flush(timeout: float = PUBLISH_TIMEOUT_SECONDS) -> bool:
     return _publisher.flush(timeout)
 
 
-#: Watchers read the database once more this long after their members_ttl, for what was sent while they joined.
+#: Watchers read the database once more this long after the registry's ttl, for what was sent while they joined.
 RESYNC_MARGIN_SECONDS = 0.25
 
 
 def resync_after() -> float | None:
     """Seconds after joining a run's group (or the tenant's run list) when a watcher reads the database once more:
-    the publisher may use members read up to ``members_ttl`` before a send (core/redis_layer.py), so a watcher that
-    joined in between was not sent what was committed until then. None: every send reads the members (no resync)."""
-    ttl = float(getattr(get_channel_layer(), "members_ttl", 0.0) or 0.0)
+    the publisher may use who watches as read up to ``LIVE_MEMBERS_TTL_SECONDS`` before a send
+    (core/redis_layer.py), so a watcher that joined in between was not sent what was committed until then. None:
+    every send asks (no registry, or a ttl of 0: no resync)."""
+    watched = redis_layer.registry()
+    ttl = watched.ttl if watched is not None else 0.0
     return ttl + RESYNC_MARGIN_SECONDS if ttl > 0 else None
 
 
@@ -126,36 +130,75 @@ def refresh_every(layer: Any) -> float:
     return max(1.0, float(getattr(layer, "group_expiry", 86400)) / 3)
 
 
+async def join_group(layer: Any, group: str, channel: str) -> None:
+    """Add ``channel`` to ``group`` (the layer's ``group_add``) and record that it watches the group
+    (core/redis_layer.py ``watch``: every publisher is told). On failure the membership is given back."""
+    await layer.group_add(group, channel)
+    watched = redis_layer.registry()
+    if watched is None:
+        return
+    try:
+        await asyncio.to_thread(watched.watch, group, channel)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await layer.group_discard(group, channel)
+        raise
+
+
+async def leave_group(layer: Any, group: str, channel: str) -> None:
+    """Take ``channel`` out of ``group`` and out of the registry (both expire on their own if this fails)."""
+    watched = redis_layer.registry()
+    try:
+        if watched is not None:
+            await asyncio.to_thread(watched.unwatch, group, channel)
+    finally:
+        await layer.group_discard(group, channel)
+
+
 async def refresh_membership(layer: Any, group: str, channel: str) -> None:
-    """Renew ``channel``'s membership of ``group`` (core/redis_layer.py ``group_refresh``; ``group_add`` elsewhere)."""
-    refresh = getattr(layer, "group_refresh", None) or layer.group_add
-    await refresh(group, channel)
+    """Renew ``channel``'s membership of ``group`` (the layer's ``group_add``: its join time set to now) and its entry
+    in the registry (unannounced: a watcher renewed is not a new one)."""
+    await layer.group_add(group, channel)
+    watched = redis_layer.registry()
+    if watched is not None:
+        await asyncio.to_thread(watched.renew, group, channel)
+
+
+async def _group_send_all(layer: Any, groups_and_messages: list[tuple[str, dict[str, Any]]]) -> None:
+    for group, message in groups_and_messages:
+        await layer.group_send(group, message)
+
+
+def _watched_only(watched: redis_layer.WatchedGroups | None,
+                  groups_and_messages: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """(On the publisher's thread.) The pairs whose group someone watches; all of them without a registry."""
+    if watched is None:
+        return groups_and_messages
+    names = watched.watched([group for group, _ in groups_and_messages])
+    return [(group, message) for group, message in groups_and_messages if group in names]
 
 
 def _send(groups_and_messages: list[tuple[str, dict[str, Any]]], *, cached: bool = False) -> None:
-    """``cached``: the groups' watchers resync (:func:`resync_after`), so their members may be read as of a moment ago."""
+    """``cached``: the groups' watchers resync (:func:`resync_after`), so who watches may be as read a moment ago and a
+    group nobody watches is skipped; otherwise every group is sent to."""
     layer = get_channel_layer()
     if layer is None:
         return
+    watched = redis_layer.registry() if cached else None
 
-    send_groups = getattr(layer, "send_groups", None)
-    if send_groups is not None:  # core/redis_layer.py: one synchronous pipeline for all the groups
-        _publisher.submit(lambda: send_groups(groups_and_messages, cached=cached))
-        return
+    def send() -> Any:
+        pairs = _watched_only(watched, groups_and_messages)
+        return _group_send_all(layer, pairs) if pairs else None
 
-    async def send_all() -> None:
-        for group, message in groups_and_messages:
-            await layer.group_send(group, message)
-
-    _publisher.submit(send_all)
+    _publisher.submit(send)
 
 
 def unwatched(run_id: Any, tenant_id: int) -> bool:
-    """Whether a step's publish would reach nobody, as the layer knows already without asking Redis (nobody watches
-    the run nor the tenant's run list: core/redis_layer.py ``nobody_in``); False whenever it does not know. Then the
-    step is not framed at all: a watcher who joined meanwhile gets it from the database (``resync_after``)."""
-    nobody_in = getattr(get_channel_layer(), "nobody_in", None)
-    return bool(nobody_in is not None and nobody_in((run_group(run_id), tenant_runs_group(tenant_id))))
+    """Whether a step's publish would reach nobody, as this process knows already without asking Redis (nobody
+    watches the run nor the tenant's run list: core/redis_layer.py ``nobody_in``); False whenever it does not know.
+    Then the step is not framed at all: a watcher who joined meanwhile gets it from the database (``resync_after``)."""
+    watched = redis_layer.registry()
+    return watched is not None and watched.nobody_in((run_group(run_id), tenant_runs_group(tenant_id)))
 
 
 def encode_frame(frame: dict[str, Any]) -> str:
@@ -208,19 +251,21 @@ def publish_run_delta(*, run_id: Any, frame: dict[str, Any]) -> bool:
         with _deltas_lock:
             _deltas_queued -= 1
 
-    send_groups = getattr(layer, "send_groups", None)
+    watched = redis_layer.registry()
 
     def send() -> Any:
-        if send_groups is not None:
-            try:
-                send_groups([(group, message)], cached=True)  # deltas are ephemeral: one missed is not resent
-            finally:
-                done()
+        try:
+            pairs = _watched_only(watched, [(group, message)])  # deltas are ephemeral: one missed is not resent
+        except BaseException:
+            done()
+            raise
+        if not pairs:
+            done()
             return None
 
         async def send_async() -> None:
             try:
-                await layer.group_send(group, message)
+                await _group_send_all(layer, pairs)
             finally:
                 done()
 

@@ -1,26 +1,30 @@
-"""The Redis channel layer: channels_redis's, plus one synchronous send of several group messages.
+"""Who watches a live group: a registry of our own in Redis, so a step nobody watches is neither framed nor sent.
 
-The publisher thread (core/live.py) sends each committed step's two messages (the run's watchers, the tenant's
-run list). channels_redis's ``group_send`` takes two round trips per group even when nobody watches (drop expired
-members, read the members), through redis-py's asyncio client: four round trips and about 0.4 ms of CPU a step,
-which the committing thread felt through the GIL. :meth:`RedisLayer.send_groups` does the same work with the
-synchronous client: every group's members in one pipeline, then, only for groups with members, their messages in
-one more (the same expiry, capacity check and Lua script as ``group_send``, so every consumer of the stock layer
-receives them exactly as before). The receiving side is channels_redis's, unchanged.
+The channel layer is channels_redis's, as shipped (settings ``CHANNEL_LAYERS``), and the publisher thread sends with
+its public ``group_send`` (core/live.py). A run's trace has nobody watching most of the time, and ``group_send``
+takes two round trips to find that out; framing the step costs the committing thread more. So the watchers say where
+they are, in keys of ours (channels_redis's own keys are its business):
 
-A run's trace has nobody watching most of the time, and even that answer cost a round trip a step (about 0.4 ms of
-the committing thread's time on two cores, ``bench/step_overhead.py``). A caller may therefore let the members be
-read at most once per ``members_ttl`` seconds (``LIVE_MEMBERS_TTL_SECONDS``; ``cached=True``). This layer's
-``group_add`` announces each join on a pub/sub channel, and a listener thread per process and host forgets that
-group's remembered members as soon as it hears it, so a new watcher gets the next message live; while the listener is
-not subscribed nothing is remembered. A join whose word is lost all the same (or one that raced a read) may miss
-what is sent until the members are read again: the watchers of those groups read the database once more that long
-after joining (``core.live.resync_after``), so every committed event still reaches them, in order, once. Groups
-whose watchers do not resync (approvals) are sent uncached.
+- A server process that starts watching a group (a run's feed, agents/run_feeds.py: one channel-layer membership per
+  watched run per process; a run-list or approvals socket, tenants/feeds.py) records it with :meth:`WatchedGroups.watch`
+  in the sorted set ``<prefix>:watched:<group>`` (member: the channel it joined with; score: when it joined or last
+  renewed, ``time.time()``), and PUBLISHes the group on ``<prefix>:watched-joined``. It renews the entry with its
+  channel-layer membership (:meth:`~WatchedGroups.renew`, every third of ``expiry``) and removes it when it leaves
+  (:meth:`~WatchedGroups.unwatch`). An entry older than ``expiry`` (a killed process's) does not count, and the key
+  itself expires ``expiry`` after its last join or renewal.
+- The publisher asks :meth:`~WatchedGroups.watched` which of a step's groups someone watches (one pipeline, one round
+  trip) and remembers each answer for ``ttl`` seconds (``LIVE_MEMBERS_TTL_SECONDS``): with nobody watching, a step
+  costs no round trip at all, and :meth:`~WatchedGroups.nobody_in` tells the committing thread so before it frames
+  anything. A listener thread per process forgets a group's answer as soon as it hears a join announced, so a new
+  watcher gets the next step live; while the listener is not subscribed (starting, Redis down, reconnecting) nothing
+  is remembered, and an answer read while an announcement was heard is not kept.
+- A join whose word is lost all the same (or one that raced a read) may miss what is sent until the answer is read
+  again: the watchers of those groups read the database once more that long after joining
+  (``core.live.resync_after``), so every committed event still reaches them, in order, once. Groups whose watchers
+  do not resync (approvals) are sent without asking (``cached=False`` in core/live.py).
 
-It reads these of the layer (channels-redis is pinned in requirements.txt; tests/db/test_redis_layer.py fails when
-an upgrade changes them): ``hosts``, ``consistent_hash``, ``_group_key``, ``_map_channel_keys_to_connection`` (the
-per-channel serialised messages and capacities) and ``group_send``'s Lua script (:data:`GROUP_SEND_LUA`).
+Embedded mode (``LIVE_WATCHED`` None: the in-memory layer, core/channel_layers.py) has no registry: every step is
+framed and sent, which costs no round trip there.
 """
 
 from __future__ import annotations
@@ -28,211 +32,216 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 import threading
 import time
 import weakref
-from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
-
-import redis
-from channels_redis.core import RedisChannelLayer
 
 log = logging.getLogger(__name__)
 
-#: channels_redis 4.3.0's ``group_send`` script: add the message to each channel under its capacity.
-GROUP_SEND_LUA = """
-                local over_capacity = 0
-                local current_time = ARGV[#ARGV - 1]
-                local expiry = ARGV[#ARGV]
-                for i=1,#KEYS do
-                    if redis.call('ZCOUNT', KEYS[i], '-inf', '+inf') < tonumber(ARGV[i + #KEYS]) then
-                        redis.call('ZADD', KEYS[i], current_time, ARGV[i])
-                        redis.call('EXPIRE', KEYS[i], expiry)
-                    else
-                        over_capacity = over_capacity + 1
-                    end
-                end
-                return over_capacity
-            """
-
-#: The publisher's reads and writes give up after this long (the layer's own timeout is long: it blocks on reads).
-SEND_TIMEOUT_SECONDS = 5.0
+#: Answers remembered per process at most (one per recently published run and tenant); past it, stale ones go.
+MAX_REMEMBERED = 1000
 
 
-class RedisLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_redis is untyped
-    def __init__(self, *args: Any, members_ttl: float = 0.0, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.members_ttl = max(0.0, float(members_ttl))
-        self._members: dict[str, tuple[float, list[str]]] = {}  # group -> (when read, monotonic; its members)
-        self._listening: dict[int, bool] = {}  # host -> its listener is subscribed (else nothing is read from cache)
-        self._epoch = 0  # counts the changes the listeners heard: a read that overlapped one is not remembered
-        self._epochs = itertools.count(1)  # next() is atomic: listeners of several hosts may count at once
-        self._sync: dict[int, redis.Redis] = {}
-        self._sync_pid = 0
-        self._sync_lock = threading.Lock()
+class WatchedGroups:
+    """The registry of watched groups on one Redis (``url``), under ``prefix``. Safe to share between threads; a forked
+    child starts with no client, listener or remembered answer of its parent's."""
+
+    def __init__(self, url: str, *, prefix: str = "agentops", ttl: float = 1.0, expiry: float = 300.0,
+                 socket_timeout: float = 5.0, socket_connect_timeout: float = 5.0) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.ttl = max(0.0, float(ttl))
+        self.expiry = max(1.0, float(expiry))
+        self.socket_timeout = float(socket_timeout)
+        self.socket_connect_timeout = float(socket_connect_timeout)
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._redis: Any = None
+        self._listener = False  # a listener thread was started in this process
+        self._listening = False  # ... and is subscribed now: only then is an answer remembered
+        self._known: dict[str, tuple[float, bool]] = {}  # group -> (when read, monotonic; someone watches)
+        self._epoch = 0  # counts what the listener heard: a read that overlapped any of it is not remembered
+        self._epochs = itertools.count(1)
 
     @property
-    def members_channel(self) -> str:
-        """Where every ``group_add`` says which group gained a member (Redis pub/sub, one channel per prefix)."""
-        return f"{self.prefix}:members-changed"
+    def joins_channel(self) -> str:
+        """Where every :meth:`watch` says which group gained a watcher (Redis pub/sub)."""
+        return f"{self.prefix}:watched-joined"
 
-    async def group_add(self, group: str, channel: str) -> None:
-        """channels_redis's ``group_add``, then a word to every publisher that remembers the group's members, so its
-        next send reads them again (best effort: the watchers' resync covers a word lost)."""
-        await super().group_add(group, channel)
-        if self.members_ttl > 0:
-            try:
-                await self.connection(self.consistent_hash(group)).publish(self.members_channel, group)
-            except Exception:
-                log.info("could not announce a new member of %s; its watchers resync", group, exc_info=True)
+    def key(self, group: str) -> str:
+        return f"{self.prefix}:watched:{group}"
 
-    async def group_refresh(self, group: str, channel: str) -> None:
-        """Keep a live member in its group (channels_redis's ``group_add``: its join time set to now), unannounced: a
-        member refreshed is not a new one. Members not refreshed within ``group_expiry`` (a killed server process's)
-        are dropped at the next read, instead of being sent every step for a day."""
-        await super().group_add(group, channel)
+    def _this_process(self) -> None:
+        """(Under the lock.) A forked child forgets its parent's client, listener and answers."""
+        if self._pid != os.getpid():
+            self._pid, self._redis, self._listener, self._listening, self._known = os.getpid(), None, False, False, {}
+
+    def client(self) -> Any:
+        """This process's synchronous redis-py client (thread-safe: one connection pool)."""
+        with self._lock:
+            self._this_process()
+            if self._redis is None:
+                import redis  # here: importing redis loads the OpenTelemetry SDK, and settings import this module's users
+
+                self._redis = redis.Redis.from_url(self.url, socket_timeout=self.socket_timeout,
+                                                   socket_connect_timeout=self.socket_connect_timeout,
+                                                   socket_keepalive=True, health_check_interval=30)
+            return self._redis
+
+    # -- the watchers' side (a server process; async callers run these in a thread: core/live.py) ----------------
+
+    def _record(self, group: str, member: str, *, announce: bool) -> None:
+        now = time.time()
+        key = self.key(group)
+        pipe = self.client().pipeline(transaction=False)
+        pipe.zadd(key, {member: now})
+        pipe.zremrangebyscore(key, "-inf", now - self.expiry)  # a killed process's entry, never renewed
+        pipe.expire(key, math.ceil(self.expiry))
+        if announce:
+            pipe.publish(self.joins_channel, group)
+        pipe.execute()
+
+    def watch(self, group: str, member: str) -> None:
+        """``member`` (the channel that joined ``group``) watches it from now on; every publisher is told at once."""
+        self._record(group, member, announce=True)
+
+    def renew(self, group: str, member: str) -> None:
+        """``member`` still watches ``group`` (unannounced: publishers keep what they remember)."""
+        self._record(group, member, announce=False)
+
+    def unwatch(self, group: str, member: str) -> None:
+        """``member`` left ``group`` (a publisher that remembers it watched sends to the group a while longer: harmless)."""
+        self.client().zrem(self.key(group), member)
+
+    # -- the publisher's side -----------------------------------------------------------------------------------
+
+    def _subscribed(self) -> bool:
+        """Whether this process's listener is subscribed (starting it the first time): only then is an answer kept."""
+        if self._listener and self._pid == os.getpid():
+            return self._listening
+        with self._lock:
+            self._this_process()
+            if not self._listener:
+                self._listener = True
+                threading.Thread(target=_listen, args=(weakref.ref(self), os.getpid()), name="agentops-watched",
+                                 daemon=True).start()
+            return self._listening
+
+    def watched(self, groups: Sequence[str]) -> set[str]:
+        """Which of ``groups`` someone watches: the answers read less than ``ttl`` ago, the others read now, in one
+        round trip (none when every answer is remembered)."""
+        now = time.monotonic()
+        remember = self.ttl > 0 and self._subscribed()
+        epoch = self._epoch
+        found: set[str] = set()
+        unknown: list[str] = []
+        for group in dict.fromkeys(groups):
+            known = self._known.get(group) if remember else None
+            if known is not None and now - known[0] < self.ttl:
+                if known[1]:
+                    found.add(group)
+            else:
+                unknown.append(group)
+        if not unknown:
+            return found
+        oldest = time.time() - self.expiry
+        pipe = self.client().pipeline(transaction=False)
+        for group in unknown:
+            pipe.zcount(self.key(group), f"({oldest!r}", "+inf")
+        counts = pipe.execute()
+        found.update(group for group, count in zip(unknown, counts, strict=True) if count)
+        if remember and self._listening and self._epoch == epoch:
+            known_now = self._known
+            if len(known_now) >= MAX_REMEMBERED:
+                # list(): one step under the GIL, so the listener's pop cannot change the dict while it is read
+                known_now = self._known = {g: k for g, k in list(known_now.items()) if now - k[0] < self.ttl}
+            for group, count in zip(unknown, counts, strict=True):
+                known_now[group] = (now, bool(count))
+            if self._epoch != epoch or not self._listening:  # the listener heard something meanwhile: not kept
+                for group in unknown:
+                    known_now.pop(group, None)
+        return found
 
     def nobody_in(self, groups: Iterable[str]) -> bool:
-        """Whether a cached :meth:`send_groups` of these groups would send nothing, by what is remembered now (never
-        asking Redis): each group's members read less than ``members_ttl`` ago, none, and its host's listener
-        subscribed. A caller that gets True may skip preparing the messages at all."""
-        if self.members_ttl <= 0 or self._sync_pid != os.getpid():
+        """Whether :meth:`watched` would say that nobody watches any of ``groups``, by what is remembered now (never
+        asking Redis): each answer read less than ``ttl`` ago, "nobody", and the listener subscribed. A caller that
+        gets True may skip preparing the messages at all."""
+        if self.ttl <= 0 or not self._listening or self._pid != os.getpid():
             return False
         now = time.monotonic()
         for group in groups:
-            known = self._members.get(group)
-            if (known is None or known[1] or now - known[0] >= self.members_ttl
-                    or not self._listening.get(self.consistent_hash(group), False)):
+            known = self._known.get(group)
+            if known is None or known[1] or now - known[0] >= self.ttl:
                 return False
         return True
 
-    def _ensure_listener(self, index: int) -> bool:
-        """Whether host ``index``'s listener is subscribed (starting it the first time): only then may members read
-        from that host be remembered."""
-        with self._sync_lock:
-            self._this_process()
-            if index not in self._listening:
-                self._listening[index] = False
-                threading.Thread(target=_listen, args=(weakref.ref(self), index, os.getpid()),
-                                 name=f"agentops-members-{index}", daemon=True).start()
-            return self._listening[index]
-
-    def _this_process(self) -> None:
-        """A forked child starts with no clients, listeners or remembered members of its parent's (under the lock)."""
-        if self._sync_pid != os.getpid():
-            self._sync, self._sync_pid, self._members, self._listening = {}, os.getpid(), {}, {}
-
-    def _client(self, index: int) -> redis.Redis:
-        """A synchronous client for host ``index`` (a forked child makes its own)."""
-        with self._sync_lock:
-            self._this_process()
-            client = self._sync.get(index)
-            if client is None:
-                host = dict(self.hosts[index])
-                if "address" not in host:  # sentinels and the like: not configured here
-                    raise NotImplementedError("send_groups needs a host given by its address")
-                address = host.pop("address")
-                host["socket_timeout"] = min(float(host.get("socket_timeout") or SEND_TIMEOUT_SECONDS), SEND_TIMEOUT_SECONDS)
-                client = self._sync[index] = redis.Redis.from_url(address, **host)
-            return client
-
-    def send_groups(self, messages: list[tuple[str, dict[str, Any]]], *, cached: bool = False) -> None:
-        """``group_send(group, message)`` for each pair, in order, from a synchronous thread: one round trip per host
-        when no group has members, two when some have. ``cached``: a group's members read less than ``members_ttl``
-        seconds ago are used as read (none when no group has members: no round trip at all)."""
-        now, epoch = time.monotonic(), self._epoch
-        fresh = cached and self.members_ttl > 0
-        names_of: dict[int, list[str]] = {}  # position in ``messages`` -> the group's members
-        by_host: dict[int, list[tuple[int, str]]] = defaultdict(list)
-        subscribed: dict[int, bool] = {}  # host -> its listener was subscribed before anything here was read
-        for position, (group, _) in enumerate(messages):
-            assert self.require_valid_group_name(group), "Group name not valid"
-            index = self.consistent_hash(group)
-            if fresh and index not in subscribed:
-                subscribed[index] = self._ensure_listener(index)
-            known = self._members.get(group) if subscribed.get(index) else None
-            if known is not None and now - known[0] < self.members_ttl:
-                names_of[position] = known[1]
-            else:
-                by_host[index].append((position, group))
-        if fresh and len(self._members) > 1000:  # one entry per recently published run: drop the stale ones
-            self._members = {g: k for g, k in self._members.items() if now - k[0] < self.members_ttl}
-        for index, groups in by_host.items():
-            pipe = self._client(index).pipeline(transaction=False)
-            expired = time.time() - self.group_expiry  # not truncated: a member is kept group_expiry, not up to 1 s longer
-            for _, group in groups:
-                key = self._group_key(group)
-                pipe.zremrangebyscore(key, min=0, max=expired)
-                pipe.zrange(key, 0, -1)
-            replies = pipe.execute()
-            # remembered only if the listener heard every announcement since before the read, and there was none
-            heard = subscribed.get(index, False) and self._listening.get(index, False) and self._epoch == epoch
-            for (position, group), names in zip(groups, replies[1::2], strict=True):
-                names_of[position] = [name.decode("utf8") for name in names]
-                if heard:
-                    self._members[group] = (now, names_of[position])
-        members = [(group, message, names_of[position]) for position, (group, message) in enumerate(messages)
-                   if names_of[position]]
-        if not members:
-            return
-        sends: dict[int, list[tuple[str, int, list[Any], list[Any]]]] = defaultdict(list)
-        for group, message, names in members:
-            keys_by_host, key_message, key_capacity = self._map_channel_keys_to_connection(names, message)
-            for index, keys in keys_by_host.items():
-                args = [key_message[k] for k in keys] + [key_capacity[k] for k in keys]
-                sends[index].append((group, len(names), keys, args))
-        for index, batch in sends.items():
-            pipe = self._client(index).pipeline(transaction=False)
-            stale = int(time.time()) - int(self.expiry)
-            for _, _, keys, _ in batch:
-                for key in keys:
-                    pipe.zremrangebyscore(key, min=0, max=stale)
-            for _, _, keys, args in batch:
-                pipe.eval(GROUP_SEND_LUA, len(keys), *keys, *args, time.time(), self.expiry)
-            over = pipe.execute()[-len(batch):]
-            for (group, count, _, _), dropped in zip(batch, over, strict=True):
-                if dropped:
-                    log.info("%s of %s channels over capacity in group %s", dropped, count, group)
+    def forget(self) -> None:
+        """Drop every remembered answer (tests; the listener does it at each (re)subscription)."""
+        self._epoch = next(self._epochs)
+        self._known = {}
 
 
-def _listen(ref: weakref.ref[RedisLayer], index: int, pid: int) -> None:
-    """A layer's listener on host ``index``: forgets a group's remembered members as soon as a ``group_add`` anywhere
-    announces a new one. While not subscribed (Redis down, reconnecting) the layer remembers nothing: every send reads
-    the members. It holds the layer weakly and ends with it (or in a forked child, which starts its own)."""
+def _listen(ref: weakref.ref[WatchedGroups], pid: int) -> None:
+    """A registry's listener: forgets a group's remembered answer as soon as a :meth:`WatchedGroups.watch` anywhere
+    announces a new watcher. While not subscribed (Redis down, reconnecting) nothing is remembered: every send asks.
+    It holds the registry weakly and ends with it (or in a forked child, which starts its own)."""
     backoff = 0.5
     while True:
-        layer = ref()
-        if layer is None or layer._sync_pid != pid:
+        registry = ref()
+        if registry is None or registry._pid != pid:
             return
         pubsub = None
         try:
-            pubsub = layer._client(index).pubsub()  # type: ignore[no-untyped-call]
-            pubsub.subscribe(layer.members_channel)
-            while layer is not None and layer._sync_pid == pid:
+            pubsub = registry.client().pubsub()
+            pubsub.subscribe(registry.joins_channel)
+            while registry is not None and registry._pid == pid:
                 message = pubsub.get_message(timeout=1.0)
                 if message is not None and message["type"] == "subscribe":
-                    layer._epoch = next(layer._epochs)  # a read begun before this (re)subscription is not remembered
-                    layer._members, layer._listening[index] = {}, True  # what was remembered unheard is dropped
+                    registry.forget()  # what was remembered unheard (and any read begun before this) is not trusted
+                    registry._listening = True
                     backoff = 0.5
                 elif message is not None and message["type"] == "message":
-                    layer._epoch = next(layer._epochs)
-                    layer._members.pop(message["data"].decode("utf8", "replace"), None)
-                layer = None  # held weakly between messages: a layer dropped by its process ends its listener
-                layer = ref()
+                    registry._epoch = next(registry._epochs)
+                    registry._known.pop(message["data"].decode("utf8", "replace"), None)
+                registry = None  # held weakly between messages: a registry dropped by its process ends its listener
+                registry = ref()
         except Exception:
-            log.info("members listener of Redis host %s stopped; reading members at every send until it is back",
-                     index, exc_info=True)
+            log.info("watched-groups listener stopped; asking Redis at every send until it is back", exc_info=True)
         finally:
-            layer = ref()
-            if layer is not None:
-                layer._listening[index] = False
+            registry = ref()
+            if registry is not None and registry._pid == pid:
+                registry._listening = False
             if pubsub is not None:
                 with contextlib.suppress(Exception):
                     pubsub.close()
-        if layer is None:
+        if registry is None:
             return
-        del layer
+        del registry
         time.sleep(backoff)
         backoff = min(backoff * 2, 10.0)
+
+
+_registry: tuple[Any, WatchedGroups] | None = None
+_registry_lock = threading.Lock()
+
+
+def registry() -> WatchedGroups | None:
+    """The process's registry, as ``settings.LIVE_WATCHED`` configures it (keyword arguments of :class:`WatchedGroups`);
+    None when it is unset (embedded mode): then every group is sent to, unasked."""
+    global _registry
+    from django.conf import settings
+
+    config = getattr(settings, "LIVE_WATCHED", None)
+    current = _registry
+    if current is not None and current[0] is config:
+        return current[1]
+    if not config:
+        return None
+    with _registry_lock:
+        if _registry is None or _registry[0] is not config:
+            _registry = (config, WatchedGroups(**config))
+        return _registry[1]

@@ -128,7 +128,7 @@ class TenantFeedConsumer(HeartbeatConsumer):
         before = await self.before_joining(tenant_ids) if delay is not None else None
         for tenant_id in tenant_ids:
             group = self.group_for(tenant_id)
-            await self.channel_layer.group_add(group, self.channel_name)
+            await live.join_group(self.channel_layer, group, self.channel_name)  # and tells the publishers (core/live.py)
             self.groups_joined.append(group)
         await self.accept()
         loop = asyncio.get_running_loop()
@@ -162,7 +162,7 @@ class TenantFeedConsumer(HeartbeatConsumer):
         await stop_tasks(self._resync, self._refresh)
         self._resync = self._refresh = None
         for group in self.groups_joined:
-            await self.channel_layer.group_discard(group, self.channel_name)
+            await live.leave_group(self.channel_layer, group, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """Nothing to receive: the feed is one-way."""

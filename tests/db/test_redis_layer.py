@@ -1,195 +1,220 @@
-"""core/redis_layer.py: the publisher's synchronous group send delivers exactly what channels_redis's own
-``group_send`` delivers, to the stock layer's consumers, on a real Redis (REDIS_URL)."""
+"""core/redis_layer.py: the watched-groups registry, on a real Redis (REDIS_URL), with channels_redis's stock layer.
+
+The publisher (core/live.py) sends a committed step's messages with the layer's public ``group_send``, only to the
+groups someone watches; who watches is in keys of our own, announced on a pub/sub channel of our own, and remembered
+by each process for ``ttl`` seconds. These pin: a watched group's message arrives; an unwatched group costs no
+``group_send`` (and, remembered, no round trip); a join makes every publisher ask again at once; a lost word is
+covered once the ttl passed; a killed process's entry expires; a forked child starts clean; Redis down is survived.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
+import shutil
+import socket
+import subprocess
 import time
 import uuid
-from types import SimpleNamespace
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from channels_redis.core import RedisChannelLayer
 
-from core.redis_layer import GROUP_SEND_LUA, RedisLayer
+from agents import run_feeds
+from core import live, redis_layer
+from core.redis_layer import WatchedGroups
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if not REDIS_URL and os.environ.get("CI", "").lower() == "true":
     raise RuntimeError("CI runs the Redis layer's tests: set REDIS_URL")
 pytestmark = pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL (CI sets it)")
 
-
-def _layer(**config: Any) -> RedisLayer:
-    return RedisLayer(hosts=[{"address": REDIS_URL}], prefix=f"test-{uuid.uuid4().hex[:8]}", **config)
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
-async def _receive(layer: RedisChannelLayer, channel: str, count: int) -> list[dict[str, Any]]:
-    return [await asyncio.wait_for(layer.receive(channel), 5) for _ in range(count)]
+def _layer(url: str = REDIS_URL, **config: Any) -> RedisChannelLayer:
+    return RedisChannelLayer(hosts=[{"address": url}], prefix=f"test-{uuid.uuid4().hex[:8]}", **config)
 
 
-def _counting(layer: RedisLayer, patch: pytest.MonkeyPatch) -> list[str]:
-    commands: list[str] = []
-    client = layer._client(0)
-    real_execute = client.pipeline().__class__.execute
-
-    def counting(pipe: Any, *args: Any, **kwargs: Any) -> Any:
-        commands.append(",".join(str(c[0][0]) for c in pipe.command_stack))
-        return real_execute(pipe, *args, **kwargs)
-
-    patch.setattr(client.pipeline().__class__, "execute", counting)
-    return commands
+def _registry(url: str = REDIS_URL, **config: Any) -> WatchedGroups:
+    return WatchedGroups(url, prefix=f"test-watched-{uuid.uuid4().hex[:8]}", **config)
 
 
-def test_the_script_is_channels_redis_own() -> None:
-    """An upgrade of channels-redis that changes group_send's script fails here, not in production."""
-    assert GROUP_SEND_LUA in inspect.getsource(RedisChannelLayer.group_send)
-
-
-def test_members_of_each_group_receive_its_messages_in_order_and_an_empty_group_costs_one_round_trip() -> None:
-    layer = _layer()
-
-    async def join() -> tuple[str, str]:
-        local = await layer.new_channel()  # a process-local channel ("specific.…!…"), as a websocket consumer's
-        plain = f"plain-{uuid.uuid4().hex}"
-        await layer.group_add("watchers", local)
-        await layer.group_add("watchers", plain)
-        await layer.group_add("list", plain)
-        return local, plain
-
-    local, plain = asyncio.run(join())
-    with pytest.MonkeyPatch.context() as patch:
-        commands = _counting(layer, patch)
-        layer.send_groups([("nobody", {"type": "x.one", "n": 0}), ("nobody.else", {"type": "x.one", "n": 0})])
-        assert len(commands) == 1, commands  # nobody watches: one round trip, nothing sent
-        commands.clear()
-        layer.send_groups([("watchers", {"type": "x.one", "n": 1}), ("list", {"type": "x.two", "n": 2}),
-                           ("nobody", {"type": "x.one", "n": 0}), ("watchers", {"type": "x.one", "n": 3})])
-        assert len(commands) == 2, commands  # the members, then every message
-
-    async def read() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        return await _receive(layer, local, 2), await _receive(layer, plain, 3)
-
-    got_local, got_plain = asyncio.run(read())
-    assert got_local == [{"type": "x.one", "n": 1}, {"type": "x.one", "n": 3}]
-    assert got_plain == [{"type": "x.one", "n": 1}, {"type": "x.two", "n": 2}, {"type": "x.one", "n": 3}]
-
-
-def test_a_channel_at_capacity_drops_the_message_as_group_send_does(caplog: pytest.LogCaptureFixture) -> None:
-    layer = _layer(capacity=1)
-    channel = f"full-{uuid.uuid4().hex}"
-    asyncio.run(layer.group_add("g", channel))
-    with caplog.at_level(logging.INFO, logger="core.redis_layer"):
-        layer.send_groups([("g", {"type": "x.one", "n": 1}), ("g", {"type": "x.one", "n": 2})])
-    assert "1 of 1 channels over capacity in group g" in caplog.text
-
-    async def read() -> list[dict[str, Any]]:
-        first = await _receive(layer, channel, 1)
-        try:
-            extra = await asyncio.wait_for(layer.receive(channel), 0.5)
-        except TimeoutError:
-            return first
-        return [*first, extra]
-
-    assert asyncio.run(read()) == [{"type": "x.one", "n": 1}]
-
-
-def test_an_expired_member_is_dropped_from_its_group_before_the_send() -> None:
-    layer = _layer(group_expiry=1)
-    channel = f"old-{uuid.uuid4().hex}"
-    asyncio.run(layer.group_add("g", channel))
-    time.sleep(2.1)
-    layer.send_groups([("g", {"type": "x.one", "n": 1})])
-    assert layer._client(0).zcard(layer._group_key("g")) == 0
-
-
-def _subscribed(layer: RedisLayer) -> None:
-    """Wait until the layer's members listener is subscribed (until then nothing is remembered)."""
+def _subscribed(registry: WatchedGroups) -> None:
+    """Wait until the registry's listener is subscribed (until then nothing is remembered)."""
     deadline = time.monotonic() + 5
-    while not layer._ensure_listener(0):
-        assert time.monotonic() < deadline, "the members listener never subscribed"
+    while not registry._subscribed():
+        assert time.monotonic() < deadline, "the watched-groups listener never subscribed"
         time.sleep(0.01)
 
 
-async def _drain(layer: RedisLayer, channel: str, count: int) -> list[dict[str, Any]]:
-    got = await _receive(layer, channel, count)
+class Sends:
+    """What the publisher did: the registry's round trips (its pipelines' commands) and the layer's group sends."""
+
+    def __init__(self, layer: RedisChannelLayer, registry: WatchedGroups | None, patch: pytest.MonkeyPatch) -> None:
+        self.round_trips: list[str] = []
+        self.group_sends: list[str] = []
+        patch.setattr(live, "get_channel_layer", lambda: layer)
+        patch.setattr(redis_layer, "registry", lambda: registry)
+        if registry is not None:
+            pipeline_class = registry.client().pipeline().__class__
+            real_execute = pipeline_class.execute
+
+            def counting(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+                self.round_trips.append(",".join(str(c[0][0]) for c in pipe.command_stack))
+                return real_execute(pipe, *args, **kwargs)
+
+            patch.setattr(pipeline_class, "execute", counting)
+        real_group_send = layer.group_send
+
+        async def group_send(group: str, message: dict[str, Any]) -> None:
+            self.group_sends.append(group)
+            await real_group_send(group, message)
+
+        patch.setattr(layer, "group_send", group_send)
+
+    def send(self, pairs: list[tuple[str, dict[str, Any]]], *, cached: bool = True) -> None:
+        """One batch through the publisher, as a committed step's (``cached``) or an approval's; waited for."""
+        self.round_trips.clear()
+        self.group_sends.clear()
+        live._send(pairs, cached=cached)
+        assert live.flush()
+
+    @property
+    def asked(self) -> list[str]:
+        return [r for r in self.round_trips if "ZCOUNT" in r]
+
+
+async def _drain(layer: RedisChannelLayer, channel: str, count: int, linger: float = 0.3) -> list[dict[str, Any]]:
+    got = [await asyncio.wait_for(layer.receive(channel), 5) for _ in range(count)]
     try:
-        extra = await asyncio.wait_for(layer.receive(channel), 0.3)
+        extra = await asyncio.wait_for(layer.receive(channel), linger)
     except TimeoutError:
         return got
     return [*got, extra]
 
 
-def test_cached_members_are_read_once_per_ttl_and_an_unannounced_member_is_sent_to_once_it_has_passed() -> None:
-    """``cached=True``: within ``members_ttl`` of reading a group's members no round trip reads them again (nobody
-    watching costs nothing). A member whose join was not announced (the word lost) is sent to from the first send
-    after the ttl; its watcher's resync covers the time before. Uncached sends (approvals) always read the members."""
-    layer = _layer(members_ttl=0.6)
-    _subscribed(layer)
+def test_a_watched_groups_message_arrives_and_an_unwatched_group_costs_no_group_send() -> None:
+    layer, registry = _layer(), _registry(ttl=30)
+    _subscribed(registry)
+    channel = f"watcher-{uuid.uuid4().hex}"
+    with pytest.MonkeyPatch.context() as patch:
+        sends = Sends(layer, registry, patch)
+        asyncio.run(live.join_group(layer, "run.w", channel))
+        sends.send([("run.w", {"type": "x.one", "n": 1}), ("nobody", {"type": "x.two", "n": 1})])
+        assert sends.group_sends == ["run.w"]  # the unwatched group: not sent at all
+        assert len(sends.asked) == 1, sends.round_trips  # both asked in one round trip
+        sends.send([("run.w", {"type": "x.one", "n": 2}), ("nobody", {"type": "x.two", "n": 2})])
+        assert sends.group_sends == ["run.w"] and sends.asked == []  # remembered: not asked again within the ttl
+        assert registry.nobody_in(["nobody"]) and not registry.nobody_in(["run.w"])
+        sends.send([("nobody", {"type": "x.two", "n": 3})])
+        assert sends.group_sends == [] and sends.round_trips == []  # a step nobody watches costs nothing
+    assert asyncio.run(_drain(layer, channel, 2)) == [{"type": "x.one", "n": 1}, {"type": "x.one", "n": 2}]
+
+
+def test_an_uncached_send_goes_to_every_group_unasked_as_without_a_registry() -> None:
+    """Approvals (whose watchers do not resync) and embedded mode (no registry): the layer's group_send, always."""
+    layer = _layer()
+    channel = f"approver-{uuid.uuid4().hex}"
+    asyncio.run(layer.group_add("tenant.1.approvals", channel))
+    with pytest.MonkeyPatch.context() as patch:
+        sends = Sends(layer, _registry(ttl=30), patch)
+        sends.send([("tenant.1.approvals", {"type": "approval.changed", "n": 1})], cached=False)
+        assert sends.group_sends == ["tenant.1.approvals"] and sends.round_trips == []
+        sends = Sends(layer, None, patch)
+        sends.send([("tenant.1.approvals", {"type": "approval.changed", "n": 2}), ("nobody", {"type": "x"})])
+        assert sends.group_sends == ["tenant.1.approvals", "nobody"]
+        assert not live.unwatched(uuid.uuid4(), 1) and live.resync_after() is None
+    assert [m["n"] for m in asyncio.run(_drain(layer, channel, 2))] == [1, 2]
+
+
+def test_answers_are_read_once_per_ttl_and_a_watcher_whose_word_was_lost_is_sent_to_once_it_has_passed() -> None:
+    """Within ``ttl`` of asking, a send asks nothing. A watcher whose join was not announced (the word lost) is sent
+    to from the first send after the ttl; its resync (``live.resync_after``) covers the time before."""
+    layer, registry = _layer(), _registry(ttl=0.6)
+    _subscribed(registry)
     channel = f"late-{uuid.uuid4().hex}"
     with pytest.MonkeyPatch.context() as patch:
-        commands = _counting(layer, patch)
-        layer.send_groups([("run.a", {"type": "x.one", "n": 1}), ("tenant.1.runs", {"type": "x.two", "n": 1})], cached=True)
-        assert len(commands) == 1, commands  # read once
-        asyncio.run(RedisChannelLayer.group_add(layer, "run.a", channel))  # channels_redis's own: no announcement
-        commands.clear()
-        layer.send_groups([("run.a", {"type": "x.one", "n": 2}), ("tenant.1.runs", {"type": "x.two", "n": 2})], cached=True)
-        assert commands == []  # within the ttl: no round trip, and the new member is not known yet
-        layer.send_groups([("run.a", {"type": "x.one", "n": 3})])
-        assert len(commands) == 2, commands  # uncached: read, then sent to the member
+        sends = Sends(layer, registry, patch)
+        assert live.resync_after() == pytest.approx(0.6 + live.RESYNC_MARGIN_SECONDS)
+        sends.send([("run.a", {"type": "x.one", "n": 1}), ("tenant.1.runs", {"type": "x.two", "n": 1})])
+        assert len(sends.asked) == 1 and sends.group_sends == []
+        asyncio.run(layer.group_add("run.a", channel))
+        registry.renew("run.a", channel)  # recorded, but unannounced: as a join whose word was lost
+        sends.send([("run.a", {"type": "x.one", "n": 2}), ("tenant.1.runs", {"type": "x.two", "n": 2})])
+        assert sends.round_trips == [] and sends.group_sends == []  # within the ttl: not asked, not known yet
         time.sleep(0.7)
-        commands.clear()
-        layer.send_groups([("run.a", {"type": "x.one", "n": 4}), ("tenant.1.runs", {"type": "x.two", "n": 4})], cached=True)
-        assert len(commands) == 2, commands  # the ttl passed: read again, then sent
-        commands.clear()
-        layer.send_groups([("run.a", {"type": "x.one", "n": 5})], cached=True)
-        assert len(commands) == 1 and "ZRANGE" not in commands[0], commands  # members as read: only the send
-
-    assert asyncio.run(_drain(layer, channel, 3)) == [{"type": "x.one", "n": 3}, {"type": "x.one", "n": 4},
-                                                        {"type": "x.one", "n": 5}]
+        sends.send([("run.a", {"type": "x.one", "n": 3}), ("tenant.1.runs", {"type": "x.two", "n": 3})])
+        assert len(sends.asked) == 1 and sends.group_sends == ["run.a"]  # the ttl passed: asked again, then sent
+        sends.send([("run.a", {"type": "x.one", "n": 4})])
+        assert sends.round_trips == [] and sends.group_sends == ["run.a"]  # remembered as watched: only the send
+    assert [m["n"] for m in asyncio.run(_drain(layer, channel, 2))] == [3, 4]
 
 
-def test_a_join_announced_by_group_add_makes_the_next_cached_send_read_the_members_again() -> None:
-    """The layer's ``group_add`` tells every publisher's listener (Redis pub/sub): the remembered members of that
-    group are forgotten at once, so a new watcher gets the very next step live, not after the ttl."""
-    layer = _layer(members_ttl=30)
-    _subscribed(layer)
+def test_a_join_makes_every_publisher_ask_again_at_once() -> None:
+    """``live.join_group`` records the watcher and announces it: each process's listener forgets its answer for that
+    group at once, so a new watcher gets the very next step live, not after the ttl."""
+    layer, registry = _layer(), _registry(ttl=30)
+    _subscribed(registry)
     channel = f"new-{uuid.uuid4().hex}"
-    layer.send_groups([("run.b", {"type": "x.one", "n": 1})], cached=True)
-    assert "run.b" in layer._members
-    asyncio.run(layer.group_add("run.b", channel))
-    deadline = time.monotonic() + 5
-    while "run.b" in layer._members:
-        assert time.monotonic() < deadline, "the announcement never reached the listener"
-        time.sleep(0.005)
-    layer.send_groups([("run.b", {"type": "x.one", "n": 2})], cached=True)
+    with pytest.MonkeyPatch.context() as patch:
+        sends = Sends(layer, registry, patch)
+        sends.send([("run.b", {"type": "x.one", "n": 1})])
+        assert registry.nobody_in(["run.b"]) and sends.group_sends == []
+        asyncio.run(live.join_group(layer, "run.b", channel))
+        deadline = time.monotonic() + 5
+        while registry.nobody_in(["run.b"]):
+            assert time.monotonic() < deadline, "the announcement never reached the listener"
+            time.sleep(0.005)
+        sends.send([("run.b", {"type": "x.one", "n": 2})])
+        assert len(sends.asked) == 1 and sends.group_sends == ["run.b"]
     assert asyncio.run(_drain(layer, channel, 1)) == [{"type": "x.one", "n": 2}]
 
 
 def test_while_the_listener_is_not_subscribed_nothing_is_remembered() -> None:
-    """Without a subscribed listener an announcement could be missed: then every cached send reads the members."""
-    layer = _layer(members_ttl=30)
-    _subscribed(layer)
-    layer._listening[0] = False  # as while it reconnects
+    """Without a subscribed listener an announcement could be missed: then every cached send asks."""
+    layer, registry = _layer(), _registry(ttl=30)
+    _subscribed(registry)
+    registry._listening = False  # as while it reconnects
     with pytest.MonkeyPatch.context() as patch:
-        commands = _counting(layer, patch)
+        sends = Sends(layer, registry, patch)
+        asked = 0
         for n in range(3):
-            layer.send_groups([("run.c", {"type": "x.one", "n": n})], cached=True)
-    assert len(commands) == 3 and "run.c" not in layer._members
+            sends.send([("run.c", {"type": "x.one", "n": n})])
+            asked += len(sends.asked)
+    assert asked == 3 and not registry.nobody_in(["run.c"])
 
 
-def test_a_feed_renews_its_membership_unannounced_and_a_killed_processs_member_expires() -> None:
-    """agents/run_feeds.py: a live feed renews its membership every third of ``group_expiry`` (without announcing a
-    join: the publishers keep what they remember); a member nobody renews (a server process killed without leaving)
-    is dropped at the next send instead of being sent every step for a day."""
-    from agents import run_feeds
+def test_an_entry_not_renewed_within_expiry_does_not_count_and_a_renewal_is_not_announced() -> None:
+    """A killed server process never leaves: its entry stops counting ``expiry`` after its last renewal (and the key
+    expires). A live one renews without announcing a join, so publishers keep what they remember."""
+    registry = _registry(ttl=30, expiry=1)
+    _subscribed(registry)
+    registry.watch("run.ghost", "ghost")
+    registry.watch("run.live", "live")
+    assert registry.watched(["run.ghost", "run.live"]) == {"run.ghost", "run.live"}
+    time.sleep(0.3)  # the two announcements heard by now: the renewal below must add none
+    epoch = registry._epoch
+    time.sleep(0.4)
+    registry.renew("run.live", "live")
+    time.sleep(0.6)  # the ghost's entry is now older than expiry, the live one's is not; a word would have been heard
+    assert registry._epoch == epoch, "a renewal was announced as a join"
+    registry.forget()
+    assert registry.watched(["run.ghost", "run.live"]) == {"run.live"}
+    assert registry.client().ttl(registry.key("run.ghost")) <= 1
 
-    layer = _layer(group_expiry=3, members_ttl=30)
-    _subscribed(layer)
-    ghost = f"ghost-{uuid.uuid4().hex}"
+
+def test_a_feed_records_its_run_renews_it_and_removes_it_when_its_last_watcher_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """agents/run_feeds.py: one entry per watched run per process (the feed's channel), renewed with the feed's
+    membership, gone when it closes; the published step reaches the feed's watcher through the stock layer."""
+    layer, registry = _layer(), _registry(ttl=30)
+    _subscribed(registry)
     got: list[dict[str, Any]] = []
 
     class Watcher:
@@ -199,60 +224,158 @@ def test_a_feed_renews_its_membership_unannounced_and_a_killed_processs_member_e
         def feed_lost(self) -> None:
             raise AssertionError("the feed failed")
 
-    async def scenario() -> int:
-        await RedisChannelLayer.group_add(layer, "run.d", ghost)
+    sends = Sends(layer, registry, monkeypatch)
+    monkeypatch.setattr(live, "refresh_every", lambda layer: 0.3)
+
+    async def scenario() -> tuple[float | None, float | None, float | None]:
         watcher = Watcher()
         feed = await run_feeds.join(layer, "run.d", watcher)
-        await asyncio.sleep(0.3)  # the join's own announcement heard by now: renewals must add none
-        epoch = layer._epoch
-        await asyncio.sleep(3.5)  # past group_expiry: the ghost's join time is older, the feed's was renewed
-        assert layer._epoch == epoch, "a renewal was announced as a join"
-        await asyncio.to_thread(layer.send_groups, [("run.d", {"type": "run.events", "n": 1})])
+        client, key = registry.client(), registry.key("run.d")
+        joined = await asyncio.to_thread(client.zscore, key, feed.channel)
+        await asyncio.sleep(0.8)  # a renewal or two
+        renewed = await asyncio.to_thread(client.zscore, key, feed.channel)
+        await asyncio.to_thread(sends.send, [("run.d", {"type": "run.events", "n": 1})])
         for _ in range(100):
             if got:
                 break
             await asyncio.sleep(0.05)
-        members = await asyncio.to_thread(layer._client(0).zrange, layer._group_key("run.d"), 0, -1)
         await run_feeds.leave(feed, watcher)
-        return len(members)
+        return joined, renewed, await asyncio.to_thread(client.zscore, key, feed.channel)
 
-    assert asyncio.run(scenario()) == 1  # the feed's channel only
+    joined, renewed, after_leaving = asyncio.run(scenario())
+    assert joined is not None and renewed is not None and renewed > joined
+    assert after_leaving is None
     assert got == [{"type": "run.events", "n": 1}]
 
 
-def test_a_member_is_dropped_as_soon_as_it_is_older_than_group_expiry_not_up_to_a_second_later() -> None:
-    """The expiry cut-off is not truncated to whole seconds (which kept a member up to 1 s past ``group_expiry`` and made
-    the renewal test above flaky): with the clock at .05 past a second, a member 3.02 s old in a 3 s group is gone."""
-    from core import redis_layer
-
-    layer = _layer(group_expiry=3)
-    now = float(int(time.time())) + 0.05
-    key = layer._group_key("run.e")
-    layer._client(0).zadd(key, {"old-one": now - 3.02, "young-one": now - 2.9})
-    with pytest.MonkeyPatch.context() as patch:  # the layer's clock only, not the process's
-        patch.setattr(redis_layer, "time", SimpleNamespace(time=lambda: now, monotonic=time.monotonic, sleep=time.sleep))
-        layer.send_groups([("run.e", {"type": "x.one", "n": 1})])
-    assert layer._client(0).zrange(key, 0, -1) == [b"young-one"]
-
-
-def test_nobody_in_says_a_cached_send_would_send_nothing_only_while_that_is_known() -> None:
+def test_nobody_in_says_a_send_would_send_nothing_only_while_that_is_known() -> None:
     """``nobody_in`` (what lets a worker skip framing a step nobody watches: agents/store.py) is True only when every
-    group's members were read less than the ttl ago, were none, and the listener is subscribed; never from a guess."""
-    layer = _layer(members_ttl=0.8)
+    group's answer was read less than the ttl ago, was "nobody", and the listener is subscribed; never from a guess."""
+    registry = _registry(ttl=0.8)
     groups = ("run.e", "tenant.9.runs")
-    assert not layer.nobody_in(groups)  # nothing known yet
-    _subscribed(layer)
-    layer.send_groups([(group, {"type": "x.one"}) for group in groups], cached=True)
-    assert layer.nobody_in(groups)
-    assert not layer.nobody_in((*groups, "run.unknown"))  # one group not known: not known to be empty
-    layer._listening[0] = False  # the listener reconnecting: an announcement could be missed
-    assert not layer.nobody_in(groups)
-    layer._listening[0] = True
-    asyncio.run(layer.group_add("run.e", f"viewer-{uuid.uuid4().hex}"))  # announced: forgotten at once
+    assert not registry.nobody_in(groups)  # nothing known yet
+    _subscribed(registry)
+    assert registry.watched(groups) == set()
+    assert registry.nobody_in(groups)
+    assert not registry.nobody_in((*groups, "run.unknown"))  # one group not known: not known to be empty
+    registry._listening = False  # the listener reconnecting: an announcement could be missed
+    assert not registry.nobody_in(groups)
+    registry._listening = True
+    registry.watch("run.e", f"viewer-{uuid.uuid4().hex}")  # announced: forgotten at once
     deadline = time.monotonic() + 5
-    while layer.nobody_in(groups):
+    while registry.nobody_in(groups):
         assert time.monotonic() < deadline, "the announced join was never heard"
         time.sleep(0.005)
-    layer.send_groups([("tenant.9.runs", {"type": "x.one"})], cached=True)
+    registry.watched(["tenant.9.runs"])
     time.sleep(0.9)
-    assert not layer.nobody_in(("tenant.9.runs",))  # read longer than the ttl ago: not known any more
+    assert not registry.nobody_in(("tenant.9.runs",))  # read longer than the ttl ago: not known any more
+    assert not _registry(ttl=0).nobody_in(groups)  # ttl 0: every send asks
+
+
+def test_what_a_process_remembers_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One answer per recently published run: past ``MAX_REMEMBERED`` the stale ones are dropped at the next read."""
+    registry = _registry(ttl=30)
+    _subscribed(registry)
+    monkeypatch.setattr(redis_layer, "MAX_REMEMBERED", 5)
+    registry.watched([f"run.{n}" for n in range(5)])
+    assert len(registry._known) == 5
+    registry._known = {group: (when - 60, watched) for group, (when, watched) in registry._known.items()}  # aged
+    registry.watched(["run.new"])
+    assert set(registry._known) == {"run.new"}
+
+
+def test_a_forked_child_starts_with_nothing_of_its_parents() -> None:
+    """A forked worker process has neither the parent's client nor its listener: it must not trust what the parent
+    remembered (no listener of its own hears joins for it yet), and it asks Redis with a client of its own."""
+    registry = _registry(ttl=30)
+    _subscribed(registry)
+    registry.watched(["run.f"])
+    assert registry.nobody_in(["run.f"])
+    parent_client = registry.client()
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded, use of fork() may lead to deadlocks"
+        pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running anything of the parent's
+        try:
+            report = [not registry.nobody_in(["run.f"]), registry.client() is not parent_client,
+                      registry.watched(["run.f"]) == set()]
+            os.write(write, bytes(int(ok) for ok in report))
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        report = pipe.read()
+    os.waitpid(pid, 0)
+    assert list(report) == [1, 1, 1]
+    assert registry.nobody_in(["run.f"])  # the parent keeps its own
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(16).startswith(b"+PONG"):
+                    return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"redis-server did not start on {port}")
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[tuple[int, Path, list[subprocess.Popen[bytes]]]]:
+    port = _port()
+    procs = [_start_redis(port, tmp_path)]
+    yield port, tmp_path, procs
+    for proc in procs:  # only the processes this test started
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def test_redis_down_is_logged_remembers_nothing_and_sending_resumes_when_it_is_back(
+    own_redis: tuple[int, Path, list[subprocess.Popen[bytes]]], caplog: pytest.LogCaptureFixture,
+) -> None:
+    port, workdir, procs = own_redis
+    url = f"redis://127.0.0.1:{port}/0"
+    layer, registry = _layer(url), _registry(url, ttl=30, socket_timeout=2, socket_connect_timeout=1)
+    _subscribed(registry)
+    channel = f"survivor-{uuid.uuid4().hex}"
+    with pytest.MonkeyPatch.context() as patch:
+        sends = Sends(layer, registry, patch)
+        asyncio.run(live.join_group(layer, "run.g", channel))
+        sends.send([("run.g", {"type": "x.one", "n": 1}), ("tenant.1.runs", {"type": "x.two", "n": 1})])
+        assert sends.group_sends == ["run.g"]
+        assert registry.nobody_in(["tenant.1.runs"])
+        procs[0].terminate()  # the outage
+        procs[0].wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while registry.nobody_in(["tenant.1.runs"]):  # the listener lost its subscription: nothing is trusted
+            assert time.monotonic() < deadline, "the listener never noticed the outage"
+            time.sleep(0.02)
+        with caplog.at_level(logging.WARNING, logger="core.live"):
+            sends.send([("run.g", {"type": "x.one", "n": 2}), ("tenant.1.runs", {"type": "x.two", "n": 2})])
+        assert "live publish failed" in caplog.text  # logged; the watchers' feeds fail too and resync from the DB
+        with pytest.raises(redis.exceptions.ConnectionError):
+            asyncio.run(live.join_group(layer, "run.g", channel))  # a join fails: its socket closes, the client retries
+        procs.append(_start_redis(port, workdir))  # back, empty (no persistence): watchers join again
+        _subscribed(registry)
+        asyncio.run(live.join_group(layer, "run.g", channel))
+        # the publisher's first send may meet a connection the outage closed (logged; the watchers resync): the next goes
+        sends.send([("run.g", {"type": "x.one", "n": 3}), ("tenant.1.runs", {"type": "x.two", "n": 3})])
+        assert sends.group_sends == ["run.g"]
+        assert registry.nobody_in(["tenant.1.runs"])  # remembered again
+        sends.send([("run.g", {"type": "x.one", "n": 4}), ("tenant.1.runs", {"type": "x.two", "n": 4})])
+        assert sends.group_sends == ["run.g"] and sends.round_trips == []
+    assert [m["n"] for m in asyncio.run(_drain(layer, channel, 1))][-1:] == [4]

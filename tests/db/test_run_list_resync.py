@@ -1,6 +1,7 @@
 """The console run list's socket reads the database once after joining (console/consumers.py ``resync``).
 
-The publisher may use the tenant's run-list members as read up to ``members_ttl`` ago (core/redis_layer.py), so a
+The publisher may use whether anyone watches the tenant's run list as read up to ``LIVE_MEMBERS_TTL_SECONDS`` ago
+(core/redis_layer.py), so a
 summary committed right after a page's socket joined may not have been sent to it. That long after joining, the
 socket sends the rows of the runs that were active when it joined or were created since, as they are now; of its
 own tenants only.
@@ -98,8 +99,8 @@ def test_the_list_socket_reads_the_runs_that_changed_since_it_joined_of_its_tena
 
 def test_the_list_socket_renews_its_memberships_and_closes_when_it_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
     """tenants/feeds.py: a tenant feed renews each of its groups every third of the layer's group_expiry (a member
-    not renewed is dropped: core/redis_layer.py); a renewal that fails closes the socket (1011) so the page
-    reconnects, instead of leaving it open and silent."""
+    not renewed is dropped, by the layer and by the watched-groups registry: core/live.py); a renewal that fails
+    closes the socket (1011) so the page reconnects, instead of leaving it open and silent."""
     monkeypatch.setattr(live, "resync_after", lambda: None)
     monkeypatch.setattr(live, "refresh_every", lambda layer: 0.2)
     renewed: list[tuple[str, str]] = []

@@ -54,7 +54,7 @@ def fresh_channel_layer() -> Any:
 @pytest.fixture(autouse=True)
 def no_resync(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests pin which way each frame comes (live, or from the database for a gap); a socket's one resync
-    (core/live.py ``resync_after``; the Redis layer's members_ttl) would race them. Its own tests turn it on."""
+    (core/live.py ``resync_after``; the watched-groups registry's ttl) would race them. Its own tests turn it on."""
     monkeypatch.setattr(live, "resync_after", lambda: None)
 
 
@@ -378,7 +378,7 @@ def test_a_frame_the_socket_cannot_read_gets_an_error_frame_and_the_socket_stays
 def test_what_was_committed_while_the_publisher_did_not_know_the_socket_arrives_by_its_resync_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The publisher may use a run's members as read up to ``members_ttl`` ago (core/redis_layer.py): a step it
+    """The publisher may use whether anyone watches a run as read up to a ttl ago (core/redis_layer.py): a step it
     committed then was not sent to a socket that had just joined. That long after joining, the socket reads the
     database once more: the step arrives, in order, and its late live message is not sent again."""
     monkeypatch.setattr(live, "resync_after", lambda: 0.5)
@@ -400,7 +400,7 @@ def test_what_was_committed_while_the_publisher_did_not_know_the_socket_arrives_
 
 
 def test_without_a_resync_a_step_sent_to_nobody_waits_for_the_next_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same step without the resync (every send reads the members: ``LIVE_MEMBERS_TTL_SECONDS=0``, or the
+    """The same step without the resync (every send asks who watches: ``LIVE_MEMBERS_TTL_SECONDS=0``, or the
     embedded layer) is not read from the database on its own: the resync above is what delivered it."""
     world = make_world()
     run = _run(world)

@@ -34,7 +34,7 @@ def test_batches_are_sent_in_submission_order_by_one_thread_and_a_failed_one_is_
 
 
 def test_plain_and_async_batches_share_one_order_and_a_slow_async_one_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A plain callable (the Redis layer's synchronous send) and a coroutine (any other layer's) keep their order; a
+    """A plain callable (the registry asked) and a coroutine (the layer's group_send) keep their order; a
     coroutine past the timeout is dropped and the next batch still goes."""
     monkeypatch.setattr(live, "PUBLISH_TIMEOUT_SECONDS", 0.2)
     sent: list[str] = []
@@ -70,3 +70,33 @@ def test_a_full_queue_drops_the_batch_and_says_so(monkeypatch: pytest.MonkeyPatc
     while publisher._queue is not None and publisher._queue.qsize() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert publisher.flush(1)  # room again: the queued batches went
+
+
+def test_without_a_registry_every_group_is_sent_to_through_the_layers_group_send(
+    monkeypatch: pytest.MonkeyPatch, settings: object,
+) -> None:
+    """Embedded mode (``LIVE_WATCHED`` None, the in-memory layer): no registry to ask, so every step is framed and sent
+    with the layer's public ``group_send``, joins touch only the layer, and watchers never resync."""
+    from config.channel_layers import EmbeddedChannelLayer
+
+    settings.LIVE_WATCHED = None  # type: ignore[attr-defined]
+    layer = EmbeddedChannelLayer()
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    assert live.redis_layer.registry() is None
+    assert not live.unwatched("0" * 32, 1) and live.resync_after() is None
+
+    async def scenario() -> list[dict[str, object]]:
+        watcher = await layer.new_channel()
+        await live.join_group(layer, live.run_group("0" * 32), watcher)
+        await live.join_group(layer, live.tenant_runs_group(1), watcher)
+        await live.refresh_membership(layer, live.tenant_runs_group(1), watcher)
+        live.publish_run_events(run_id="0" * 32, tenant_id=1, frames=[{"seq": 1}], summary={"id": "r"})
+        await asyncio.to_thread(live.flush)
+        got = [await asyncio.wait_for(layer.receive(watcher), 2) for _ in range(2)]
+        await live.leave_group(layer, live.run_group("0" * 32), watcher)
+        await live.leave_group(layer, live.tenant_runs_group(1), watcher)
+        return got
+
+    got = asyncio.run(scenario())
+    assert [m["type"] for m in got] == ["run.events", "run.summary"]
+    assert got[0]["texts"] == [live.encode_frame({"seq": 1})]
