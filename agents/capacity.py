@@ -35,10 +35,12 @@ from typing import Any
 from django.conf import settings
 
 from agents.models import AgentKind, Run, RunStatus
+from core import slots
 
 #: (tenant_id, now) -> the tenant's flow nodes running with a live lease; registered by the flows app above
 #: (``FlowsConfig.ready()``): agents imports nothing from flows (see .importlinter).
 _node_counter: Callable[[Any, dt.datetime], int] | None = None
+slots.declare("agents.capacity", "flows", lambda: ["the running-node counter"] if _node_counter is None else [])
 
 
 def register_node_counter(counter: Callable[[Any, dt.datetime], int]) -> None:

@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from core import slots
+
 #: (run, lease_token) -> whether the run ended in this call (its end committed, its lease given back): runs the flow's
 #: ready nodes until it finishes or waits.
 _runner: Callable[[Any, str], bool] | None = None
+slots.declare("agents.flow_hook", "flows", lambda: ["the flow runner"] if _runner is None else [])
 
 
 def register_flow_runner(runner: Callable[[Any, str], bool]) -> None:

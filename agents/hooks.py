@@ -3,17 +3,18 @@
 ``agents`` imports nothing from ``marketplace`` (see .importlinter). Which tools a tenant may
 resolve, whether a tool is released to a session, the scopes the tenant's plugin installs were
 granted, the gray release's version for a session and the release gate's word on a new current version are the
-marketplace's business: ``MarketplaceConfig.ready()`` registers them here. Unregistered, the answers are those of a
-deployment without plugins or gray releases.
+marketplace's business: ``MarketplaceConfig.ready()`` registers them here. Unregistered, start-up fails (core/slots.py:
+the agentops.E002 check).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
+from core import slots
 from tools.models import Tool
 
 
@@ -37,6 +38,8 @@ class MarketplaceHooks:
 
 
 marketplace = MarketplaceHooks()
+slots.declare("agents.hooks", "marketplace",
+              lambda: [f.name for f in fields(marketplace) if getattr(marketplace, f.name) is None])
 
 
 def register_marketplace(**hooks: Callable[..., Any]) -> None:

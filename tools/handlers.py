@@ -4,14 +4,16 @@
 agent-kind tool starts a child run, a tool's validation checks that the agent it names exists, a
 tool that agent versions use may not be renamed — it calls a handler here, which the ``agents``
 app registers in ``AgentsConfig.ready()`` (dependency inversion, not a function-local import).
-Unregistered, each answers as if there were no agents.
+Unregistered, start-up fails (core/slots.py: the agentops.E002 check).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
+
+from core import slots
 
 
 @dataclass
@@ -32,6 +34,7 @@ class AgentHandlers:
 
 
 agents = AgentHandlers()
+slots.declare("tools.handlers", "agents", lambda: [f.name for f in fields(agents) if getattr(agents, f.name) is None])
 
 
 def register_agents(**handlers: Callable[..., Any]) -> None:

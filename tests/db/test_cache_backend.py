@@ -3,7 +3,7 @@
 It replaced a subclass of Django's own Redis backend that set its private client class to reuse one redis-py client
 per pool. These pin what the app relies on: one client reused by every call, keys and values that Django's own backend
 reads and writes alike (a rolling deploy, or a move back), the API key cache's stamp and the job locks' ``add`` on it,
-and an outage still recognised as Redis being down (tenants/keycache.py, config/joblock.py read it so).
+and an outage still recognised as Redis being down (tenants/keycache.py, core/joblock.py read it so).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import uuid
 from typing import Any
 
 import pytest
-from config.outages import REDIS, dependency_down
 from django.core.cache import cache
 from django.core.cache.backends.redis import RedisCache as DjangoRedisCache
+
+from core.outages import REDIS, dependency_down
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 pytestmark = pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL (the cache is process memory without it)")

@@ -77,7 +77,7 @@ def test_without_a_registry_every_group_is_sent_to_through_the_layers_group_send
 ) -> None:
     """Embedded mode (``LIVE_WATCHED`` None, the in-memory layer): no registry to ask, so every step is framed and sent
     with the layer's public ``group_send``, joins touch only the layer, and watchers never resync."""
-    from config.channel_layers import EmbeddedChannelLayer
+    from core.channel_layers import EmbeddedChannelLayer
 
     settings.LIVE_WATCHED = None  # type: ignore[attr-defined]
     layer = EmbeddedChannelLayer()
