@@ -7,9 +7,9 @@ Complexity is 1 plus the decisions in the function's own body (a nested function
 comprehension, a conditional expression, each ``case`` of a ``match`` -- stricter than ruff's C901, which does not
 count boolean operators. The scan reads the files with ``ast``; nothing is imported.
 
-``CHECKED`` lists what is held to the limits so far: flows/ since it was split into decide, store and execute, and
-the decision's pure module. Add a package here once it fits (the aim is every first-party package,
-``tests.support.project.first_party_packages``). ``python tests/unit/test_module_limits.py flows runtime`` prints the
+``CHECKED`` lists what is held to the limits so far: flows/ since it was split into decide, store and execute, the
+decision's pure module, and tenants/ and accounts/, which fit as they are. Add a package here once it fits (the aim
+is every first-party package, ``tests.support.project.first_party_packages``). ``python tests/unit/test_module_limits.py flows runtime`` prints the
 figures of any package.
 """
 
@@ -27,7 +27,7 @@ MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 MAX_COMPLEXITY = 15
 #: Packages (directories) or single modules held to the limits, relative to the repository.
-CHECKED = ["flows", "runtime/flow_plan.py"]
+CHECKED = ["flows", "runtime/flow_plan.py", "tenants", "accounts"]
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
