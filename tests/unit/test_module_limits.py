@@ -9,8 +9,8 @@ count boolean operators. The scan reads the files with ``ast``; nothing is impor
 
 ``CHECKED`` lists what is held to the limits so far: flows/ since it was split into decide, store and execute, the
 decision's pure module, and tenants/ and accounts/, which fit as they are. Add a package here once it fits (the aim
-is every first-party package, ``tests.support.project.first_party_packages``). ``python tests/unit/test_module_limits.py flows runtime`` prints the
-figures of any package.
+is every first-party package, ``tests.support.project.first_party_packages``).
+``python tests/unit/test_module_limits.py flows runtime`` prints the figures of any package.
 """
 
 from __future__ import annotations
