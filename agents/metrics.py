@@ -93,9 +93,9 @@ _AGENT_CACHE_MAX = 10_000
 
 def _agent_label(run: Any) -> str:
     """The run's agent slug: from the already loaded relation, else one cached lookup per agent."""
-    cached_agent = run._state.fields_cache.get("agent") if hasattr(run, "_state") else None
-    if cached_agent is not None:
-        return str(cached_agent.slug)
+    relation = getattr(type(run), "agent", None)
+    if relation is not None and relation.is_cached(run) and run.agent is not None:
+        return str(run.agent.slug)
     agent_id = getattr(run, "agent_id", None)
     if agent_id is None:
         return "unknown"

@@ -240,9 +240,9 @@ def span_specs(run: Any, rows: Iterable[Any], agent: str = "") -> list[SpanSpec]
 
 def _agent_slug(run: Any) -> str:
     """The run's agent slug: the loaded relation (a worker's run has it), else one query, once per finished run."""
-    cached = run._state.fields_cache.get("agent") if hasattr(run, "_state") else None
-    if cached is not None:
-        return str(cached.slug)
+    relation = getattr(type(run), "agent", None)
+    if relation is not None and relation.is_cached(run):
+        return str(run.agent.slug)
     from agents.models import Agent
 
     return str(Agent.objects.filter(pk=run.agent_id).values_list("slug", flat=True).first() or "unknown")

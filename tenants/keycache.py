@@ -121,8 +121,8 @@ def get(key_hash: str, stamp: str) -> Any | None:
     if entry is None or entry.stamp != stamp or entry.expires <= time.monotonic():
         return None
     key = _rebuild(ApiKey, entry.key)
-    key._state.fields_cache["tenant"] = _rebuild(Tenant, entry.tenant)
-    key._state.fields_cache["created_by"] = _rebuild(get_user_model(), entry.owner)
+    key.tenant = _rebuild(Tenant, entry.tenant)  # the relations set through their descriptors: no query on access
+    key.created_by = _rebuild(get_user_model(), entry.owner)
     key.owner_role = entry.owner_role
     now = time.monotonic()
     if now - entry.touched >= TOUCH_EVERY_SECONDS:

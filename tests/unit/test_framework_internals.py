@@ -43,11 +43,12 @@ WORK_METHODS = {"handle", "get_response", "get_response_async", "load_middleware
                 "init_connection_state", "get_connection_params"}
 #: Private attributes of library objects that first-party code read or assigned to win CPU (issue #51): channels_redis's
 #: layer (the restated ``group_send`` of core/redis_layer.py), Django's Redis cache client and cache (config/cache.py),
-#: an HTTP response's closers (agents/sse.py), a cache backend's client. Flagged on any object but a class's own
-#: ``self``/``cls``; on those, in a subclass of a library class, whatever private the library class has (read from
+#: an HTTP response's closers (agents/sse.py), a cache backend's client, a model's ``_state.fields_cache`` (the
+#: relation cache; set a relation through its descriptor, ask ``Model.relation.is_cached``). Flagged on any object
+#: but a class's own ``self``/``cls``; on those, in a subclass of a library class, whatever private the library class has (read from
 #: the installed library: :func:`library_privates`) is flagged, and these when it cannot be imported here.
 LIBRARY_PRIVATES = {"_group_key", "_map_channel_keys_to_connection", "_class", "_client", "_get_connection_pool",
-                    "_get_connection_pool_index", "_resource_closers", "_cache", "_get_client"}
+                    "_get_connection_pool_index", "_resource_closers", "_cache", "_get_client", "fields_cache"}
 #: Stdlib-and-builtins top-level modules: not "libraries" for the private-attribute check (threading's, logging's).
 STDLIB = set(sys.stdlib_module_names) | {"builtins", "__future__", "typing_extensions"}
 
@@ -146,7 +147,8 @@ def _private_offences(tree: ast.AST, imports: dict[str, str]) -> list[tuple[int,
                 if isinstance(inner, ast.Attribute):
                     owners[id(inner)] = (node.name, bases)  # the innermost class wins: ast.walk visits outer first
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+        if not (isinstance(node, ast.Attribute)
+                and (node.attr in LIBRARY_PRIVATES or (node.attr.startswith("_") and not node.attr.startswith("__")))):
             continue
         own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
         name, bases = owners.get(id(node), ("", []))
