@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -22,11 +24,44 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 os.environ.setdefault("PASSWORD_HASHERS", "django.contrib.auth.hashers.MD5PasswordHasher")
 
 
+def _worker_redis_url(url: str, worker: str) -> str:
+    """``url`` with the Redis database of pytest-xdist worker ``gwN``: the URL's own database number plus N.
+
+    Every worker has a test database of its own (pytest-django suffixes its name), whose rows repeat the other
+    workers' ids; the state kept in Redis is keyed by those ids (rate-limit buckets, the API key cache, open-stream
+    slots, worker heartbeats, the channel layer's groups, the broker's queues) and the throttle tests empty the
+    database with ``cache.clear()``. So each worker gets a Redis database of its own as well, not just a key prefix."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss") or parts.query:
+        raise pytest.UsageError(f"REDIS_URL {url!r}: under pytest-xdist each worker needs a database of its own; "
+                                "give a redis://host:port/N URL (N the first worker's database).")
+    database = int(parts.path.strip("/") or 0) + int(worker.removeprefix("gw"))
+    if database > 15:  # redis-server's default number of databases
+        raise pytest.UsageError(f"REDIS_URL {url!r}: worker {worker} would use Redis database {database} (> 15); "
+                                "run fewer workers (-n, TEST_WORKERS) or start REDIS_URL at a lower database.")
+    return parts._replace(path=f"/{database}").geturl()
+
+
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _XDIST_WORKER and os.environ.get("REDIS_URL"):
+    # This process's, its subprocesses' (the live stack inherits the environment) and, below, its settings'.
+    os.environ["REDIS_URL"] = _worker_redis_url(os.environ["REDIS_URL"], _XDIST_WORKER)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # pytest-django has read the settings before this module was imported: name the hasher to them as well.
     from django.conf import settings
 
     settings.PASSWORD_HASHERS = [name.strip() for name in os.environ["PASSWORD_HASHERS"].split(",") if name.strip()]
+    worker_url = os.environ.get("REDIS_URL")
+    if settings.REDIS_URL and worker_url != settings.REDIS_URL:
+        # An xdist worker's own Redis database (above): every setting derived from REDIS_URL (the cache, the channel
+        # layer, the broker...) as the settings module derives it from the new URL. Nothing has connected yet.
+        module = importlib.reload(importlib.import_module(os.environ["DJANGO_SETTINGS_MODULE"]))
+        for name in dir(module):
+            if name.isupper() and getattr(module, name) != getattr(settings, name, None):
+                setattr(settings, name, getattr(module, name))
+        assert worker_url == settings.REDIS_URL
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -113,9 +113,14 @@ def _fuzz(operation: Any, mode: GenerationMode, auth: dict[str, str], known: dic
     if mode is GenerationMode.POSITIVE and path_names and path_names <= real.keys() and not streams:
         strategies.append(operation.as_strategy(generation_mode=mode, path_parameters={n: real[n] for n in path_names}))
 
+    examples = EXAMPLES_PER_OPERATION // len(strategies)
     for strategy in strategies:
+        if time.monotonic() - started > TIME_BUDGET_SECONDS:
+            skipped += examples  # not generated either: past the budget nothing is sent, and generating costs as much
+            continue
+
         @given(case=strategy)
-        @settings(max_examples=EXAMPLES_PER_OPERATION // len(strategies), derandomize=True, deadline=None, database=None,
+        @settings(max_examples=examples, derandomize=True, deadline=None, database=None,
                   phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
         def run(case: Any) -> None:
             nonlocal count, skipped

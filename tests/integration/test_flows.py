@@ -28,8 +28,10 @@ from tools.services import install_python_tool
 pytestmark = pytest.mark.integration
 
 ORDER = "O202411280001"
-#: Sweep often; a dead node's lease expires 3 s after its timeout (5 s below).
-FAST = {"SWEEP_INTERVAL_SECONDS": "1", "FLOW_NODE_LEASE_GRACE_SECONDS": "3"}
+#: Sweep often; a dead node's lease expires 3 s after its timeout (5 s below). A flow run whose node tasks run holds no
+#: lease of its own until their first heartbeat (the kills below come before it), so the sweeper takes it for dead once
+#: it has been quiet for SWEEP_QUEUED_AFTER_SECONDS: 5 s here instead of a minute of waiting in each kill test.
+FAST = {"SWEEP_INTERVAL_SECONDS": "1", "FLOW_NODE_LEASE_GRACE_SECONDS": "3", "SWEEP_QUEUED_AFTER_SECONDS": "5"}
 
 
 def fetch(node_id: str, after: list[str] | None = None) -> dict[str, Any]:
@@ -43,7 +45,8 @@ BRANCHES: dict[str, Any] = {
         {"id": "confirm", "kind": "tool", "tool": "slow_confirm", "after": ["ticket"], "timeout_seconds": 5,
          "inputs": {"ticket": "nodes.ticket.ticket"}},
         fetch("again", ["ticket"]),
-        {"id": "order", "kind": "tool", "tool": "query_order", "after": ["ticket"], "inputs": {"order_id": "input.order_id"}},
+        {"id": "order", "kind": "tool", "tool": "query_order", "after": ["ticket"], "inputs": {"order_id": "input.order_id"},
+         "timeout_seconds": 5},  # as the others: a kill that catches it running waits 8 s for its lease, not 63 s
         {"id": "summary", "kind": "llm", "after": ["confirm", "again", "order"],
          "prompt": "Ticket {nodes.ticket.ticket} confirmed: {nodes.confirm.confirmed}; total {nodes.order.total}."},
     ],
