@@ -42,21 +42,21 @@ lint: $(VENV)/.dev-installed
 	$(VENV)/bin/lint-imports --no-cache
 
 # The whole suite in the configured mode (DATABASE_URL/REDIS_URL set: PostgreSQL + Redis + a separate
-# Celery worker process; unset: the embedded default). tests/unit, and tests/db in the embedded mode, run on
-# TEST_WORKERS pytest-xdist workers, each with its own test database. With REDIS_URL tests/db runs serially: the
-# workers would share one Redis database, where the throttle buckets and the key cache are keyed by row ids that each
-# worker's database repeats (the throttle and query-count tests failed). The live-stack tests (integration, e2e)
-# start servers and workers of their own and run after, serially. When it ran on PostgreSQL/Redis, the live-stack
-# tests run a second time on the embedded default, so both run modes are exercised.
+# Celery worker process; unset: the embedded default). tests/unit and tests/db run on TEST_WORKERS pytest-xdist
+# workers, each with its own test database and, with REDIS_URL, its own Redis database (the URL's number plus the
+# worker's index, tests/conftest.py: the throttle buckets and the key cache are keyed by row ids that each worker's
+# database repeats). The live-stack tests (integration, e2e) start servers and workers of their own and run after,
+# serially. When it ran on PostgreSQL/Redis, tests/db and the live-stack tests run a second time on the embedded
+# default, so both run modes are exercised.
 TEST_WORKERS ?= auto
-DB_WORKERS = $(if $(REDIS_URL),0,$(TEST_WORKERS))
 TEST_ENV := DEBUG=false HTTPS_ONLY=false SECRET_KEY=test-only-secret-key-0123456789abcdefghij
 test: $(VENV)/.dev-installed lint chromium
 	$(TEST_ENV) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup tests/unit $(PYTEST_ARGS)
-	$(TEST_ENV) $(VENV)/bin/pytest -n $(DB_WORKERS) --dist loadgroup tests/db $(PYTEST_ARGS)
+	$(TEST_ENV) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup tests/db $(PYTEST_ARGS)
 	$(TEST_ENV) $(VENV)/bin/pytest tests/integration tests/e2e $(PYTEST_ARGS)
 	@if [ -n "$$REDIS_URL" ]; then \
-		echo "== live-stack tests again on the embedded default (SQLite, in-process worker) =="; \
+		echo "== tests/db and the live-stack tests again on the embedded default (SQLite, in-process worker) =="; \
+		env -u DATABASE_URL -u REDIS_URL $(TEST_ENV) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup tests/db $(PYTEST_ARGS) && \
 		env -u DATABASE_URL -u REDIS_URL $(TEST_ENV) $(VENV)/bin/pytest tests/integration $(PYTEST_ARGS); \
 	fi
 
